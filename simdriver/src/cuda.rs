@@ -1,0 +1,1 @@
+//! TEST-ONLY: CUDA half (to be written).

@@ -1,0 +1,45 @@
+//! TEST-ONLY simulated NVIDIA driver: one shared library that stands in for both
+//! `libnvidia-ml.so.1` (NVML) and `libcuda.so.1` (CUDA driver API) in gpushare's tests.
+//! It drives no hardware and must never be installed on a real system.
+//!
+//! # Environment contract (what tests and the hook core rely on)
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `GPUSHARE_SIM_DEVICES` | comma list of per-GPU memory sizes in MiB; entry count = GPU count (at most 16) | `81920` (one 80 GiB GPU); an invalid value prints a one-line warning on stderr and uses the default |
+//! | `GPUSHARE_SIM_STATE` | directory for state shared between processes, created with mode 0700 | `/tmp/gpushare-sim` |
+//! | `GPUSHARE_SIM_FAIL` | comma list of exported function names that fail: NVML ones return `NVML_ERROR_UNKNOWN` (999), CUDA ones `CUDA_ERROR_UNKNOWN` (999) | none |
+//! | `GPUSHARE_SIM_KERNEL_US` | simulated GPU time of one kernel launch, microseconds | `500` |
+//! | `GPUSHARE_SIM_CTX_MIB` | device memory a context itself occupies, MiB | `0` |
+//!
+//! GPU `i`: UUID `GPU-5a1e0000-0000-4000-8000-{i:012x}`, name
+//! `Simulated GPU (gpushare test driver)`, minor number `i`, NVML index `i` (CUDA ordinal `i`
+//! too), PCI bus id `00000000:{i+1:02x}:00.0`, driver version `535.999.99-sim`, CUDA driver
+//! version 12020.
+//!
+//! State under `GPUSHARE_SIM_STATE`:
+//! - `compute_mode.<i>`: decimal NVML compute mode of GPU `i` (0 DEFAULT, 2 PROHIBITED,
+//!   3 EXCLUSIVE_PROCESS, as in nvml.h); absent = 0; written to a temp file in the same
+//!   directory and renamed.
+//! - `proc.<pid>`: a memory-mapped record per process that used the CUDA side (memory in use
+//!   per GPU, simulated busy time). NVML memory info, running processes and utilisation sum the
+//!   records of live processes; a dead process's record (pid gone, or start time from
+//!   `/proc/<pid>/stat` field 22 changed) is ignored and removed, so its memory comes back.
+//!
+//! NVML: calls before `nvmlInit*` return `NVML_ERROR_UNINITIALIZED`, a bad index or handle
+//! `NVML_ERROR_INVALID_ARGUMENT`, a too-small buffer `NVML_ERROR_INSUFFICIENT_SIZE`. Handles
+//! are pointers into a static table and are validated when passed back. Utilisation sample
+//! timestamps are CLOCK_MONOTONIC microseconds.
+//!
+//! CUDA: allocations are bookkeeping only (fake device pointers, no host memory behind them);
+//! a launch queues `GPUSHARE_SIM_KERNEL_US` of simulated busy time on the calling process's
+//! timeline for the context's device (blocking once more than 20 ms is queued), which NVML
+//! reports as that process's SM utilisation. Synchronise calls wait for the queue to drain.
+//!
+//! `install-sim.sh DIR` creates `DIR/libcuda.so.1` and `DIR/libnvidia-ml.so.1` symlinks to the
+//! built library, for `LD_LIBRARY_PATH`.
+
+pub mod config;
+pub mod cuda;
+pub mod nvml;
+pub mod state;
