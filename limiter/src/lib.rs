@@ -1,0 +1,1 @@
+//! libgpushare_limiter.so (to be written).

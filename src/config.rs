@@ -1,0 +1,344 @@
+//! The admin policy file (`/etc/gpushare/config.toml`): paths, allowed modes, defaults, maxima.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::quantity::{self, QuantityError};
+use crate::request::Mode;
+
+/// Default location of the policy file.
+pub const DEFAULT_PATH: &str = "/etc/gpushare/config.toml";
+/// Environment variable that overrides the policy file location.
+pub const ENV_PATH: &str = "GPUSHARE_CONFIG";
+/// Largest policy file read.
+const MAX_CONFIG_BYTES: u64 = 256 * 1024;
+
+/// An unusable policy file.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {path} is larger than 256 KiB")]
+    TooLarge { path: PathBuf },
+    #[error("config {path} is not valid TOML for gpushare")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("config {path}: [policy] max_memory")]
+    MaxMemory {
+        path: PathBuf,
+        #[source]
+        source: QuantityError,
+    },
+    #[error("config {path}: {what}")]
+    Invalid { path: PathBuf, what: String },
+}
+
+/// The whole policy, with every default filled in.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub state_dir: PathBuf,
+    pub log_file: PathBuf,
+    pub lock_timeout_seconds: u64,
+    pub nvml: NvmlConfig,
+    pub mps: MpsConfig,
+    pub limit: LimitConfig,
+    pub timeslice: TimesliceConfig,
+    pub policy: PolicyConfig,
+    pub runtime: RuntimeConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NvmlConfig {
+    /// Soname or path of the NVML library; tests point it at the simulated driver.
+    pub library: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MpsConfig {
+    /// `nvidia-cuda-mps-control`, by name on PATH or by path.
+    pub control: String,
+    /// Put the GPU in EXCLUSIVE_PROCESS while a daemon runs, DEFAULT after.
+    pub exclusive_compute_mode: bool,
+    /// Start the daemon with `-multiuser-server`.
+    pub multiuser: bool,
+    /// How long to wait for a new daemon to answer `get_server_list`.
+    pub start_timeout_seconds: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitConfig {
+    /// The interception library mounted into `limit` containers.
+    pub library: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TimesliceConfig {
+    /// `nvidia-smi`, by name on PATH or by path; used for `--set-timeslice`.
+    pub smi: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    pub modes: Vec<Mode>,
+    pub env_fallback: bool,
+    /// Largest per-GPU memory cap a container may ask for; larger requests are refused.
+    pub max_memory: Option<String>,
+    pub max_cores: u8,
+    pub default_cores: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// `gpushare-runtime` execs the first of these that is found.
+    pub next: Vec<String>,
+    /// What the spec edit puts into the container's hooks.
+    pub hook: PathBuf,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from("/run/gpushare"),
+            log_file: PathBuf::from("/var/log/gpushare.log"),
+            lock_timeout_seconds: 30,
+            nvml: NvmlConfig::default(),
+            mps: MpsConfig::default(),
+            limit: LimitConfig::default(),
+            timeslice: TimesliceConfig::default(),
+            policy: PolicyConfig::default(),
+            runtime: RuntimeConfig::default(),
+        }
+    }
+}
+
+impl Default for NvmlConfig {
+    fn default() -> Self {
+        Self {
+            library: "libnvidia-ml.so.1".into(),
+        }
+    }
+}
+
+impl Default for MpsConfig {
+    fn default() -> Self {
+        Self {
+            control: "nvidia-cuda-mps-control".into(),
+            exclusive_compute_mode: true,
+            multiuser: false,
+            start_timeout_seconds: 10,
+        }
+    }
+}
+
+impl Default for LimitConfig {
+    fn default() -> Self {
+        Self {
+            library: PathBuf::from("/usr/lib/gpushare/libgpushare_limiter.so"),
+        }
+    }
+}
+
+impl Default for TimesliceConfig {
+    fn default() -> Self {
+        Self {
+            smi: "nvidia-smi".into(),
+        }
+    }
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            modes: vec![Mode::Mps, Mode::Timeslice, Mode::Limit],
+            env_fallback: true,
+            max_memory: None,
+            max_cores: 100,
+            default_cores: 100,
+        }
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            next: vec!["runc".into(), "crun".into()],
+            hook: PathBuf::from("/usr/bin/gpushare-hook"),
+        }
+    }
+}
+
+impl Config {
+    /// Parses and validates a policy file's text. `path` is only used in messages.
+    ///
+    /// # Errors
+    /// [`ConfigError`] for bad TOML, unknown keys or out-of-range values.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    /// Loads the policy from `explicit`, else `$GPUSHARE_CONFIG`, else the default path.
+    /// A missing default file means all defaults; a missing explicit file is an error.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the file cannot be read or is invalid.
+    pub fn load(explicit: Option<&Path>) -> Result<Self, ConfigError> {
+        let from_env = std::env::var_os(ENV_PATH).filter(|v| !v.is_empty());
+        let (path, required) = match (explicit, from_env) {
+            (Some(p), _) => (p.to_owned(), true),
+            (None, Some(p)) => (PathBuf::from(p), true),
+            (None, None) => (PathBuf::from(DEFAULT_PATH), false),
+        };
+        let text = match read_capped(&path) {
+            Ok(t) => t,
+            Err(ConfigError::Read { source, .. })
+                if !required && source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Ok(Self::default())
+            }
+            Err(e) => return Err(e),
+        };
+        Self::parse(&text, &path)
+    }
+
+    /// Maximum per-GPU memory a container may ask for, in bytes.
+    pub fn max_memory_bytes(&self) -> Option<u64> {
+        // Validated in `validate`, so parsing cannot fail here.
+        self.policy
+            .max_memory
+            .as_deref()
+            .and_then(|m| quantity::parse_memory(m).ok())
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |what: &str| ConfigError::Invalid {
+            path: path.to_owned(),
+            what: what.to_owned(),
+        };
+        if let Some(m) = &self.policy.max_memory {
+            quantity::parse_memory(m).map_err(|source| ConfigError::MaxMemory {
+                path: path.to_owned(),
+                source,
+            })?;
+        }
+        if !(1..=100).contains(&self.policy.max_cores) {
+            return Err(invalid("[policy] max_cores must be 1 to 100"));
+        }
+        if !(1..=100).contains(&self.policy.default_cores) {
+            return Err(invalid("[policy] default_cores must be 1 to 100"));
+        }
+        if self.policy.default_cores > self.policy.max_cores {
+            return Err(invalid("[policy] default_cores is above max_cores"));
+        }
+        if self.lock_timeout_seconds == 0 || self.lock_timeout_seconds > 3600 {
+            return Err(invalid("lock_timeout_seconds must be 1 to 3600"));
+        }
+        if !self.state_dir.is_absolute() {
+            return Err(invalid("state_dir must be an absolute path"));
+        }
+        if self.runtime.next.is_empty() {
+            return Err(invalid("[runtime] next must name at least one runtime"));
+        }
+        Ok(())
+    }
+}
+
+fn read_capped(path: &Path) -> Result<String, ConfigError> {
+    use std::io::Read;
+    let read_err = |source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let f = std::fs::File::open(path).map_err(read_err)?;
+    let mut text = String::new();
+    f.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(read_err)?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(ConfigError::TooLarge {
+            path: path.to_owned(),
+        });
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contract_example_parses() {
+        let text = r#"
+state_dir = "/run/gpushare"
+log_file = "/var/log/gpushare.log"
+lock_timeout_seconds = 30
+[nvml]
+library = "libnvidia-ml.so.1"
+[mps]
+control = "nvidia-cuda-mps-control"
+exclusive_compute_mode = true
+multiuser = false
+[limit]
+library = "/usr/lib/gpushare/libgpushare_limiter.so"
+[policy]
+modes = ["mps", "timeslice", "limit"]
+env_fallback = true
+max_memory = "80Gi"
+max_cores = 100
+default_cores = 100
+[runtime]
+next = ["runc", "crun"]
+hook = "/usr/bin/gpushare-hook"
+"#;
+        let cfg = Config::parse(text, Path::new("t.toml")).unwrap();
+        assert_eq!(cfg.max_memory_bytes(), Some(80 << 30));
+        assert_eq!(cfg.policy.modes.len(), 3);
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        let rows = [
+            ("unknown key", "bogus = 1"),
+            ("bad max memory", "[policy]\nmax_memory = \"12XB\""),
+            ("cores above 100", "[policy]\nmax_cores = 101"),
+            (
+                "default above max",
+                "[policy]\nmax_cores = 50\ndefault_cores = 60",
+            ),
+            ("relative state dir", "state_dir = \"run\""),
+            ("unknown mode", "[policy]\nmodes = [\"turbo\"]"),
+            ("zero lock timeout", "lock_timeout_seconds = 0"),
+        ];
+        for (what, text) in rows {
+            assert!(Config::parse(text, Path::new("t")).is_err(), "{what}");
+        }
+    }
+
+    #[test]
+    fn empty_is_default() {
+        assert_eq!(
+            Config::parse("", Path::new("t")).unwrap(),
+            Config::default()
+        );
+    }
+}

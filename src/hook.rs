@@ -1,0 +1,181 @@
+//! The OCI hook stages: `createRuntime`/`prestart` (acquire) and `poststop` (release).
+//!
+//! Failure policy (DESIGN "Hook stages"): a container that asks for nothing costs almost
+//! nothing (no NVML, no lock, no state write) and exits 0; a bad request is refused with one
+//! line saying what to change; poststop never fails a delete because of our state.
+
+use std::collections::HashMap;
+use std::io::Read;
+
+use crate::acquire::Host;
+use crate::config::Config;
+use crate::error::Error;
+use crate::input::{self, SpecView};
+use crate::inventory::{Inventory, NvmlInventory};
+use crate::plan::{self, Plan};
+use crate::procinfo::ProcId;
+use crate::request::{self, Sources};
+use crate::state::StateDir;
+
+/// What a createRuntime call decided.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The container asked for nothing.
+    Nothing,
+    /// The plan that was carried out (or, with `dry_run`, only made).
+    Done(Plan),
+}
+
+/// The container's spec with the state's annotations merged in (the spec's win).
+struct Container {
+    id: String,
+    pid: Option<i32>,
+    spec: SpecView,
+}
+
+fn container_from(state: &oci_spec::runtime::State, bytes: &[u8]) -> Result<Container, Error> {
+    let mut spec = input::parse_spec(bytes, &state.bundle().join("config.json"))?;
+    if let Some(extra) = state.annotations() {
+        for (k, v) in extra {
+            spec.annotations
+                .entry(k.clone())
+                .or_insert_with(|| v.clone());
+        }
+    }
+    Ok(Container {
+        id: state.id().to_owned(),
+        pid: *state.pid(),
+        spec,
+    })
+}
+
+/// Cheap test on the raw config bytes: can this container possibly ask for sharing?
+fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>) -> bool {
+    let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    state_annotations
+        .keys()
+        .any(|k| k.starts_with(request::ANNOTATION))
+        || has(b"gpu.share")
+        || has(b"GPU_SHARE")
+}
+
+/// Parses the request and makes the plan; `None` when the container asks for nothing.
+fn plan_for(
+    c: &Container,
+    cfg: &Config,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
+) -> Result<Option<(Plan, Box<dyn Inventory>)>, Error> {
+    let src = Sources {
+        annotations: &c.spec.annotations,
+        env: &c.spec.process.env,
+    };
+    if !request::wants_share(&src, cfg.policy.env_fallback)
+        && !c
+            .spec
+            .annotations
+            .keys()
+            .any(|k| k.starts_with("gpu.share."))
+    {
+        return Ok(None);
+    }
+    let Some(req) = request::parse(&src, cfg)? else {
+        return Ok(None);
+    };
+    let inventory = open_inventory()?;
+    let gpus = inventory.gpus()?;
+    let plan = plan::decide(&c.id, &req, &c.spec, &gpus)?;
+    Ok(Some((plan, inventory)))
+}
+
+/// The real inventory, from the configured NVML library.
+pub fn nvml_inventory(cfg: &Config) -> Result<Box<dyn Inventory>, Error> {
+    Ok(Box::new(NvmlInventory::open(&cfg.nvml.library)?))
+}
+
+/// `createRuntime` / `prestart`: decide from the state on stdin and the bundle's config, then
+/// acquire the GPUs. With `dry_run`, only decide.
+///
+/// # Errors
+/// [`Error`] for bad input, a refused request, or a failed acquire (which undid itself).
+pub fn create_runtime(
+    stdin: impl Read,
+    cfg: &Config,
+    dry_run: bool,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
+) -> Result<Outcome, Error> {
+    let state = input::read_state(stdin)?;
+    let bytes = input::read_config_bytes(state.bundle())?;
+    let empty = HashMap::new();
+    if !may_ask(&bytes, state.annotations().as_ref().unwrap_or(&empty)) {
+        return Ok(Outcome::Nothing);
+    }
+    let c = container_from(&state, &bytes)?;
+    let Some((plan, inventory)) = plan_for(&c, cfg, open_inventory)? else {
+        return Ok(Outcome::Nothing);
+    };
+    if dry_run {
+        return Ok(Outcome::Done(plan));
+    }
+    let process = match c.pid {
+        Some(pid) if pid > 0 => Some(ProcId::of(pid).ok_or(input::InputError::BadPid(pid.into()))?),
+        Some(pid) => return Err(input::InputError::BadPid(pid.into()).into()),
+        None => None,
+    };
+    let host = Host {
+        cfg,
+        state: StateDir::new(&cfg.state_dir),
+        inventory: inventory.as_ref(),
+    };
+    host.acquire(&plan, process)?;
+    Ok(Outcome::Done(plan))
+}
+
+/// `poststop`: release the container from every GPU. Returns warnings; never fails because of
+/// gpushare's own state.
+///
+/// # Errors
+/// Only for unreadable input (no container id to release).
+pub fn poststop(
+    stdin: impl Read,
+    cfg: &Config,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
+) -> Result<Vec<String>, Error> {
+    let state = input::read_state(stdin)?;
+    let sd = StateDir::new(&cfg.state_dir);
+    // Cheap check first: a container that holds nothing needs no NVML.
+    let holds = sd.list_records().iter().any(|(_, r)| {
+        r.as_ref()
+            .map_or(true, |r| r.clients.contains_key(state.id()))
+    });
+    if !holds {
+        return Ok(Vec::new());
+    }
+    let inventory = match open_inventory() {
+        Ok(i) => i,
+        Err(e) => {
+            // Without NVML compute modes cannot be restored, but records still must be.
+            return Ok(release_without_nvml(&sd, cfg, state.id(), &e));
+        }
+    };
+    let host = Host {
+        cfg,
+        state: sd,
+        inventory: inventory.as_ref(),
+    };
+    Ok(host.release(state.id()))
+}
+
+fn release_without_nvml(sd: &StateDir, cfg: &Config, id: &str, why: &Error) -> Vec<String> {
+    let inv = crate::inventory::Unavailable(crate::error::chain(why));
+    let host = Host {
+        cfg,
+        state: sd.clone(),
+        inventory: &inv,
+    };
+    let mut w = host.release(id);
+    w.push(format!(
+        "NVML unavailable, compute modes not restored: {}",
+        crate::error::chain(why)
+    ));
+    w
+}

@@ -1,0 +1,30 @@
+//! gpushare: share NVIDIA GPUs between OCI containers.
+//!
+//! The library owns everything; the binaries in `src/bin` only parse arguments, set up
+//! logging, call one function here and map the result to an exit code. Deciding (pure:
+//! [`request`], [`devices`], [`plan`]) is kept apart from doing ([`state`], [`mps`],
+//! [`acquire`], [`sys`]).
+#![deny(unsafe_code)]
+
+pub mod acquire;
+pub mod admin;
+pub mod config;
+pub mod devices;
+pub mod error;
+pub mod hook;
+pub mod input;
+pub mod inventory;
+pub mod logging;
+pub mod mps;
+pub mod plan;
+pub mod procinfo;
+pub mod quantity;
+pub mod request;
+pub mod state;
+pub mod sys;
+pub mod timeslice;
+
+pub use error::Error;
+
+/// Version string printed by `gpushare-hook version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,43 @@
+//! Logging set-up for the binaries: `tracing` to stderr (warnings) and to the log file (info).
+//! A log file that cannot be opened is skipped: logging never fails a hook.
+
+use std::path::Path;
+
+use tracing_subscriber::filter::{filter_fn, LevelFilter};
+use tracing_subscriber::prelude::*;
+
+/// Target of the final error line, which the binary prints itself and so is not repeated on
+/// stderr by the subscriber.
+pub const EXIT_TARGET: &str = "gpushare::exit";
+
+/// Installs the global subscriber. `GPUSHARE_LOG=debug` raises the stderr level.
+pub fn init(log_file: Option<&Path>) {
+    let stderr_level = match std::env::var("GPUSHARE_LOG").as_deref() {
+        Ok("debug") => LevelFilter::DEBUG,
+        Ok("info") => LevelFilter::INFO,
+        _ => LevelFilter::WARN,
+    };
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_filter(stderr_level)
+        .with_filter(filter_fn(|m| m.target() != EXIT_TARGET));
+    let file = log_file.and_then(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .ok()
+    });
+    let file_layer = file.map(|f| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::sync::Mutex::new(f))
+            .with_ansi(false)
+            .with_filter(LevelFilter::INFO)
+    });
+    let _ = tracing_subscriber::registry()
+        .with(stderr)
+        .with(file_layer)
+        .try_init();
+}
