@@ -87,6 +87,7 @@ impl Host<'_> {
                 .map_err(AcquireError::from)
                 .and_then(|lock| {
                     locks.push(lock);
+                    crate::failpoint::hit("acquire-locked");
                     self.acquire_one(plan, gpu, process, control.as_ref())
                 });
             match step {
@@ -168,6 +169,7 @@ impl Host<'_> {
             self.rollback(vec![done], control);
             return Err(e.into());
         }
+        crate::failpoint::hit("acquire-saved");
         Ok(done)
     }
 
@@ -247,6 +249,7 @@ impl Host<'_> {
             restore_compute_mode: previous,
         });
         done.started = Some((proc, previous));
+        crate::failpoint::hit("acquire-daemon-started");
         Ok(())
     }
 
@@ -322,8 +325,10 @@ impl Host<'_> {
             rec.clients.remove(c);
         }
         rec.drop_stale();
+        crate::failpoint::hit("release-locked");
         if rec.clients.is_empty() {
             self.stop_daemon(&mut rec);
+            crate::failpoint::hit("release-daemon-stopped");
         } else if let Some(d) = &rec.daemon {
             if !d.process.is_alive() {
                 // Restarted on the next acquire; keep the directories clean meanwhile.

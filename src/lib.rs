@@ -11,6 +11,7 @@ pub mod admin;
 pub mod config;
 pub mod devices;
 pub mod error;
+pub mod failpoint;
 pub mod hook;
 pub mod input;
 pub mod inventory;

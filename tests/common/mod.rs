@@ -1,0 +1,352 @@
+//! Shared test support: binaries, the TEST-ONLY simulated driver, sandboxes with their own state
+//! and policy, busybox bundles for runc, and the SKIPPED/CI policy for missing engines.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::{json, Value};
+
+pub fn hook_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gpushare-hook"))
+}
+
+/// The TEST-ONLY simulated NVML/CUDA library, built by `cargo build --workspace` next to the
+/// binaries.
+pub fn simdriver() -> PathBuf {
+    let p = hook_bin()
+        .parent()
+        .expect("target dir")
+        .join("libgpushare_simdriver.so");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace` before `cargo test`",
+        p.display()
+    );
+    p
+}
+
+/// Whether `cmd` is on PATH.
+pub fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Requires the named programs. Missing ones fail the test under CI and print a loud SKIPPED
+/// line elsewhere (returning false so the caller returns early).
+pub fn require(what: &str, cmds: &[&str]) -> bool {
+    let missing: Vec<&str> = cmds.iter().copied().filter(|c| !have(c)).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!(
+        "SKIPPED: {what}: missing {}; run scripts/install-deps.sh",
+        missing.join(", ")
+    );
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{msg} (CI requires every engine)");
+    }
+    eprintln!("\n******** {msg} ********\n");
+    false
+}
+
+/// A private world for one test: state dir, simulated-driver state, policy file, log.
+pub struct Sandbox {
+    pub dir: tempfile::TempDir,
+    pub gpus: usize,
+}
+
+impl Sandbox {
+    pub fn new(gpus: usize) -> Self {
+        Self::with_policy(gpus, "")
+    }
+
+    /// `extra` is appended to the generated policy (TOML).
+    pub fn with_policy(gpus: usize, extra: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("gpushare-test-")
+            .tempdir()
+            .expect("tempdir");
+        let sb = Self { dir, gpus };
+        std::fs::create_dir_all(sb.sim_state()).unwrap();
+        sb.write_config(extra);
+        sb
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.path().join("state")
+    }
+
+    pub fn sim_state(&self) -> PathBuf {
+        self.path().join("sim")
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.path().join("config.toml")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.path().join("gpushare.log")
+    }
+
+    /// Writes the policy: state and log under the sandbox, NVML from the simulated driver,
+    /// then `extra`, which may add keys and whole tables (top-level keys go before tables).
+    pub fn write_config(&self, extra: &str) {
+        let (top, tables): (Vec<&str>, Vec<&str>) = {
+            let mut top = Vec::new();
+            let mut tables = Vec::new();
+            let mut in_table = false;
+            for l in extra.lines() {
+                if l.trim_start().starts_with('[') {
+                    in_table = true;
+                }
+                if in_table {
+                    tables.push(l);
+                } else {
+                    top.push(l);
+                }
+            }
+            (top, tables)
+        };
+        let has_nvml = tables.iter().any(|l| l.trim() == "[nvml]");
+        let text = format!(
+            "state_dir = {:?}\nlog_file = {:?}\nlock_timeout_seconds = 20\n{}\n{}{}\n",
+            self.state_dir(),
+            self.log_path(),
+            top.join("\n"),
+            if has_nvml {
+                String::new()
+            } else {
+                format!("[nvml]\nlibrary = {:?}\n", simdriver())
+            },
+            tables.join("\n"),
+        );
+        std::fs::write(self.config_path(), text).unwrap();
+    }
+
+    /// Env for anything that loads the simulated driver or runs the hook.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let devices = vec!["81920"; self.gpus].join(",");
+        vec![
+            (
+                "GPUSHARE_CONFIG".into(),
+                self.config_path().display().to_string(),
+            ),
+            ("GPUSHARE_SIM_DEVICES".into(), devices),
+            (
+                "GPUSHARE_SIM_STATE".into(),
+                self.sim_state().display().to_string(),
+            ),
+            (
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            ),
+        ]
+    }
+
+    /// Runs `gpushare-hook ARGS` with `stdin`, in this sandbox's env (and nothing else).
+    pub fn hook(&self, args: &[&str], stdin: &str) -> Output {
+        self.hook_env(args, stdin, &[])
+    }
+
+    pub fn hook_env(&self, args: &[&str], stdin: &str, extra_env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(hook_bin());
+        cmd.args(args).env_clear().envs(self.env());
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn gpushare-hook");
+        let mut si = child.stdin.take().unwrap();
+        let input = stdin.as_bytes().to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = si.write_all(&input);
+        });
+        let out = child.wait_with_output().unwrap();
+        let _ = writer.join();
+        out
+    }
+
+    /// `status --json` as a value.
+    pub fn status(&self) -> Value {
+        let out = self.hook(&["status", "--json"], "");
+        assert!(
+            out.status.success(),
+            "status: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status json")
+    }
+
+    /// Compute mode of simulated GPU `i` as the driver stores it (0 DEFAULT, 3 EXCLUSIVE_PROCESS).
+    pub fn compute_mode(&self, i: usize) -> u32 {
+        std::fs::read_to_string(self.sim_state().join(format!("compute_mode.{i}")))
+            .map(|s| s.trim().parse().unwrap())
+            .unwrap_or(0)
+    }
+
+    /// The simulated UUID of GPU `i`.
+    pub fn uuid(i: usize) -> String {
+        format!("GPU-5a1e0000-0000-4000-8000-{i:012x}")
+    }
+
+    /// Every file under the state dir with its content (sockets and fifos by name only): a
+    /// snapshot for "state unchanged" checks. Lock files are left out: taking a lock writes the
+    /// holder's name into them.
+    pub fn snapshot(&self) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        walk(&self.state_dir(), &self.state_dir(), &mut out);
+        out.sort();
+        out
+    }
+
+    /// A bundle directory with `config.json` (built from `spec`) for hook-only tests.
+    pub fn bundle(&self, name: &str, spec: &Value) -> PathBuf {
+        let b = self.path().join("bundles").join(name);
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(
+            b.join("config.json"),
+            serde_json::to_vec_pretty(spec).unwrap(),
+        )
+        .unwrap();
+        b
+    }
+
+    /// The OCI state a runtime would pass at createRuntime.
+    pub fn state_json(id: &str, pid: u32, bundle: &Path) -> String {
+        json!({"ociVersion": "1.0.2", "id": id, "status": "creating", "pid": pid, "bundle": bundle})
+            .to_string()
+    }
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        let rel = p.strip_prefix(root).unwrap().display().to_string();
+        let ft = e.file_type().unwrap();
+        if ft.is_dir() {
+            out.push((format!("{rel}/"), Vec::new()));
+            walk(root, &p, out);
+        } else if ft.is_file() {
+            if rel.ends_with(".lock") {
+                out.push((rel, Vec::new()));
+            } else {
+                out.push((rel, std::fs::read(&p).unwrap_or_default()));
+            }
+        } else {
+            out.push((rel, Vec::new()));
+        }
+    }
+}
+
+/// A minimal spec asking for `annotations` with `env`.
+pub fn spec(annotations: Value, env: &[&str]) -> Value {
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sh"], "env": env, "cwd": "/"},
+        "root": {"path": "rootfs"},
+        "annotations": annotations,
+    })
+}
+
+/// A long-lived stand-in for a container's init process; killed on drop.
+pub struct FakeContainer(pub std::process::Child);
+
+impl FakeContainer {
+    pub fn start() -> Self {
+        Self(
+            Command::new("sleep")
+                .arg("600")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("sleep"),
+        )
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for FakeContainer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Live MPS control daemons whose pipe directory lies under `root`.
+pub fn daemons_under(root: &Path) -> Vec<i32> {
+    let want = format!("CUDA_MPS_PIPE_DIRECTORY={}", root.display());
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.contains(") Z ") {
+            continue;
+        }
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !cmd.split(|b| *b == 0).any(|a| a == b"-f") {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if env
+            .split(|b| *b == 0)
+            .any(|kv| String::from_utf8_lossy(kv).starts_with(&want))
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Stops every daemon under `root` (test clean-up).
+pub fn kill_daemons_under(root: &Path) {
+    for pid in daemons_under(root) {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
+}
+
+/// Mount points under `root`.
+pub fn mounts_under(root: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = root.display().to_string();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|mp| mp.starts_with(&want))
+        .map(String::from)
+        .collect()
+}
+
+/// Clean-up guard: kills leftover daemons and unmounts leftovers under a sandbox.
+pub struct Cleanup(pub PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        kill_daemons_under(&self.0);
+        for m in mounts_under(&self.0) {
+            let _ = Command::new("umount").args(["-l", &m]).status();
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The hook's acquire/release lifecycle against the real `nvidia-cuda-mps-control` and the
+//! TEST-ONLY simulated NVML: reference counting, compatibility, idempotency, stale clients,
+//! dead and unrecorded daemons.
+
+mod common;
+
+use common::{daemons_under, spec, Cleanup, FakeContainer, Sandbox};
+use serde_json::json;
+
+fn mps_spec() -> serde_json::Value {
+    spec(
+        json!({"gpu.share": "mps", "gpu.share.cores": "40", "gpu.share.memory": "2Gi"}),
+        &["NVIDIA_VISIBLE_DEVICES=0"],
+    )
+}
+
+fn ok(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn clients(st: &serde_json::Value, gpu: usize) -> Vec<String> {
+    st["gpus"][gpu]["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn two_mps_containers_share_one_daemon() {
+    if !common::require("mps lifecycle", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle("b", &mps_spec());
+    let (a, c) = (FakeContainer::start(), FakeContainer::start());
+
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("ca", a.pid(), &b)));
+    assert_eq!(
+        sb.compute_mode(0),
+        3,
+        "EXCLUSIVE_PROCESS while the daemon runs"
+    );
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("cb", c.pid(), &b)));
+
+    let st = sb.status();
+    assert_eq!(st["gpus"].as_array().unwrap().len(), 1);
+    assert_eq!(clients(&st, 0), vec!["ca", "cb"]);
+    assert_eq!(st["gpus"][0]["daemon"]["answers"], true);
+    assert_eq!(st["gpus"][0]["clients"][0]["cores"], 40);
+    assert_eq!(
+        daemons_under(&sb.state_dir()).len(),
+        1,
+        "exactly one daemon"
+    );
+    let mps_dir = sb.state_dir().join("mps").join(Sandbox::uuid(0));
+    assert!(mps_dir.join("pipe/control").exists());
+    assert!(
+        common::mounts_under(&mps_dir)
+            .iter()
+            .any(|m| m.ends_with("/shm")),
+        "shm tmpfs mounted"
+    );
+
+    // The first leaves: the daemon stays and still answers.
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &b)));
+    let st = sb.status();
+    assert_eq!(clients(&st, 0), vec!["cb"]);
+    assert_eq!(st["gpus"][0]["daemon"]["answers"], true);
+
+    // The last leaves: daemon, directories and mounts are gone, compute mode restored.
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("cb", 0, &b)));
+    let st = sb.status();
+    assert!(st["gpus"].as_array().unwrap().is_empty(), "{st}");
+    assert!(daemons_under(&sb.state_dir()).is_empty());
+    assert!(!mps_dir.exists(), "daemon directory removed");
+    assert!(common::mounts_under(&sb.state_dir()).is_empty());
+    assert_eq!(sb.compute_mode(0), 0, "DEFAULT after the daemon stops");
+}
+
+#[test]
+fn acquire_and_release_are_idempotent() {
+    if !common::require("mps idempotency", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle("b", &mps_spec());
+    let a = FakeContainer::start();
+    let state = Sandbox::state_json("ca", a.pid(), &b);
+    ok(&sb.hook(&["createRuntime"], &state));
+    ok(&sb.hook(&["prestart"], &state));
+    assert_eq!(clients(&sb.status(), 0), vec!["ca"]);
+    assert_eq!(daemons_under(&sb.state_dir()).len(), 1);
+    // Unknown container: nothing changes.
+    let before = sb.snapshot();
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("other", 0, &b)));
+    assert_eq!(sb.snapshot(), before);
+    ok(&sb.hook(&["poststop"], &state));
+    ok(&sb.hook(&["poststop"], &state));
+    assert!(sb.status()["gpus"].as_array().unwrap().is_empty());
+    assert!(daemons_under(&sb.state_dir()).is_empty());
+}
+
+#[test]
+fn timeslice_is_refused_on_an_mps_gpu_and_mps_on_a_timeslice_gpu() {
+    if !common::require("mode compatibility", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let bm = sb.bundle("m", &mps_spec());
+    let bt = sb.bundle(
+        "t",
+        &spec(
+            json!({"gpu.share": "timeslice"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
+    let (a, c) = (FakeContainer::start(), FakeContainer::start());
+    ok(&sb.hook(
+        &["createRuntime"],
+        &Sandbox::state_json("mps-user", a.pid(), &bm),
+    ));
+    let before = sb.snapshot();
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("ts", c.pid(), &bt));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("serves mps to mps-user"), "{err}");
+    assert_eq!(sb.snapshot(), before, "state unchanged");
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("mps-user", 0, &bm)));
+
+    // Now timeslice takes the GPU; mps is refused while it is there.
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("ts", c.pid(), &bt)));
+    assert_eq!(sb.compute_mode(0), 0);
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("m2", a.pid(), &bm));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("serves timeslice to ts"));
+    assert!(
+        daemons_under(&sb.state_dir()).is_empty(),
+        "no daemon started"
+    );
+}
+
+#[test]
+fn stale_clients_are_dropped_and_dead_daemons_restarted() {
+    if !common::require("stale clients", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle("b", &mps_spec());
+    let mut gone = FakeContainer::start();
+    let live = FakeContainer::start();
+    ok(&sb.hook(
+        &["createRuntime"],
+        &Sandbox::state_json("gone", gone.pid(), &b),
+    ));
+    gone.kill();
+    // The daemon dies too.
+    let d = daemons_under(&sb.state_dir());
+    assert_eq!(d.len(), 1);
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &d[0].to_string()])
+        .status();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+
+    ok(&sb.hook(
+        &["createRuntime"],
+        &Sandbox::state_json("live", live.pid(), &b),
+    ));
+    let st = sb.status();
+    assert_eq!(clients(&st, 0), vec!["live"], "stale client dropped");
+    assert_eq!(st["gpus"][0]["daemon"]["answers"], true, "daemon restarted");
+    let now = daemons_under(&sb.state_dir());
+    assert_eq!(now.len(), 1);
+    assert_ne!(now[0], d[0]);
+}
+
+#[test]
+fn unrecorded_daemon_is_adopted_not_duplicated() {
+    if !common::require("daemon adoption", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle("b", &mps_spec());
+    let (a, c) = (FakeContainer::start(), FakeContainer::start());
+    // Killed between starting the daemon and saving the record.
+    let out = sb.hook_env(
+        &["createRuntime"],
+        &Sandbox::state_json("ca", a.pid(), &b),
+        &[("GPUSHARE_FAILPOINT", "acquire-daemon-started")],
+    );
+    assert_eq!(out.status.code(), None, "killed by the failpoint");
+    let orphan = daemons_under(&sb.state_dir());
+    assert_eq!(orphan.len(), 1);
+    assert!(
+        sb.status()["gpus"].as_array().unwrap().is_empty(),
+        "record was never saved"
+    );
+
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("cb", c.pid(), &b)));
+    let st = sb.status();
+    assert_eq!(st["gpus"][0]["daemon"]["pid"], orphan[0], "adopted");
+    assert_eq!(daemons_under(&sb.state_dir()), orphan, "not duplicated");
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("cb", 0, &b)));
+    assert!(daemons_under(&sb.state_dir()).is_empty());
+}
+
+#[test]
+fn timeslice_length_goes_through_nvidia_smi() {
+    let sb = Sandbox::new(2);
+    // A stand-in nvidia-smi that records its arguments.
+    let smi = sb.path().join("fake-smi");
+    let args_file = sb.path().join("smi-args");
+    std::fs::write(
+        &smi,
+        format!("#!/bin/sh\necho \"$@\" >> {}\n", args_file.display()),
+    )
+    .unwrap();
+    std::os::unix::fs::PermissionsExt::set_mode(
+        &mut std::fs::metadata(&smi).unwrap().permissions(),
+        0o755,
+    );
+    std::fs::set_permissions(&smi, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    sb.write_config(&format!("[timeslice]\nsmi = {:?}\n", smi));
+    let b = sb.bundle(
+        "t",
+        &spec(
+            json!({"gpu.share": "timeslice", "gpu.share.timeslice": "long"}),
+            &["NVIDIA_VISIBLE_DEVICES=1"],
+        ),
+    );
+    let a = FakeContainer::start();
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("ts", a.pid(), &b)));
+    let args = std::fs::read_to_string(&args_file).unwrap();
+    assert_eq!(args.trim(), "compute-policy -i 1 --set-timeslice 3");
+
+    // Missing nvidia-smi: a clear error, nothing recorded.
+    sb.write_config("[timeslice]\nsmi = \"/nonexistent/nvidia-smi\"\n");
+    let c = FakeContainer::start();
+    let before = sb.snapshot();
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("ts2", c.pid(), &b));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not found, needed for gpu.share.timeslice"),
+        "{err}"
+    );
+    assert_eq!(sb.snapshot(), before);
+}
+
+#[test]
+fn container_that_asks_for_nothing_touches_nothing() {
+    let sb = Sandbox::new(1);
+    // NVML that would fail if loaded proves it is not loaded.
+    sb.write_config("[nvml]\nlibrary = \"/nonexistent/libnvidia-ml.so.1\"\n");
+    let b = sb.bundle(
+        "n",
+        &spec(json!({"other": "x"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("plain", 1, &b));
+    ok(&out);
+    assert!(out.stderr.is_empty() && out.stdout.is_empty());
+    assert!(!sb.state_dir().exists(), "no state written");
+    let out = sb.hook(&["poststop"], &Sandbox::state_json("plain", 0, &b));
+    ok(&out);
+    assert!(!sb.state_dir().exists());
+}
