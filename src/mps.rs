@@ -105,6 +105,10 @@ impl MpsDirs {
             let _ = umount2(&self.shm, MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        // The shared `mps/` parent goes too once no GPU uses it (fails harmlessly otherwise).
+        if let Some(parent) = self.dir.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
 }
 

@@ -75,3 +75,125 @@ pub fn detached(cmd: &mut Command) {
         });
     }
 }
+
+/// Mount attribute: read-only (`MOUNT_ATTR_RDONLY`).
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+/// Mount attribute: no set-uid (`MOUNT_ATTR_NOSUID`).
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+/// Mount attribute: no device nodes (`MOUNT_ATTR_NODEV`).
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+
+/// `open_tree(2)` with `OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE`: a detached copy of
+/// the mount tree at `path` (a host path), which can later be attached in another mount
+/// namespace with [`move_mount_onto`]. `attrs` (`MOUNT_ATTR_*`) are set on the copy.
+///
+/// # Errors
+/// The system call's errno.
+pub fn clone_tree(path: &std::ffi::CStr, attrs: u64) -> nix::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    // SAFETY: `path` is a valid NUL-terminated string for the duration of the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
+        )
+    };
+    let fd = nix::errno::Errno::result(fd)? as libc::c_int;
+    // SAFETY: open_tree returned a new descriptor that nothing else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    if attrs != 0 {
+        #[repr(C)]
+        struct MountAttr {
+            attr_set: u64,
+            attr_clr: u64,
+            propagation: u64,
+            userns_fd: u64,
+        }
+        let attr = MountAttr {
+            attr_set: attrs,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd: 0,
+        };
+        use std::os::fd::AsRawFd;
+        const AT_RECURSIVE_ATTR: libc::c_uint = 0x8000;
+        // SAFETY: the empty path is a valid C string, `attr` lives across the call and its size
+        // is passed.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                fd.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE_ATTR,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        };
+        nix::errno::Errno::result(r)?;
+    }
+    Ok(fd)
+}
+
+/// `move_mount(2)` of the detached tree `tree` onto the object `target` is open on (an
+/// `O_PATH` descriptor resolved inside the container's root). Makes only the system call, so it
+/// may be used in a forked child.
+///
+/// # Errors
+/// The system call's errno.
+pub fn move_mount_onto(
+    tree: std::os::fd::BorrowedFd<'_>,
+    target: std::os::fd::BorrowedFd<'_>,
+) -> nix::Result<()> {
+    use std::os::fd::AsRawFd;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    // SAFETY: both descriptors are open for the call; the empty paths are valid C strings.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    nix::errno::Errno::result(r).map(drop)
+}
+
+/// Runs `work` in a forked, single-threaded child (so that it may `setns` into a mount
+/// namespace) and returns the code it ends with: `Ok(())` for 0, `Err(code)` otherwise (a
+/// child killed by a signal gives `Err(-signal)`).
+///
+/// `work` must be async-signal-safe: it runs after `fork` in a possibly multi-threaded program,
+/// so it must not allocate, lock or log — only make system calls on data prepared before.
+///
+/// # Errors
+/// `fork` or `waitpid` failing, as an errno.
+pub fn in_forked_child(work: impl FnOnce() -> i32) -> nix::Result<Result<(), i32>> {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    use nix::unistd::{fork, ForkResult};
+    // SAFETY: the child only runs `work`, which the caller guarantees is async-signal-safe,
+    // and then leaves with `_exit`, running no destructors or atexit handlers.
+    match unsafe { fork() }? {
+        ForkResult::Child => {
+            let code = work();
+            // SAFETY: `_exit` is async-signal-safe and ends the child at once.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => loop {
+            match waitpid(child, None) {
+                Ok(WaitStatus::Exited(_, 0)) => return Ok(Ok(())),
+                Ok(WaitStatus::Exited(_, c)) => return Ok(Err(c)),
+                Ok(WaitStatus::Signaled(_, s, _)) => return Ok(Err(-(s as i32))),
+                Ok(_) => continue,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e),
+            }
+        },
+    }
+}

@@ -117,8 +117,13 @@ impl Sandbox {
             (top, tables)
         };
         let has_nvml = tables.iter().any(|l| l.trim() == "[nvml]");
+        let timeout = if extra.contains("lock_timeout_seconds") {
+            ""
+        } else {
+            "lock_timeout_seconds = 20"
+        };
         let text = format!(
-            "state_dir = {:?}\nlog_file = {:?}\nlock_timeout_seconds = 20\n{}\n{}{}\n",
+            "state_dir = {:?}\nlog_file = {:?}\n{timeout}\n{}\n{}{}\n",
             self.state_dir(),
             self.log_path(),
             top.join("\n"),
@@ -203,8 +208,8 @@ impl Sandbox {
     }
 
     /// Every file under the state dir with its content (sockets and fifos by name only): a
-    /// snapshot for "state unchanged" checks. Lock files are left out: taking a lock writes the
-    /// holder's name into them.
+    /// snapshot for "state unchanged" checks. Lock files (and the directory holding them) are
+    /// left out: they are created on first use and taking a lock writes the holder's name.
     pub fn snapshot(&self) -> Vec<(String, Vec<u8>)> {
         let mut out = Vec::new();
         walk(&self.state_dir(), &self.state_dir(), &mut out);
@@ -240,12 +245,12 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
         let rel = p.strip_prefix(root).unwrap().display().to_string();
         let ft = e.file_type().unwrap();
         if ft.is_dir() {
-            out.push((format!("{rel}/"), Vec::new()));
+            if rel != "gpus" {
+                out.push((format!("{rel}/"), Vec::new()));
+            }
             walk(root, &p, out);
         } else if ft.is_file() {
-            if rel.ends_with(".lock") {
-                out.push((rel, Vec::new()));
-            } else {
+            if !rel.ends_with(".lock") {
                 out.push((rel, std::fs::read(&p).unwrap_or_default()));
             }
         } else {

@@ -1,0 +1,284 @@
+//! Bad input, each case: one line on stderr, exit 1, state exactly as it was.
+
+mod common;
+
+use common::{spec, Cleanup, FakeContainer, Sandbox};
+use serde_json::{json, Value};
+
+/// Runs createRuntime with `stdin` and checks the refusal contract; returns stderr.
+fn refused(sb: &Sandbox, stdin: &str, env: &[(&str, &str)]) -> String {
+    let before = sb.snapshot();
+    let out = sb.hook_env(&["createRuntime"], stdin, env);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "must be refused: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "exactly one line: {err:?}"
+    );
+    assert!(err.starts_with("gpushare-hook: "), "{err}");
+    assert_eq!(sb.snapshot(), before, "state unchanged after: {err}");
+    err
+}
+
+/// A sandbox that already serves one mps client, so "unchanged" is checked against real state.
+fn busy_sandbox(gpus: usize) -> (Sandbox, FakeContainer) {
+    let sb = Sandbox::new(gpus);
+    let c = FakeContainer::start();
+    let b = sb.bundle(
+        "base",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    let out = sb.hook(
+        &["createRuntime"],
+        &Sandbox::state_json("base", c.pid(), &b),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (sb, c)
+}
+
+#[test]
+fn bad_requests_are_refused_with_one_line() {
+    if !common::require("bad input", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let (sb, _base) = busy_sandbox(2);
+    let _c = Cleanup(sb.path().to_path_buf());
+    sb.write_config("[policy]\nmax_memory = \"8Gi\"\n");
+    let c = FakeContainer::start();
+    let rows: Vec<(&str, Value, Vec<&str>, &str)> = vec![
+        (
+            "unknown mode",
+            json!({"gpu.share": "turbo"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "valid modes are mps, timeslice, limit, none",
+        ),
+        (
+            "bad quantity",
+            json!({"gpu.share": "mps", "gpu.share.memory": "12XB"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "12XB",
+        ),
+        (
+            "zero memory",
+            json!({"gpu.share": "mps", "gpu.share.memory": "0"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "greater than zero",
+        ),
+        (
+            "cores 0",
+            json!({"gpu.share": "mps", "gpu.share.cores": "0"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "1 to 100",
+        ),
+        (
+            "cores 101",
+            json!({"gpu.share": "mps", "gpu.share.cores": "101"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "1 to 100",
+        ),
+        (
+            "memory above policy",
+            json!({"gpu.share": "mps", "gpu.share.memory": "9Gi"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "maximum",
+        ),
+        (
+            "device outside assignment",
+            json!({"gpu.share": "mps", "gpu.share.devices": "1"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "was not given",
+        ),
+        (
+            "two GPUs in mps",
+            json!({"gpu.share": "mps"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0,1"],
+            "gpu.share=timeslice",
+        ),
+        (
+            "no GPU",
+            json!({"gpu.share": "mps"}),
+            vec![],
+            "was given no GPU",
+        ),
+        (
+            "unknown GPU",
+            json!({"gpu.share": "limit"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=7"],
+            "does not exist",
+        ),
+        (
+            "unknown key",
+            json!({"gpu.share": "mps", "gpu.share.speed": "9"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "unknown annotation",
+        ),
+        (
+            "env fallback bad",
+            json!({}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0", "GPU_SHARE=fast"],
+            "GPU_SHARE: unknown mode",
+        ),
+    ];
+    for (what, ann, env, want) in rows {
+        let b = sb.bundle(what.replace(' ', "-").as_str(), &spec(ann, &env));
+        let err = refused(&sb, &Sandbox::state_json("new", c.pid(), &b), &[]);
+        assert!(err.contains(want), "{what}: {err}");
+    }
+}
+
+#[test]
+fn malformed_state_and_config_are_refused() {
+    let (sb, _base) = busy_sandbox(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let good = sb.bundle(
+        "good",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    let huge_cfg = sb.path().join("bundles/huge");
+    std::fs::create_dir_all(&huge_cfg).unwrap();
+    let f = std::fs::File::create(huge_cfg.join("config.json")).unwrap();
+    f.set_len(17 << 20).unwrap();
+    let broken = sb.path().join("bundles/broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(
+        broken.join("config.json"),
+        "{\"annotations\": {\"gpu.share\": ",
+    )
+    .unwrap();
+    let rows: Vec<(&str, String, &str)> = vec![
+        ("not json", "{oops".into(), "not valid JSON"),
+        (
+            "oversized stdin",
+            format!("{{\"id\":\"x\",\"pad\":\"{}\"}}", "a".repeat(2 << 20)),
+            "larger than 1 MiB",
+        ),
+        (
+            "unsafe id",
+            json!({"id": "../../etc/passwd", "pid": 1, "bundle": good}).to_string(),
+            "not a safe name",
+        ),
+        (
+            "id with slash",
+            json!({"id": "a/b", "pid": 1, "bundle": good}).to_string(),
+            "not a safe name",
+        ),
+        (
+            "missing bundle dir",
+            json!({"id": "x", "pid": 1, "bundle": "/nonexistent"}).to_string(),
+            "cannot read /nonexistent/config.json",
+        ),
+        (
+            "oversized config",
+            json!({"id": "x", "pid": 1, "bundle": huge_cfg}).to_string(),
+            "larger than 16 MiB",
+        ),
+        (
+            "broken config",
+            json!({"id": "x", "pid": 1, "bundle": broken}).to_string(),
+            "not a valid OCI config",
+        ),
+        (
+            "negative pid",
+            json!({"id": "x", "pid": -5, "bundle": good}).to_string(),
+            "no valid pid",
+        ),
+        (
+            "dead pid",
+            json!({"id": "x", "pid": 999_999_999, "bundle": good}).to_string(),
+            "no valid pid",
+        ),
+    ];
+    for (what, stdin, want) in rows {
+        let err = refused(&sb, &stdin, &[]);
+        assert!(err.contains(want), "{what}: {err}");
+    }
+}
+
+#[test]
+fn missing_or_failing_drivers_and_binaries_are_refused() {
+    let (sb, _base) = busy_sandbox(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let c = FakeContainer::start();
+    let b = sb.bundle(
+        "b",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    let state = Sandbox::state_json("new", c.pid(), &b);
+    let lib = common::simdriver();
+
+    sb.write_config("[nvml]\nlibrary = \"/nonexistent/libnvidia-ml.so.1\"\n");
+    let err = refused(&sb, &state, &[]);
+    assert!(err.contains("cannot load NVML"), "{err}");
+
+    sb.write_config("");
+    let err = refused(&sb, &state, &[("GPUSHARE_SIM_FAIL", "nvmlInit_v2")]);
+    assert!(err.contains("cannot load NVML"), "{err}");
+    let err = refused(&sb, &state, &[("GPUSHARE_SIM_FAIL", "nvmlDeviceGetUUID")]);
+    assert!(err.contains("nvmlDeviceGetUUID"), "{err}");
+
+    sb.write_config("[mps]\ncontrol = \"/nonexistent/nvidia-cuda-mps-control\"\n");
+    let err = refused(&sb, &state, &[]);
+    assert!(err.contains("install nvidia-cuda-mps"), "{err}");
+
+    // A daemon that never answers: start fails, times out, is cleaned away.
+    let hang = sb.path().join("hang-mps");
+    std::fs::write(&hang, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&hang, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let sb2 = Sandbox::with_policy(
+        1,
+        &format!("[mps]\ncontrol = {hang:?}\nstart_timeout_seconds = 1\n"),
+    );
+    let _c2 = Cleanup(sb2.path().to_path_buf());
+    let b2 = sb2.bundle(
+        "b",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    let err = refused(&sb2, &Sandbox::state_json("new", c.pid(), &b2), &[]);
+    assert!(err.contains("did not answer"), "{err}");
+    assert_eq!(sb2.compute_mode(0), 0, "compute mode restored");
+    assert!(
+        common::mounts_under(sb2.path()).is_empty(),
+        "no leftover mount"
+    );
+    let _ = lib;
+}
+
+#[test]
+fn lock_timeout_names_the_holder() {
+    let sb = Sandbox::with_policy(1, "lock_timeout_seconds = 1\n");
+    let c = FakeContainer::start();
+    let b = sb.bundle(
+        "b",
+        &spec(json!({"gpu.share": "limit"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    // Hold the GPU's lock from outside, as a stuck hook would.
+    std::fs::create_dir_all(sb.state_dir().join("gpus")).unwrap();
+    let lock_path = sb
+        .state_dir()
+        .join("gpus")
+        .join(format!("{}.lock", Sandbox::uuid(0)));
+    std::fs::write(&lock_path, "pid 4242 (container stuck-one)\n").unwrap();
+    let f = std::fs::File::open(&lock_path).unwrap();
+    f.lock().unwrap();
+    let err = refused(&sb, &Sandbox::state_json("new", c.pid(), &b), &[]);
+    assert!(err.contains("timed out"), "{err}");
+    assert!(err.contains("container stuck-one"), "{err}");
+    drop(f);
+}
+
+#[test]
+fn bad_policy_file_is_refused() {
+    let sb = Sandbox::new(1);
+    std::fs::write(sb.config_path(), "[policy]\nmax_cores = 500\n").unwrap();
+    let b = sb.bundle(
+        "b",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    let err = refused(&sb, &Sandbox::state_json("x", 1, &b), &[]);
+    assert!(err.contains("config.toml"), "{err}");
+}
