@@ -1,0 +1,232 @@
+//! Concurrency and crash safety: 32 parallel hooks on one GPU and on four; SIGKILLed hooks at
+//! chosen points followed by `gc`.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::{daemons_under, spec, Cleanup, FakeContainer, Sandbox};
+use serde_json::json;
+
+const N: usize = 32;
+
+fn run_parallel(sb: &Arc<Sandbox>, jobs: Vec<(Vec<&'static str>, String)>) {
+    let handles: Vec<_> = jobs
+        .into_iter()
+        .map(|(args, stdin)| {
+            let sb = Arc::clone(sb);
+            std::thread::spawn(move || sb.hook(&args, &stdin))
+        })
+        .collect();
+    for h in handles {
+        let out = h.join().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+fn parallel_acquire_release(gpus: usize) {
+    let sb = Arc::new(Sandbox::new(gpus));
+    let _c = Cleanup(sb.path().to_path_buf());
+    let bundles: Vec<_> = (0..gpus)
+        .map(|g| {
+            let env = format!("NVIDIA_VISIBLE_DEVICES={g}");
+            sb.bundle(
+                &format!("g{g}"),
+                &spec(json!({"gpu.share": "mps"}), &[env.as_str()]),
+            )
+        })
+        .collect();
+    let containers: Vec<FakeContainer> = (0..N).map(|_| FakeContainer::start()).collect();
+    let jobs = (0..N)
+        .map(|i| {
+            let st = Sandbox::state_json(&format!("c{i}"), containers[i].pid(), &bundles[i % gpus]);
+            (vec!["createRuntime"], st)
+        })
+        .collect();
+    run_parallel(&sb, jobs);
+
+    let st = sb.status();
+    let gpus_st = st["gpus"].as_array().unwrap();
+    assert_eq!(gpus_st.len(), gpus);
+    for g in gpus_st {
+        assert_eq!(g["clients"].as_array().unwrap().len(), N / gpus, "{g}");
+        assert_eq!(g["daemon"]["answers"], true);
+    }
+    assert_eq!(
+        daemons_under(&sb.state_dir()).len(),
+        gpus,
+        "exactly one daemon per GPU"
+    );
+
+    let jobs = (0..N)
+        .map(|i| {
+            (
+                vec!["poststop"],
+                Sandbox::state_json(&format!("c{i}"), 0, &bundles[i % gpus]),
+            )
+        })
+        .collect();
+    run_parallel(&sb, jobs);
+    assert!(sb.status()["gpus"].as_array().unwrap().is_empty());
+    assert!(daemons_under(&sb.state_dir()).is_empty(), "no daemon left");
+    assert!(
+        common::mounts_under(&sb.state_dir()).is_empty(),
+        "no mount left"
+    );
+    assert!(!sb.state_dir().join("mps").exists());
+    for g in 0..gpus {
+        assert_eq!(sb.compute_mode(g), 0);
+    }
+}
+
+#[test]
+fn thirty_two_parallel_hooks_on_one_gpu() {
+    if common::require("concurrency", &["nvidia-cuda-mps-control"]) {
+        parallel_acquire_release(1);
+    }
+}
+
+#[test]
+fn thirty_two_parallel_hooks_on_four_gpus() {
+    if common::require("concurrency", &["nvidia-cuda-mps-control"]) {
+        parallel_acquire_release(4);
+    }
+}
+
+/// After `gc`, records list exactly the live containers and every GPU has at most one daemon,
+/// which exists only if it has clients; no mount is left for GPUs without a daemon.
+fn assert_consistent(sb: &Sandbox, live: &[&str]) {
+    let st = sb.status();
+    let mut ids: Vec<String> = Vec::new();
+    for g in st["gpus"].as_array().unwrap() {
+        for c in g["clients"].as_array().unwrap() {
+            assert_eq!(c["alive"], true, "{c}");
+            ids.push(c["id"].as_str().unwrap().to_owned());
+        }
+        assert_eq!(
+            g["daemon"].is_null(),
+            g["clients"].as_array().unwrap().is_empty(),
+            "{g}"
+        );
+    }
+    ids.sort();
+    assert_eq!(ids, live);
+    let daemons = daemons_under(&sb.state_dir());
+    let with_daemon = st["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| !g["daemon"].is_null())
+        .count();
+    assert_eq!(
+        daemons.len(),
+        with_daemon,
+        "daemons {daemons:?} vs records {st}"
+    );
+    if with_daemon == 0 {
+        assert!(common::mounts_under(&sb.state_dir()).is_empty());
+    }
+}
+
+fn killed_at(sb: &Sandbox, args: &[&str], stdin: &str, point: &str) {
+    let out = sb.hook_env(args, stdin, &[("GPUSHARE_FAILPOINT", point)]);
+    assert_eq!(out.status.code(), None, "{point}: hook was not killed");
+}
+
+fn gc(sb: &Sandbox) {
+    let out = sb.hook(&["gc"], "");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn sigkilled_hooks_then_gc_leave_consistent_state() {
+    if !common::require("crash safety", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let acquire_points = ["acquire-locked", "acquire-daemon-started", "acquire-saved"];
+    for point in acquire_points {
+        // First client killed mid-acquire, with and without a container that stays.
+        for keep_one in [false, true] {
+            if keep_one && point == "acquire-daemon-started" {
+                continue; // only the first client starts a daemon
+            }
+            let sb = Sandbox::new(1);
+            let _c = Cleanup(sb.path().to_path_buf());
+            let b = sb.bundle(
+                "b",
+                &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+            );
+            let stay = FakeContainer::start();
+            if keep_one {
+                let out = sb.hook(
+                    &["createRuntime"],
+                    &Sandbox::state_json("stay", stay.pid(), &b),
+                );
+                assert!(out.status.success());
+            }
+            let mut victim = FakeContainer::start();
+            killed_at(
+                &sb,
+                &["createRuntime"],
+                &Sandbox::state_json("victim", victim.pid(), &b),
+                point,
+            );
+            // The runtime then fails the container: its process goes away.
+            victim.kill();
+            gc(&sb);
+            let live: &[&str] = if keep_one { &["stay"] } else { &[] };
+            assert_consistent(&sb, live);
+            // And the GPU is still usable afterwards.
+            let again = FakeContainer::start();
+            let out = sb.hook(
+                &["createRuntime"],
+                &Sandbox::state_json("again", again.pid(), &b),
+            );
+            assert!(
+                out.status.success(),
+                "{point}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(daemons_under(&sb.state_dir()).len(), 1, "{point}");
+        }
+    }
+    for point in ["release-locked", "release-daemon-stopped"] {
+        let sb = Sandbox::new(1);
+        let _c = Cleanup(sb.path().to_path_buf());
+        let b = sb.bundle(
+            "b",
+            &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+        );
+        let mut only = FakeContainer::start();
+        let out = sb.hook(
+            &["createRuntime"],
+            &Sandbox::state_json("only", only.pid(), &b),
+        );
+        assert!(out.status.success());
+        only.kill();
+        killed_at(
+            &sb,
+            &["poststop"],
+            &Sandbox::state_json("only", 0, &b),
+            point,
+        );
+        gc(&sb);
+        assert_consistent(&sb, &[]);
+        assert!(
+            !Path::new(&sb.state_dir().join("mps")).exists(),
+            "{point}: dirs left"
+        );
+        // A repeated poststop after the crash is a no-op.
+        let out = sb.hook(&["poststop"], &Sandbox::state_json("only", 0, &b));
+        assert!(out.status.success());
+    }
+}
