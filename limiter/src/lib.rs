@@ -1,1 +1,34 @@
-//! libgpushare_limiter.so (to be written).
+//! libgpushare_limiter.so: the interception library for gpushare's `limit` mode. Preloaded into
+//! every process of a container, it caps device memory and SM utilisation per GPU and makes
+//! `cuMemGetInfo`, `cuDeviceTotalMem` and NVML memory queries (`nvidia-smi`) report the cap.
+//!
+//! Limits come from the HAMi-core compatible environment (`CUDA_DEVICE_MEMORY_LIMIT[_<i>]`,
+//! `CUDA_DEVICE_SM_LIMIT[_<i>]`, `CUDA_DEVICE_MEMORY_SHARED_CACHE`) or, when the env has no limit,
+//! from the limits file (`/usr/local/gpushare/limits`, or `GPUSHARE_LIMITS_FILE`). With no limit
+//! the library is inert: every wrapper forwards to the driver unchanged.
+//!
+//! Programs reach the wrappers three ways: the exported `cu*`/`nvml*` symbols (linked
+//! programs), the `dlsym` override (programs that `dlopen` the driver), and
+//! `cuGetProcAddress`/`_v2` (the CUDA runtime 11.3+). See `limiter/README.md`.
+//!
+//! Module map: [`limits`] (pure parsing), [`region`] (shared accounting file), [`state`]
+//! (process-wide limiter), [`sm`] (token bucket), [`cuda`] and [`nvml`] (exported wrappers),
+//! [`interpose`] (hook table, `dlsym`, `cuGetProcAddress`), [`sys`] (libc FFI).
+
+pub mod cuda;
+pub mod interpose;
+pub mod limits;
+pub mod nvml;
+pub mod region;
+pub mod sm;
+pub mod state;
+pub mod sys;
+
+/// Resolves glibc's `dlsym` at load time, before any caller can reach our `dlsym`.
+extern "C" fn on_load() {
+    let _ = sys::real_dlsym();
+}
+
+#[used]
+#[link_section = ".init_array"]
+static ON_LOAD: extern "C" fn() = on_load;

@@ -1,0 +1,413 @@
+//! The shared accounting region: one memory-mapped, versioned file per container through which
+//! all its processes share one memory cap.
+//!
+//! Lock-free on every path that counts memory: each process owns one slot (claimed by CAS on
+//! its pid) and only ever adds to or subtracts from its own counters; a cap check adds first,
+//! then sums all slots, and backs out if over, so concurrent allocators can both fail but never
+//! both exceed the cap. `flock` is held only while the file is created and while a device
+//! entry is added, never across a driver call. Slots of dead processes (pid gone, or its start
+//! time, field 22 of `/proc/<pid>/stat`, changed) are reclaimed.
+
+use crate::limits::MAX_DEVICES;
+use crate::sys;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
+
+/// "GPSHLIM\0".
+pub const MAGIC: u64 = u64::from_le_bytes(*b"GPSHLIM\0");
+/// Bump on any layout change.
+pub const VERSION: u32 = 1;
+/// Process slots per container.
+pub const MAX_PROCS: usize = 512;
+const RECLAIMING: u32 = u32::MAX;
+
+/// A device the container uses, keyed by UUID (never by an index, which differs between
+/// CUDA ordinals and NVML indices and between processes).
+#[repr(C)]
+pub struct DevEntry {
+    /// 0 free, 1 in use.
+    pub state: AtomicU32,
+    pub _pad: u32,
+    pub uuid: [AtomicU64; 2],
+    /// The cap the first process that used the device recorded (for NVML-only processes).
+    pub limit: AtomicU64,
+}
+
+/// One process's counters.
+#[repr(C)]
+pub struct ProcSlot {
+    pub pid: AtomicU32,
+    pub _pad: u32,
+    pub start_time: AtomicU64,
+    pub used: [AtomicU64; MAX_DEVICES],
+}
+
+/// The file's layout.
+#[repr(C)]
+pub struct Region {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    pub size: AtomicU32,
+    pub max_devices: AtomicU32,
+    pub max_procs: AtomicU32,
+    pub proc_hwm: AtomicU32,
+    pub _pad: u32,
+    pub devs: [DevEntry; MAX_DEVICES],
+    pub procs: [ProcSlot; MAX_PROCS],
+}
+
+const SIZE: usize = std::mem::size_of::<Region>();
+
+/// Why the shared file could not be used.
+#[derive(Debug)]
+pub enum OpenError {
+    Io(&'static str, std::io::Error),
+    Mismatch { magic: u64, version: u32, size: u32 },
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::Io(what, e) => write!(f, "{what}: {e}"),
+            OpenError::Mismatch { magic, version, size } => write!(
+                f,
+                "layout mismatch (magic {magic:#x}, version {version}, size {size}; this library writes version {VERSION}, size {SIZE})"
+            ),
+        }
+    }
+}
+
+struct Fd(i32);
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: closing an fd we own.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+fn last_err(what: &'static str) -> OpenError {
+    OpenError::Io(what, std::io::Error::last_os_error())
+}
+
+fn map(fd: i32) -> Result<&'static Region, OpenError> {
+    // SAFETY: shared mapping of SIZE bytes of a file at least that long (or anonymous when fd
+    // is -1); checked against MAP_FAILED.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            if fd < 0 {
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS
+            } else {
+                libc::MAP_SHARED
+            },
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_err("mmap"));
+    }
+    // SAFETY: page-aligned mapping of SIZE bytes that is never unmapped; all fields are
+    // atomics or plain padding, so shared mutation is sound.
+    Ok(unsafe { &*(p as *const Region) })
+}
+
+/// An anonymous region: accounting for this process only (fallback).
+pub fn private() -> &'static Region {
+    // Anonymous mappings cannot fail short of address-space exhaustion; then there is
+    // nothing sane left to do but leak a zeroed heap allocation instead.
+    map(-1).unwrap_or_else(|_| {
+        let layout = std::alloc::Layout::new::<Region>();
+        // SAFETY: non-zero-size layout; an all-zero Region is valid (atomics of 0).
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // SAFETY: zeroed, properly aligned, leaked for the process lifetime.
+        unsafe { &*(p as *const Region) }
+    })
+}
+
+/// Opens (creating and initialising if new) the shared file at `path`.
+///
+/// # Errors
+/// I/O failures, or a file whose magic/version/size is not this library's.
+pub fn open(path: &Path) -> Result<&'static Region, OpenError> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| OpenError::Io("path", std::io::ErrorKind::InvalidInput.into()))?;
+    // SAFETY: NUL-terminated path; the fd is owned by `Fd`.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+            0o666,
+        )
+    };
+    if fd < 0 {
+        return Err(last_err("open"));
+    }
+    let fd = Fd(fd);
+    // SAFETY: flock on our fd; released when it is closed.
+    if unsafe { libc::flock(fd.0, libc::LOCK_EX) } != 0 {
+        return Err(last_err("flock"));
+    }
+    // SAFETY: zeroed stat buffer filled by fstat on our fd.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.0, &mut st) } != 0 {
+        return Err(last_err("fstat"));
+    }
+    if st.st_size == 0 {
+        // SAFETY: growing our own fd; processes of the container may run as different users.
+        unsafe { libc::fchmod(fd.0, 0o666) };
+        // SAFETY: as above.
+        if unsafe { libc::ftruncate(fd.0, SIZE as libc::off_t) } != 0 {
+            return Err(last_err("ftruncate"));
+        }
+    } else if st.st_size as usize != SIZE {
+        // Map just the header to report what it is.
+        return Err(header_of(fd.0));
+    }
+    let r = map(fd.0)?;
+    let magic = r.magic.load(SeqCst);
+    if magic == 0 {
+        r.version.store(VERSION, SeqCst);
+        r.size.store(SIZE as u32, SeqCst);
+        r.max_devices.store(MAX_DEVICES as u32, SeqCst);
+        r.max_procs.store(MAX_PROCS as u32, SeqCst);
+        r.magic.store(MAGIC, SeqCst);
+    } else if magic != MAGIC
+        || r.version.load(SeqCst) != VERSION
+        || r.size.load(SeqCst) != SIZE as u32
+    {
+        return Err(OpenError::Mismatch {
+            magic,
+            version: r.version.load(SeqCst),
+            size: r.size.load(SeqCst),
+        });
+    }
+    Ok(r)
+}
+
+fn header_of(fd: i32) -> OpenError {
+    let mut buf = [0u8; 16];
+    // SAFETY: reading 16 bytes into a 16-byte buffer from our fd.
+    let n = unsafe { libc::pread(fd, buf.as_mut_ptr().cast(), 16, 0) };
+    if n < 16 {
+        return OpenError::Mismatch {
+            magic: 0,
+            version: 0,
+            size: 0,
+        };
+    }
+    let magic = u64::from_le_bytes(buf[0..8].try_into().unwrap_or([0; 8]));
+    let version = u32::from_le_bytes(buf[8..12].try_into().unwrap_or([0; 4]));
+    let size = u32::from_le_bytes(buf[12..16].try_into().unwrap_or([0; 4]));
+    OpenError::Mismatch {
+        magic,
+        version,
+        size,
+    }
+}
+
+/// Takes the file lock for a short, non-blocking critical section (device entry creation).
+fn with_file_lock<T>(path: Option<&Path>, f: impl FnOnce() -> T) -> T {
+    let fd = path
+        .and_then(|p| CString::new(p.as_os_str().as_bytes()).ok())
+        .map(|c| {
+            // SAFETY: NUL-terminated path.
+            Fd(unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })
+        });
+    if let Some(Fd(fd)) = &fd {
+        if *fd >= 0 {
+            // SAFETY: flock on our own fd.
+            unsafe { libc::flock(*fd, libc::LOCK_EX) };
+        }
+    }
+    f()
+}
+
+fn uuid_words(uuid: &[u8; 16]) -> (u64, u64) {
+    let (a, b) = uuid.split_at(8);
+    (
+        u64::from_le_bytes(a.try_into().unwrap_or([0; 8])),
+        u64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
+    )
+}
+
+impl Region {
+    /// Entry index of the device with `uuid`, if any process recorded it.
+    pub fn find_dev(&self, uuid: &[u8; 16]) -> Option<usize> {
+        let (a, b) = uuid_words(uuid);
+        self.devs.iter().position(|d| {
+            d.state.load(SeqCst) == 1 && d.uuid[0].load(SeqCst) == a && d.uuid[1].load(SeqCst) == b
+        })
+    }
+
+    /// Entry index for `uuid`, added (under the file lock) if new; records `limit`.
+    pub fn dev_entry(&self, path: Option<&Path>, uuid: &[u8; 16], limit: u64) -> Option<usize> {
+        if let Some(i) = self.find_dev(uuid) {
+            return Some(i);
+        }
+        with_file_lock(path, || {
+            if let Some(i) = self.find_dev(uuid) {
+                return Some(i);
+            }
+            let i = self.devs.iter().position(|d| d.state.load(SeqCst) == 0)?;
+            let (a, b) = uuid_words(uuid);
+            let d = &self.devs[i];
+            d.uuid[0].store(a, SeqCst);
+            d.uuid[1].store(b, SeqCst);
+            d.limit.store(limit, SeqCst);
+            d.state.store(1, SeqCst);
+            Some(i)
+        })
+    }
+
+    /// Claims a slot for `pid`; reclaims dead slots if the table is full.
+    pub fn claim(&self, pid: u32, start_time: u64) -> Option<usize> {
+        for attempt in 0..2 {
+            for (i, s) in self.procs.iter().enumerate() {
+                if s.pid.load(SeqCst) == 0 && s.pid.compare_exchange(0, pid, SeqCst, SeqCst).is_ok()
+                {
+                    for u in &s.used {
+                        u.store(0, SeqCst);
+                    }
+                    s.start_time.store(start_time, SeqCst);
+                    self.proc_hwm.fetch_max(i as u32 + 1, SeqCst);
+                    return Some(i);
+                }
+            }
+            if attempt == 0 {
+                self.reclaim_dead(pid);
+            }
+        }
+        None
+    }
+
+    fn live_slots(&self) -> impl Iterator<Item = &ProcSlot> {
+        let hwm = (self.proc_hwm.load(SeqCst) as usize).min(MAX_PROCS);
+        self.procs[..hwm].iter().filter(|s| {
+            let p = s.pid.load(SeqCst);
+            p != 0 && p != RECLAIMING
+        })
+    }
+
+    /// Bytes counted on device entry `dev` by all processes.
+    pub fn used(&self, dev: usize) -> u64 {
+        self.live_slots()
+            .fold(0u64, |acc, s| acc.saturating_add(s.used[dev].load(SeqCst)))
+    }
+
+    /// Pids of all processes holding a slot.
+    pub fn pids(&self) -> Vec<u32> {
+        self.live_slots().map(|s| s.pid.load(SeqCst)).collect()
+    }
+
+    /// Frees the slots of processes that are gone (pid absent or start time changed).
+    pub fn reclaim_dead(&self, own_pid: u32) -> usize {
+        let mut n = 0;
+        let hwm = (self.proc_hwm.load(SeqCst) as usize).min(MAX_PROCS);
+        for s in &self.procs[..hwm] {
+            let p = s.pid.load(SeqCst);
+            if p == 0 || p == RECLAIMING || p == own_pid {
+                continue;
+            }
+            let recorded = s.start_time.load(SeqCst);
+            let dead = match sys::start_time(p) {
+                None => true,
+                Some(st) => recorded != 0 && st != recorded,
+            };
+            if dead
+                && s.pid
+                    .compare_exchange(p, RECLAIMING, SeqCst, SeqCst)
+                    .is_ok()
+            {
+                for u in &s.used {
+                    u.store(0, SeqCst);
+                }
+                s.start_time.store(0, SeqCst);
+                s.pid.store(0, SeqCst);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Adds `size` to `slot`'s count on `dev` if the container total stays within `limit`.
+    pub fn try_reserve(
+        &self,
+        slot: usize,
+        dev: usize,
+        size: u64,
+        limit: u64,
+        own_pid: u32,
+    ) -> bool {
+        let counter = &self.procs[slot].used[dev];
+        for attempt in 0..2 {
+            counter.fetch_add(size, SeqCst);
+            if self.used(dev) <= limit {
+                return true;
+            }
+            counter.fetch_sub(size, SeqCst);
+            if attempt == 0 && self.reclaim_dead(own_pid) == 0 {
+                break;
+            }
+        }
+        false
+    }
+
+    /// Adds `size` without a cap check (context footprint).
+    pub fn add(&self, slot: usize, dev: usize, size: u64) {
+        self.procs[slot].used[dev].fetch_add(size, SeqCst);
+    }
+
+    /// Subtracts `size` from `slot`'s count on `dev` (never below zero).
+    pub fn release(&self, slot: usize, dev: usize, size: u64) {
+        let _ = self.procs[slot].used[dev]
+            .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(size)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserve_respects_cap_and_reclaims() {
+        let dir = std::env::temp_dir().join(format!("gpushare-region-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cache");
+        let r = open(&path).unwrap();
+        let me = std::process::id();
+        let dev = r.dev_entry(Some(&path), &[7; 16], 100).unwrap();
+        assert_eq!(
+            r.dev_entry(Some(&path), &[7; 16], 100),
+            Some(dev),
+            "same uuid, same entry"
+        );
+        let a = r.claim(me, sys::start_time(me).unwrap()).unwrap();
+        // A slot of a process that no longer exists (pid 0x7ffffffe is never valid).
+        let dead = r.claim(0x7fff_fffe, 1).unwrap();
+        r.add(dead, dev, 60);
+        assert!(
+            !r.try_reserve(a, dev, 50, 100, me) || r.used(dev) == 50,
+            "dead slot reclaimed"
+        );
+        assert_eq!(r.used(dev), 50);
+        assert!(!r.try_reserve(a, dev, 51, 100, me), "over the cap");
+        assert!(r.try_reserve(a, dev, 50, 100, me));
+        r.release(a, dev, 100);
+        assert_eq!(r.used(dev), 0);
+        // Reopening maps the same data; a foreign file is a mismatch, not a crash.
+        assert!(open(&path).is_ok());
+        let bad = dir.join("bad");
+        std::fs::write(&bad, b"not a region at all").unwrap();
+        assert!(matches!(open(&bad), Err(OpenError::Mismatch { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

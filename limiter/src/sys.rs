@@ -1,0 +1,134 @@
+//! The FFI layer: the real `dlsym` (found with `dlvsym`), the real driver libraries and their
+//! entry points, clocks and `/proc` reads. Every `unsafe` call into libc lives here or in the
+//! exported wrappers that must be `extern "C"`.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// Address of glibc's `dlsym`; read by the `dlsym` trampoline in `interpose`.
+#[no_mangle]
+pub static GPUSHARE_LIMITER_REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// glibc versions `dlsym` was published under: 2.34 (libdl merged into libc), x86_64's
+/// original 2.2.5, aarch64's original 2.17.
+const DLSYM_VERSIONS: &[&CStr] = &[c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"];
+
+/// Resolves (once) and returns glibc's `dlsym`.
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let mut p = GPUSHARE_LIMITER_REAL_DLSYM.load(Ordering::Acquire);
+    if p.is_null() {
+        for v in DLSYM_VERSIONS {
+            // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated names is always safe to call.
+            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
+            if !p.is_null() {
+                break;
+            }
+        }
+        if p.is_null() {
+            return None;
+        }
+        GPUSHARE_LIMITER_REAL_DLSYM.store(p, Ordering::Release);
+    }
+    // SAFETY: `p` is glibc's dlsym, whose signature is DlsymFn.
+    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
+}
+
+/// `dlsym(handle, name)` through glibc, bypassing our override.
+pub fn dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+    match real_dlsym() {
+        // SAFETY: real dlsym with a handle the caller got from dlopen (or a pseudo-handle).
+        Some(f) => unsafe { f(handle, name.as_ptr()) },
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// Which real library a symbol comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lib {
+    Cuda,
+    Nvml,
+}
+
+static CUDA_HANDLE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static NVML_HANDLE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// dlopen handle of the real library (opened on first use, never closed).
+pub fn lib_handle(lib: Lib) -> *mut c_void {
+    let (slot, name) = match lib {
+        Lib::Cuda => (&CUDA_HANDLE, c"libcuda.so.1"),
+        Lib::Nvml => (&NVML_HANDLE, c"libnvidia-ml.so.1"),
+    };
+    let h = slot.load(Ordering::Acquire);
+    if !h.is_null() {
+        return h;
+    }
+    // SAFETY: dlopen with a NUL-terminated soname.
+    let h = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if !h.is_null() {
+        slot.store(h, Ordering::Release);
+    }
+    h
+}
+
+/// Monotonic clock in nanoseconds.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// This process's pid.
+pub fn getpid() -> u32 {
+    std::process::id()
+}
+
+/// Start time of `pid` in clock ticks since boot: field 22 of `/proc/<pid>/stat`.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line (the command may contain spaces and parentheses).
+pub fn parse_start_time(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Registers `child` to run in the child after `fork`.
+pub fn at_fork_child(child: unsafe extern "C" fn()) {
+    // SAFETY: registering a plain function pointer with pthread_atfork.
+    unsafe { libc::pthread_atfork(None, None, Some(child)) };
+}
+
+/// Sleeps for `ns` nanoseconds.
+pub fn sleep_ns(ns: u64) {
+    std::thread::sleep(std::time::Duration::from_nanos(ns));
+}
+
+/// `errno`-free `getenv` presence check used only at initialisation.
+pub fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Writes one line to stderr without allocating a `String` for formatting twice.
+pub fn warn(msg: &str) {
+    eprintln!("gpushare-limiter: warning: {msg}");
+}
+
+pub type CInt = c_int;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn start_time_field() {
+        let stat = "1234 (a b) c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 999 20 21";
+        assert_eq!(super::parse_start_time(stat), Some(999));
+        assert!(super::start_time(std::process::id()).is_some());
+    }
+}
