@@ -25,6 +25,10 @@ pub enum Error {
     Inventory(#[from] InventoryError),
     #[error(transparent)]
     Acquire(#[from] AcquireError),
+    #[error(transparent)]
+    Inject(#[from] crate::inject::InjectError),
+    #[error(transparent)]
+    SpecEdit(#[from] crate::spec_edit::SpecEditError),
     #[error("{0}")]
     Other(String),
 }

@@ -50,7 +50,7 @@ fn container_from(state: &oci_spec::runtime::State, bytes: &[u8]) -> Result<Cont
 }
 
 /// Cheap test on the raw config bytes: can this container possibly ask for sharing?
-fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>) -> bool {
+pub(crate) fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>) -> bool {
     let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
     state_annotations
         .keys()
@@ -60,21 +60,18 @@ fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>) -> bool {
 }
 
 /// Parses the request and makes the plan; `None` when the container asks for nothing.
-fn plan_for(
-    c: &Container,
+pub(crate) fn plan_for(
+    id: &str,
+    spec: &SpecView,
     cfg: &Config,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
 ) -> Result<Option<(Plan, Box<dyn Inventory>)>, Error> {
     let src = Sources {
-        annotations: &c.spec.annotations,
-        env: &c.spec.process.env,
+        annotations: &spec.annotations,
+        env: &spec.process.env,
     };
     if !request::wants_share(&src, cfg.policy.env_fallback)
-        && !c
-            .spec
-            .annotations
-            .keys()
-            .any(|k| k.starts_with("gpu.share."))
+        && !spec.annotations.keys().any(|k| k.starts_with("gpu.share."))
     {
         return Ok(None);
     }
@@ -83,7 +80,7 @@ fn plan_for(
     };
     let inventory = open_inventory()?;
     let gpus = inventory.gpus()?;
-    let plan = plan::decide(&c.id, &req, &c.spec, &gpus)?;
+    let plan = plan::decide(id, &req, spec, &gpus)?;
     Ok(Some((plan, inventory)))
 }
 
@@ -110,7 +107,7 @@ pub fn create_runtime(
         return Ok(Outcome::Nothing);
     }
     let c = container_from(&state, &bytes)?;
-    let Some((plan, inventory)) = plan_for(&c, cfg, open_inventory)? else {
+    let Some((plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory)? else {
         return Ok(Outcome::Nothing);
     };
     if dry_run {
@@ -127,6 +124,15 @@ pub fn create_runtime(
         inventory: inventory.as_ref(),
     };
     host.acquire(&plan, process)?;
+    // Make the share usable inside the container (mounts into its rootfs), unless a spec edit
+    // already added them; undo the acquire if that fails.
+    if let Err(e) =
+        crate::inject::created::inject(&plan, cfg, &bytes, &c.spec, state.bundle(), c.pid)
+    {
+        let _ = host.release(&plan.container);
+        crate::inject::remove_container_files(cfg, &plan.container);
+        return Err(e.into());
+    }
     Ok(Outcome::Done(plan))
 }
 
@@ -141,6 +147,7 @@ pub fn poststop(
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
 ) -> Result<Vec<String>, Error> {
     let state = input::read_state(stdin)?;
+    crate::inject::remove_container_files(cfg, state.id());
     let sd = StateDir::new(&cfg.state_dir);
     // Cheap check first: a container that holds nothing needs no NVML.
     let holds = sd.list_records().iter().any(|(_, r)| {

@@ -39,6 +39,8 @@ enum Cmd {
     },
     /// OCI poststop hook: release the container (state on stdin). Idempotent.
     Poststop,
+    /// podman precreate hook: edit the config.json on stdin for env injection, print it.
+    Precreate,
     /// Show GPUs, modes, daemons, clients and limits.
     Status {
         #[arg(long)]
@@ -89,6 +91,20 @@ fn main() -> ExitCode {
                         tracing::info!(container = %plan.container, mode = %plan.mode, gpus = ?plan.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), "acquired");
                     }
                     ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e),
+            }
+        }
+        Cmd::Precreate => {
+            let path = gpushare::prepare::config_path(cli.config.as_deref());
+            match gpushare::prepare::precreate(std::io::stdin().lock(), &cfg, path, &open) {
+                Ok(out) => {
+                    use std::io::Write;
+                    let mut so = std::io::stdout().lock();
+                    match so.write_all(&out).and_then(|()| so.flush()) {
+                        Ok(()) => ExitCode::SUCCESS,
+                        Err(e) => fail(&e),
+                    }
                 }
                 Err(e) => fail(&e),
             }

@@ -1,0 +1,178 @@
+//! The doing side of the spec edit, shared by its two callers (`gpushare-hook precreate` and
+//! `gpushare-runtime`): decide as createRuntime would, make the host-side mount sources exist
+//! (runc sets up spec mounts before any hook runs), then apply [`crate::spec_edit::apply`].
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::config::{self, Config};
+use crate::error::Error;
+use crate::hook;
+use crate::inject;
+use crate::inventory::Inventory;
+use crate::mps::SAFE_PATH;
+use crate::plan::Plan;
+use crate::request::Mode;
+use crate::spec_edit::{self, Edit, HookCall};
+
+/// Where the edit is asked for.
+#[derive(Debug, Clone, Default)]
+pub struct Context<'a> {
+    /// The container id when the caller knows it (`gpushare-runtime`); `None` for precreate.
+    pub id: Option<&'a str>,
+    /// The bundle, to resolve a relative `root.path`.
+    pub bundle: Option<&'a Path>,
+    /// The policy file the caller loaded, passed on to the hook entries as `GPUSHARE_CONFIG`.
+    pub config_path: Option<PathBuf>,
+}
+
+/// The policy file path to hand on: `explicit`, else `$GPUSHARE_CONFIG`; made absolute.
+pub fn config_path(explicit: Option<&Path>) -> Option<PathBuf> {
+    let p = explicit.map(Path::to_owned).or_else(|| {
+        std::env::var_os(config::ENV_PATH)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })?;
+    Some(std::path::absolute(&p).unwrap_or(p))
+}
+
+/// The edit for `plan` (pure): env, preload, mounts and hook entries.
+pub fn edit_for(plan: &Plan, cfg: &Config, key: &str, config_path: Option<&Path>) -> Edit {
+    let mut env = vec![format!("PATH={SAFE_PATH}")];
+    if let Some(p) = config_path {
+        env.push(format!("{}={}", config::ENV_PATH, p.display()));
+    }
+    Edit {
+        env: inject::container_env(plan),
+        preload: (plan.mode == Mode::Limit).then(|| inject::limiter_in_container(cfg)),
+        mounts: inject::bindings(plan, cfg, key),
+        hook: Some(HookCall {
+            path: cfg.runtime.hook.clone(),
+            env,
+        }),
+    }
+}
+
+/// The container's rootfs as a host path, from `root.path` (relative to the bundle).
+pub fn rootfs_of(spec: &crate::input::SpecView, bundle: Option<&Path>) -> Option<PathBuf> {
+    let p = &spec.root.as_ref()?.path;
+    if p.is_absolute() {
+        Some(p.clone())
+    } else {
+        bundle.map(|b| b.join(p))
+    }
+}
+
+/// Edits the raw `config.json` bytes for a container that asks for sharing. `None`: nothing to
+/// do (the caller leaves the file byte-for-byte alone).
+///
+/// # Errors
+/// [`Error`] for bad input, a refused request, or host files that cannot be made.
+pub fn edit_config(
+    bytes: &[u8],
+    ctx: &Context<'_>,
+    cfg: &Config,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
+) -> Result<Option<Vec<u8>>, Error> {
+    let path = ctx
+        .bundle
+        .map_or_else(|| PathBuf::from("config.json"), |b| b.join("config.json"));
+    if !hook::may_ask(bytes, &Default::default()) {
+        return Ok(None);
+    }
+    let key = match ctx.id {
+        Some(id) => {
+            crate::input::check_id(id)?;
+            id.to_owned()
+        }
+        None => inject::pending_key(),
+    };
+    let spec = crate::input::parse_spec(bytes, &path)?;
+    let Some((plan, _inventory)) = hook::plan_for(&key, &spec, cfg, open_inventory)? else {
+        return Ok(None);
+    };
+    let mut value: Value =
+        serde_json::from_slice(bytes).map_err(|source| crate::input::InputError::ParseConfig {
+            path: path.clone(),
+            source,
+        })?;
+    let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
+    let before = value.clone();
+    spec_edit::apply(&mut value, &edit)?;
+    if value == before {
+        return Ok(None);
+    }
+    let rootfs = rootfs_of(&spec, ctx.bundle);
+    inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
+    Ok(Some(
+        serde_json::to_vec(&value).expect("JSON value serialises"),
+    ))
+}
+
+/// `gpushare-hook precreate`: the config on `stdin`, the config to use returned (the input
+/// bytes unchanged when the container asks for nothing).
+///
+/// # Errors
+/// [`Error`] as [`edit_config`], or unreadable input.
+pub fn precreate(
+    stdin: impl std::io::Read,
+    cfg: &Config,
+    config_path: Option<PathBuf>,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
+) -> Result<Vec<u8>, Error> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    stdin
+        .take(crate::input::MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| crate::input::InputError::ReadConfig {
+            path: "<stdin>".into(),
+            source,
+        })?;
+    if bytes.len() as u64 > crate::input::MAX_CONFIG_BYTES {
+        return Err(crate::input::InputError::ConfigTooLarge {
+            path: "<stdin>".into(),
+        }
+        .into());
+    }
+    let ctx = Context {
+        config_path,
+        ..Context::default()
+    };
+    Ok(edit_config(&bytes, &ctx, cfg, open_inventory)?.unwrap_or(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::PlannedGpu;
+
+    #[test]
+    fn hook_entries_get_a_minimal_env() {
+        let plan = Plan {
+            container: "c".into(),
+            mode: Mode::Mps,
+            gpus: vec![PlannedGpu {
+                index: 0,
+                uuid: "GPU-0".into(),
+                ordinal: 0,
+            }],
+            memory: None,
+            cores: 100,
+            timeslice: None,
+        };
+        let cfg = Config::default();
+        let e = edit_for(&plan, &cfg, "c", Some(Path::new("/etc/g.toml")));
+        let h = e.hook.unwrap();
+        assert_eq!(
+            h.env,
+            vec![
+                format!("PATH={SAFE_PATH}"),
+                "GPUSHARE_CONFIG=/etc/g.toml".to_string()
+            ]
+        );
+        assert_eq!(e.preload, None);
+        assert_eq!(e.mounts.len(), 2);
+    }
+}

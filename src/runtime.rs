@@ -1,0 +1,360 @@
+//! `gpushare-runtime`: a drop-in wrapper for runc (DESIGN "The runtime wrapper").
+//!
+//! For `create` and `run` it finds the bundle (`--bundle`/`-b`, else the working directory),
+//! edits its `config.json` atomically through [`crate::prepare::edit_config`], then execs the
+//! next runtime (the first found of `[runtime] next`, never itself) with the argv unchanged.
+//! Every other command is exec'd straight through. A container that asks for nothing leaves
+//! `config.json` byte-for-byte alone.
+
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::inventory::Inventory;
+use crate::prepare::{self, Context};
+
+/// Set in the next runtime's environment; seeing it on start means we are running ourselves.
+pub const LOOP_GUARD: &str = "GPUSHARE_RUNTIME_WRAPPED";
+
+/// The wrapper could not do its job.
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error("no next runtime found among {0:?} ([runtime] next); install runc or set [runtime] next to its path")]
+    NoNext(Vec<String>),
+    #[error("[runtime] next leads back to gpushare-runtime ({0}); set it to the real runtime, e.g. \"runc\"")]
+    Loop(String),
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot run {path}")]
+    Exec {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the wrapper needs to know about a runc command line.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Args {
+    /// `--log` (global).
+    pub log: Option<PathBuf>,
+    pub command: Option<String>,
+    /// `--bundle`/`-b` of create/run.
+    pub bundle: Option<PathBuf>,
+    /// The container id (first positional after the command).
+    pub id: Option<String>,
+}
+
+/// Global runc flags that take a value.
+const GLOBAL_VALUED: &[&str] = &["--log", "--log-format", "--root", "--criu", "--rootless"];
+/// create/run flags that take a value.
+const CREATE_VALUED: &[&str] = &[
+    "--bundle",
+    "-b",
+    "--console-socket",
+    "--pid-file",
+    "--preserve-fds",
+];
+
+fn split_flag(a: &str) -> (&str, Option<&str>) {
+    match a.split_once('=') {
+        Some((f, v)) if f.starts_with('-') => (f, Some(v)),
+        _ => (a, None),
+    }
+}
+
+/// Parses a runc argv (without argv\[0\]) just enough: global `--log`, the command, and for
+/// create/run the bundle and id. Unknown flags are taken as boolean.
+pub fn parse_args(argv: &[OsString]) -> Args {
+    let mut out = Args::default();
+    let mut it = argv.iter().map(|a| a.to_string_lossy().into_owned());
+    while let Some(a) = it.next() {
+        if out.command.is_none() {
+            if a.starts_with('-') {
+                let (flag, inline) = split_flag(&a);
+                let flag = if flag.starts_with("--") {
+                    flag.to_owned()
+                } else {
+                    format!("-{flag}")
+                };
+                if GLOBAL_VALUED.contains(&flag.as_str()) {
+                    let v = inline.map(str::to_owned).or_else(|| it.next());
+                    if flag == "--log" {
+                        out.log = v.map(PathBuf::from);
+                    }
+                }
+                continue;
+            }
+            out.command = Some(a);
+            continue;
+        }
+        if a == "--" {
+            if out.id.is_none() {
+                out.id = it.next();
+            }
+            break;
+        }
+        if a.starts_with('-') {
+            let (flag, inline) = split_flag(&a);
+            if CREATE_VALUED.contains(&flag) {
+                let v = inline.map(str::to_owned).or_else(|| it.next());
+                if flag == "--bundle" || flag == "-b" {
+                    out.bundle = v.map(PathBuf::from);
+                }
+            }
+            continue;
+        }
+        if out.id.is_none() {
+            out.id = Some(a);
+        }
+    }
+    out
+}
+
+fn identity(p: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Finds the next runtime: the first of `next` that exists and is not this program.
+///
+/// # Errors
+/// [`RuntimeError::Loop`] when only this program was found, [`RuntimeError::NoNext`] when
+/// nothing was.
+pub fn find_next(
+    next: &[String],
+    me: &Path,
+    path_env: Option<&OsStr>,
+) -> Result<PathBuf, RuntimeError> {
+    let me_id = identity(me);
+    let mut saw_self = None;
+    for name in next {
+        let candidates: Vec<PathBuf> = if name.contains('/') {
+            vec![PathBuf::from(name)]
+        } else {
+            let path = path_env
+                .map(|p| p.to_owned())
+                .unwrap_or_else(|| OsString::from(crate::mps::SAFE_PATH));
+            std::env::split_paths(&path).map(|d| d.join(name)).collect()
+        };
+        for c in candidates {
+            let Some(id) = identity(&c) else { continue };
+            if !std::fs::metadata(&c).is_ok_and(|m| m.is_file()) {
+                continue;
+            }
+            if Some(id) == me_id {
+                saw_self = Some(c);
+                continue;
+            }
+            return Ok(c);
+        }
+    }
+    match saw_self {
+        Some(p) => Err(RuntimeError::Loop(p.display().to_string())),
+        None => Err(RuntimeError::NoNext(next.to_vec())),
+    }
+}
+
+/// For create/run: edits the bundle's `config.json` in place (temp file + rename), keeping its
+/// mode; returns whether it changed.
+///
+/// # Errors
+/// [`Error`] for bad input, a refused request, or a file that cannot be written.
+pub fn edit_bundle(
+    args: &Args,
+    cfg: &Config,
+    config_path: Option<PathBuf>,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
+) -> Result<bool, Error> {
+    let bundle = match &args.bundle {
+        Some(b) => b.clone(),
+        None => std::env::current_dir()
+            .map_err(|e| Error::Other(format!("cannot find the bundle: {e}")))?,
+    };
+    let bundle = std::path::absolute(&bundle).unwrap_or(bundle);
+    let bytes = crate::input::read_config_bytes(&bundle)?;
+    let ctx = Context {
+        id: args.id.as_deref(),
+        bundle: Some(&bundle),
+        config_path,
+    };
+    let Some(edited) = prepare::edit_config(&bytes, &ctx, cfg, open_inventory)? else {
+        return Ok(false);
+    };
+    let path = bundle.join("config.json");
+    let mode = std::fs::metadata(&path).map_or(0o644, |m| m.mode() & 0o7777);
+    crate::state::write_atomic(&path, &edited, mode).map_err(|source| {
+        Error::Other(crate::error::chain(&RuntimeError::Write { path, source }))
+    })?;
+    Ok(true)
+}
+
+/// Whether the command edits a bundle.
+pub fn wants_edit(args: &Args) -> bool {
+    matches!(args.command.as_deref(), Some("create" | "run"))
+}
+
+/// The JSON line written to the `--log` file for an error (containerd's shim reads it).
+pub fn log_line(msg: &str) -> String {
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    serde_json::json!({"level": "error", "msg": format!("gpushare-runtime: {msg}"), "time": time.to_string()})
+        .to_string()
+}
+
+/// Appends an error line to the `--log` file; best effort.
+pub fn log_error(log: Option<&Path>, msg: &str) {
+    use std::io::Write;
+    if let Some(p) = log {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+        {
+            let _ = writeln!(f, "{}", log_line(msg));
+        }
+    }
+}
+
+/// Replaces this process with `next`, argv unchanged (argv\[0\] set to the next runtime's path).
+///
+/// # Errors
+/// Only when exec fails.
+pub fn exec_next(next: &Path, argv: &[OsString]) -> RuntimeError {
+    use std::os::unix::process::CommandExt;
+    let err = std::process::Command::new(next)
+        .arg0(next.as_os_str())
+        .args(argv)
+        .env(LOOP_GUARD, "1")
+        .exec();
+    RuntimeError::Exec {
+        path: next.to_owned(),
+        source: err,
+    }
+}
+
+/// Whether this process was started by itself through the next-runtime chain.
+pub fn is_looping() -> bool {
+    std::env::var_os(LOOP_GUARD).is_some_and(|v| v.as_bytes() == b"1")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &[&str]) -> Args {
+        parse_args(&s.iter().map(OsString::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn parses_runc_command_lines() {
+        let rows: Vec<(&str, Vec<&str>, Args)> = vec![
+            (
+                "containerd shim",
+                vec![
+                    "--root",
+                    "/r",
+                    "--log",
+                    "/b/log.json",
+                    "--log-format",
+                    "json",
+                    "create",
+                    "--bundle",
+                    "/b",
+                    "--pid-file",
+                    "/b/pid",
+                    "c1",
+                ],
+                Args {
+                    log: Some("/b/log.json".into()),
+                    command: Some("create".into()),
+                    bundle: Some("/b".into()),
+                    id: Some("c1".into()),
+                },
+            ),
+            (
+                "docker style with = and -b",
+                vec![
+                    "--log=/l",
+                    "run",
+                    "-b",
+                    "/b",
+                    "-d",
+                    "--console-socket",
+                    "/s",
+                    "c2",
+                ],
+                Args {
+                    log: Some("/l".into()),
+                    command: Some("run".into()),
+                    bundle: Some("/b".into()),
+                    id: Some("c2".into()),
+                },
+            ),
+            (
+                "no bundle",
+                vec!["create", "--bundle=/x", "c3"],
+                Args {
+                    log: None,
+                    command: Some("create".into()),
+                    bundle: Some("/x".into()),
+                    id: Some("c3".into()),
+                },
+            ),
+            (
+                "other command",
+                vec!["--debug", "delete", "--force", "c4"],
+                Args {
+                    log: None,
+                    command: Some("delete".into()),
+                    bundle: None,
+                    id: Some("c4".into()),
+                },
+            ),
+            ("nothing", vec![], Args::default()),
+        ];
+        for (what, argv, want) in rows {
+            assert_eq!(args(&argv), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn next_runtime_is_never_itself() {
+        let t = tempfile::tempdir().unwrap();
+        let me = t.path().join("me");
+        std::fs::write(&me, b"#!/bin/sh\n").unwrap();
+        let link = t.path().join("runc");
+        std::fs::hard_link(&me, &link).unwrap();
+        let other = t.path().join("crun");
+        std::fs::write(&other, b"#!/bin/sh\n").unwrap();
+        let dir = t.path().as_os_str();
+        // Only itself (under another name): a loop.
+        let e = find_next(&["runc".into()], &me, Some(dir)).unwrap_err();
+        assert!(matches!(e, RuntimeError::Loop(_)), "{e}");
+        // Itself first, then a real one.
+        assert_eq!(
+            find_next(&["runc".into(), "crun".into()], &me, Some(dir)).unwrap(),
+            other
+        );
+        // Nothing at all.
+        let e = find_next(&["/nonexistent/runc".into()], &me, Some(dir)).unwrap_err();
+        assert!(matches!(e, RuntimeError::NoNext(_)));
+    }
+
+    #[test]
+    fn log_lines_are_json() {
+        let v: serde_json::Value = serde_json::from_str(&log_line("bad \"x\"")).unwrap();
+        assert_eq!(v["level"], "error");
+        assert!(v["msg"].as_str().unwrap().contains("bad \"x\""));
+    }
+}
