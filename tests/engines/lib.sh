@@ -1,0 +1,225 @@
+# Shared helpers for the engine tests (sourced). Driven by tests/engines.rs, which passes:
+#   GS_HOOK, GS_RUNTIME  the gpushare binaries under test
+#   GS_SIMDRIVER         the TEST-ONLY simulated NVML library
+#   GS_LIMITER           the limiter library (limit mode)
+#   GS_REPO              the repository root
+# Each script runs in its own temp dir, with its own state dir, policy file and simulated-driver
+# state. Exit 0: passed; 77: skipped (the Rust driver fails that under CI=true); else failed.
+set -euo pipefail
+
+SAFE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+T=$(mktemp -d /tmp/gpushare-engine-XXXXXX)
+NAME="gs$$"
+CLEANUPS=()
+
+cleanup() {
+    local rc=$? i
+    set +e
+    for ((i = ${#CLEANUPS[@]} - 1; i >= 0; i--)); do
+        eval "${CLEANUPS[$i]}" >/dev/null 2>&1 || true
+    done
+    # Any MPS daemon this test started (its pipe dir is under $T).
+    for p in $(pgrep -f nvidia-cuda-mps-control 2>/dev/null || true); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$T/"; then
+            kill "$p" 2>/dev/null || true
+        fi
+    done
+    grep " $T/" /proc/self/mountinfo | awk '{print $5}' | sort -r | while read -r m; do
+        umount -l "$m" 2>/dev/null || true
+    done
+    rm -rf "$T" 2>/dev/null || true
+    exit $rc
+}
+trap cleanup EXIT
+on_exit() { CLEANUPS+=("$*"); }
+
+skip() {
+    echo "SKIPPED: $*"
+    exit 77
+}
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+ok() { echo "ok: $*"; }
+need() {
+    local c
+    for c in "$@"; do command -v "$c" >/dev/null 2>&1 || skip "$c not installed (scripts/install-deps.sh)"; done
+}
+
+# Engine tests share host-wide things (cgroups, MPS binaries, engines): run one at a time.
+exec 9>/tmp/gpushare-engine-tests.lock
+flock 9
+
+STATE=$T/state
+SIM=$T/sim
+CONFIG=$T/config.toml
+mkdir -p "$SIM" "$T/bin"
+export GPUSHARE_SIM_STATE=$SIM GPUSHARE_SIM_DEVICES=81920 GPUSHARE_CONFIG=$CONFIG
+
+# The hook as runtimes call it: the real binary with the simulated driver's env added (the
+# hook entries carry only PATH and GPUSHARE_CONFIG, so the test wraps the binary).
+cat >"$T/bin/gpushare-hook" <<EOF
+#!/bin/sh
+exec env GPUSHARE_SIM_STATE=$SIM GPUSHARE_SIM_DEVICES=81920 "$GS_HOOK" "\$@"
+EOF
+chmod +x "$T/bin/gpushare-hook"
+HOOK=$T/bin/gpushare-hook
+
+write_config() { # extra TOML appended
+    cat >"$CONFIG" <<EOF
+state_dir = "$STATE"
+log_file = "$T/gpushare.log"
+lock_timeout_seconds = 20
+[nvml]
+library = "$GS_SIMDRIVER"
+[limit]
+library = "$GS_LIMITER"
+[runtime]
+next = ["${NEXT_RUNTIME:-runc}"]
+hook = "$HOOK"
+${1:-}
+EOF
+}
+write_config
+
+# A busybox rootfs with nvidia-cuda-mps-control and its libraries, and an image preload line.
+make_rootfs() { # dir
+    local r=$1 c lib
+    mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/dev" "$r/proc" "$r/sys" "$r/usr/lib"
+    cp /bin/busybox "$r/bin/busybox"
+    for c in sh cat ls env sleep grep mount test echo touch stat wc head tr ps; do ln -sf busybox "$r/bin/$c"; done
+    cp /usr/bin/nvidia-cuda-mps-control "$r/bin/"
+    for lib in $(ldd /usr/bin/nvidia-cuda-mps-control | grep -o '/[^ ]*'); do
+        mkdir -p "$r$(dirname "$lib")"
+        cp -L "$lib" "$r$lib"
+    done
+    echo "/usr/lib/image-own.so" >"$r/etc/ld.so.preload"
+    : >"$r/usr/lib/image-own.so"
+    echo "root:x:0:0:root:/:/bin/sh" >"$r/etc/passwd"
+}
+
+# An OCI image layout tarball (index.json, blobs) of a rootfs, for `ctr image import`.
+make_oci_tar() { # rootfs out.tar
+    local r=$1 out=$2 d layer diff lsz cfg csz man msz
+    d=$(mktemp -d "$T/oci-XXXX")
+    mkdir -p "$d/blobs/sha256"
+    tar -C "$r" -cf "$d/layer.tar" .
+    diff=$(sha256sum "$d/layer.tar" | cut -d' ' -f1)
+    gzip -n "$d/layer.tar"
+    layer=$(sha256sum "$d/layer.tar.gz" | cut -d' ' -f1)
+    lsz=$(stat -c %s "$d/layer.tar.gz")
+    mv "$d/layer.tar.gz" "$d/blobs/sha256/$layer"
+    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":["sh"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$diff" >"$d/cfg"
+    cfg=$(sha256sum "$d/cfg" | cut -d' ' -f1)
+    csz=$(stat -c %s "$d/cfg")
+    mv "$d/cfg" "$d/blobs/sha256/$cfg"
+    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}]}' \
+        "$cfg" "$csz" "$layer" "$lsz" >"$d/man"
+    man=$(sha256sum "$d/man" | cut -d' ' -f1)
+    msz=$(stat -c %s "$d/man")
+    mv "$d/man" "$d/blobs/sha256/$man"
+    printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s}]}' "$man" "$msz" >"$d/index.json"
+    echo '{"imageLayoutVersion":"1.0.0"}' >"$d/oci-layout"
+    tar -C "$d" -cf "$out" oci-layout index.json blobs
+}
+
+# A runc bundle: rootfs + config.json from `runc spec`, not a terminal, with args/env/annotations.
+make_bundle() { # dir args-json env-json annotations-json
+    local b=$1
+    mkdir -p "$b"
+    [ -d "$b/rootfs" ] || make_rootfs "$b/rootfs"
+    (cd "$b" && runc spec)
+    jq --argjson a "$2" --argjson e "$3" --argjson n "$4" \
+        '.process.terminal=false | .process.args=$a | .process.env=(.process.env+$e) | .annotations=$n | .root.readonly=false' \
+        "$b/config.json" >"$b/c.tmp" && mv "$b/c.tmp" "$b/config.json"
+}
+
+pipe_dir() { # the single GPU's host pipe dir
+    local d
+    for d in "$STATE"/mps/*/pipe; do [ -d "$d" ] && echo "$d" && return 0; done
+    return 0
+}
+shm_dir() {
+    local d
+    for d in "$STATE"/mps/*/shm; do [ -d "$d" ] && echo "$d" && return 0; done
+    return 0
+}
+
+daemon_running() { # is an MPS daemon serving our state dir?
+    local p
+    for p in $(pgrep -f nvidia-cuda-mps-control 2>/dev/null || true); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$STATE/" && return 0
+    done
+    return 1
+}
+
+# The commands run inside an MPS container; prints lines the checks below grep.
+INSIDE_MPS='for i in $(seq 100); do [ -f /dev/shm/host-marker ] && break; sleep 0.05; done; echo "env:$CUDA_MPS_PIPE_DIRECTORY"; echo get_server_list | nvidia-cuda-mps-control >/dev/null 2>&1 && echo control:answers || echo control:silent; cat /dev/shm/host-marker 2>/dev/null | sed "s/^/shm:/"; ls /tmp/nvidia-mps | tr "\n" " " | sed "s/^/pipe:/"; echo'
+
+check_mps_output() { # file with the container's output; $1 expect env (yes/no)
+    local out=$1 want_env=${2:-yes}
+    grep -q '^control:answers' "$out" || { cat "$out"; fail "MPS control did not answer inside the container"; }
+    ok "nvidia-cuda-mps-control get_server_list answered inside"
+    grep -q '^shm:from-host' "$out" || { cat "$out"; fail "/dev/shm is not the daemon's tmpfs"; }
+    ok "/dev/shm is the daemon's tmpfs (host marker seen)"
+    if [ "$want_env" = yes ]; then
+        grep -q '^env:/tmp/nvidia-mps' "$out" || { cat "$out"; fail "CUDA_MPS_PIPE_DIRECTORY not set"; }
+        ok "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps set"
+    fi
+}
+
+# Puts a marker into the daemon's shm once it exists (the first hook creates it).
+mark_shm_when_ready() {
+    (for _ in $(seq 200); do
+        s=$(shm_dir)
+        if [ -n "$s" ] && mountpoint -q "$s"; then echo from-host >"$s/host-marker"; exit 0; fi
+        sleep 0.05
+    done) &
+}
+
+INSIDE_LIMIT='sed "s/^/preload:/" /etc/ld.so.preload; echo "ld:$LD_PRELOAD"; echo "mem:$CUDA_DEVICE_MEMORY_LIMIT_0"; echo "sm:$CUDA_DEVICE_SM_LIMIT"; if touch /usr/local/gpushare/libgpushare_limiter.so 2>/dev/null; then echo lib:writable; else echo lib:readonly; fi; test -s /usr/local/gpushare/libgpushare_limiter.so && echo lib:present; sed "s/^/limits:/" /usr/local/gpushare/limits; touch /usr/local/gpushare/shared/x && echo shared:writable; echo'
+
+check_limit_output() { # file; $2 expect env (yes/no)
+    local out=$1 want_env=${2:-yes}
+    grep -q '^lib:present' "$out" && grep -q '^lib:readonly' "$out" || { cat "$out"; fail "limiter library not mounted read-only"; }
+    ok "limiter library mounted read-only"
+    grep -qx 'preload:/usr/lib/image-own.so' "$out" && grep -qx 'preload:/usr/local/gpushare/libgpushare_limiter.so' "$out" || { cat "$out"; fail "/etc/ld.so.preload lacks the image's line or ours"; }
+    ok "/etc/ld.so.preload has the image's line and the limiter"
+    grep -qx 'limits:CUDA_DEVICE_MEMORY_LIMIT_0=1073741824' "$out" || { cat "$out"; fail "limits file missing"; }
+    grep -qx 'shared:writable' "$out" || { cat "$out"; fail "shared dir not writable"; }
+    ok "limits file and writable shared dir present"
+    if [ "$want_env" = yes ]; then
+        grep -qx 'mem:1073741824' "$out" && grep -qx 'sm:30' "$out" || { cat "$out"; fail "CUDA_DEVICE_* env not set"; }
+        grep -qx 'ld:/usr/local/gpushare/libgpushare_limiter.so' "$out" || grep -q '^ld:.*:/usr/local/gpushare/libgpushare_limiter.so$' "$out" || { cat "$out"; fail "LD_PRELOAD not appended"; }
+        ok "limit env (CUDA_DEVICE_MEMORY_LIMIT_0, CUDA_DEVICE_SM_LIMIT, LD_PRELOAD) set"
+    fi
+}
+
+# The repo's hooks/ files, pointed at the hook under test and this test's policy file.
+make_hooks_dirs() { # out-dir
+    local out=$1 f sub
+    for sub in oci podman-precreate; do
+        mkdir -p "$out/$sub"
+        for f in "$GS_REPO/hooks/$sub"/*.json; do
+            jq --arg h "$HOOK" --arg c "GPUSHARE_CONFIG=$CONFIG" \
+                '.hook.path=$h | .hook.env=(.hook.env+[$c])' "$f" >"$out/$sub/$(basename "$f")"
+        done
+    done
+}
+
+PODMAN_ULIMITS="--ulimit nofile=1024:1024 --ulimit nproc=1024:1024"
+podman_() { # podman with private storage under $T
+    podman --root "$T/storage" --runroot "$T/runroot" --cgroup-manager cgroupfs "$@"
+}
+
+wait_until() { # seconds command...
+    local n=$(($1 * 10))
+    shift
+    while ((n-- > 0)); do
+        "$@" && return 0
+        sleep 0.1
+    done
+    return 1
+}
+daemon_gone() { ! daemon_running; }

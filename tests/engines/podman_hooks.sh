@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# podman with the repo's hooks dirs: hooks only (annotation), hooks + precreate (env), limit
+# mode, and the MPS daemon's lifecycle across two containers.
+source "$(dirname "$0")/lib.sh"
+need podman runc jq
+make_rootfs "$T/rootfs"
+make_hooks_dirs "$T/hooks"
+on_exit "podman_ rm -af -t 0"
+
+run_in() { # hooks-args... -- podman-run-args...
+    local hooks=()
+    while [ "$1" != "--" ]; do hooks+=("$1"); shift; done
+    shift
+    podman_ --runtime runc "${hooks[@]}" run --rm $PODMAN_ULIMITS -e NVIDIA_VISIBLE_DEVICES=0 "$@"
+}
+
+echo "== hooks.d only, --annotation gpu.share=mps"
+mark_shm_when_ready
+run_in --hooks-dir "$T/hooks/oci" -- --annotation gpu.share=mps --rootfs "$T/rootfs" sh -c "$INSIDE_MPS" >"$T/out1" 2>"$T/err1" ||
+    { cat "$T/err1"; fail "podman run (hooks only) failed"; }
+check_mps_output "$T/out1" no
+wait_until 10 daemon_gone || fail "daemon still running after the container"
+ok "daemon stopped after the last container"
+
+echo "== hooks.d + precreate: env injected"
+mark_shm_when_ready
+run_in --hooks-dir "$T/hooks/oci" --hooks-dir "$T/hooks/podman-precreate" -- --annotation gpu.share=mps --rootfs "$T/rootfs" sh -c "$INSIDE_MPS" >"$T/out2" 2>"$T/err2" ||
+    { cat "$T/err2"; fail "podman run (precreate) failed"; }
+check_mps_output "$T/out2" yes
+
+echo "== precreate with the env fallback GPU_SHARE=mps (no annotation)"
+mark_shm_when_ready
+run_in --hooks-dir "$T/hooks/oci" --hooks-dir "$T/hooks/podman-precreate" -- -e GPU_SHARE=mps --rootfs "$T/rootfs" sh -c "$INSIDE_MPS" >"$T/out3" 2>"$T/err3" ||
+    { cat "$T/err3"; fail "podman run (env fallback) failed"; }
+check_mps_output "$T/out3" yes
+
+echo "== limit mode, hooks only and with precreate"
+run_in --hooks-dir "$T/hooks/oci" -- --annotation gpu.share=limit --annotation gpu.share.memory=1Gi --annotation gpu.share.cores=30 \
+    --rootfs "$T/rootfs" sh -c "$INSIDE_LIMIT" >"$T/out4" 2>"$T/err4" || { cat "$T/err4"; fail "podman run (limit, hooks only) failed"; }
+check_limit_output "$T/out4" no
+run_in --hooks-dir "$T/hooks/oci" --hooks-dir "$T/hooks/podman-precreate" -- --annotation gpu.share=limit --annotation gpu.share.memory=1Gi --annotation gpu.share.cores=30 \
+    --rootfs "$T/rootfs" sh -c "$INSIDE_LIMIT" >"$T/out5" 2>"$T/err5" || { cat "$T/err5"; fail "podman run (limit, precreate) failed"; }
+check_limit_output "$T/out5" yes
+[ -z "$(ls -A "$STATE/containers" 2>/dev/null)" ] || { ls -la "$STATE/containers"; fail "per-container files left behind"; }
+ok "poststop removed the per-container files"
+
+echo "== lifecycle: the daemon outlives the first container while a second runs"
+H=(--runtime runc --hooks-dir "$T/hooks/oci")
+podman_ "${H[@]}" run -d --name "${NAME}a" $PODMAN_ULIMITS -e NVIDIA_VISIBLE_DEVICES=0 --annotation gpu.share=mps \
+    --rootfs "$T/rootfs" sh -c 'sleep 1' >/dev/null || fail "first container"
+mark_shm_when_ready
+podman_ "${H[@]}" run -d --name "${NAME}b" $PODMAN_ULIMITS -e NVIDIA_VISIBLE_DEVICES=0 --annotation gpu.share=mps \
+    --rootfs "$T/rootfs" sh -c "sleep 5; $INSIDE_MPS" >/dev/null || fail "second container"
+podman_ wait "${NAME}a" >/dev/null
+podman_ rm "${NAME}a" >/dev/null
+[ "$(podman_ inspect -f '{{.State.Running}}' "${NAME}b")" = true ] || fail "second container is not running"
+daemon_running || fail "daemon stopped although the second container still runs"
+ok "daemon still running after the first container ended, while the second runs"
+podman_ wait "${NAME}b" >/dev/null
+podman_ logs "${NAME}b" >"$T/out6" 2>&1
+check_mps_output "$T/out6" no
+podman_ rm "${NAME}b" >/dev/null
+wait_until 10 daemon_gone || fail "daemon still running after the last container"
+ok "daemon gone after the last container"
