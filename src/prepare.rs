@@ -47,6 +47,7 @@ pub fn edit_for(plan: &Plan, cfg: &Config, key: &str, config_path: Option<&Path>
         env: inject::container_env(plan),
         preload: (plan.mode == Mode::Limit).then(|| inject::limiter_in_container(cfg)),
         mounts: inject::bindings(plan, cfg, key),
+        owned: Some(cfg.state_dir.clone()),
         hook: Some(HookCall {
             path: cfg.runtime.hook.clone(),
             env,
@@ -100,11 +101,12 @@ pub fn edit_config(
     let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
     let before = value.clone();
     spec_edit::apply(&mut value, &edit)?;
+    // The mount sources must exist even when the config was edited before (a restart).
+    let rootfs = rootfs_of(&spec, ctx.bundle);
+    inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
     if value == before {
         return Ok(None);
     }
-    let rootfs = rootfs_of(&spec, ctx.bundle);
-    inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
     Ok(Some(
         serde_json::to_vec(&value).expect("JSON value serialises"),
     ))

@@ -36,6 +36,9 @@ pub struct Edit {
     pub preload: Option<String>,
     /// Added to `mounts` as bind mounts, after the existing ones (so they win).
     pub mounts: Vec<Binding>,
+    /// gpushare's state dir: an existing mount onto one of `mounts`' targets whose source is
+    /// under it but is not ours (a bundle reused under another id) is dropped.
+    pub owned: Option<PathBuf>,
     pub hook: Option<HookCall>,
 }
 
@@ -163,6 +166,20 @@ pub fn apply(spec: &mut Value, edit: &Edit) -> Result<(), SpecEditError> {
     }
     if !edit.mounts.is_empty() {
         let mounts = array(root, "mounts", "mounts")?;
+        if let Some(owned) = &edit.owned {
+            mounts.retain(|m| {
+                let dest = m.get("destination").and_then(Value::as_str);
+                let src = m
+                    .get("source")
+                    .and_then(Value::as_str)
+                    .map(std::path::Path::new);
+                let stale = edit.mounts.iter().any(|b| {
+                    dest == Some(b.target.as_str())
+                        && src.is_some_and(|s| s.starts_with(owned) && s != b.source)
+                });
+                !stale
+            });
+        }
         for b in &edit.mounts {
             if !has_mount(mounts, b) {
                 mounts.push(mount_value(b));
@@ -241,6 +258,13 @@ mod tests {
             json!([{"path":"/usr/bin/gpushare-hook","args":["gpushare-hook","createRuntime"],"env":["PATH=/usr/bin:/bin"]}])
         );
         assert_eq!(v["hooks"]["poststop"][0]["args"][1], "poststop");
+        // The same bundle edited for another container: the stale mount is replaced.
+        let mut other = edit();
+        other.owned = Some("/run/gpushare".into());
+        other.mounts[0].source = "/run/gpushare/mps/GPU-1/pipe".into();
+        apply(&mut v, &other).unwrap();
+        assert_eq!(v["mounts"].as_array().unwrap().len(), 2);
+        assert_eq!(v["mounts"][1]["source"], "/run/gpushare/mps/GPU-1/pipe");
         // Key order of the original document is kept (preserve_order).
         let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
         assert_eq!(

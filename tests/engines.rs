@@ -72,3 +72,8 @@ fn skip(script: &str, why: &str) {
 fn podman_hooks_dir_precreate_limit_and_lifecycle() {
     run_script("podman_hooks.sh");
 }
+
+#[test]
+fn runc_runtime_wrapper_and_hook_alone() {
+    run_script("runc.sh");
+}

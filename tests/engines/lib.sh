@@ -88,7 +88,7 @@ make_rootfs() { # dir
     local r=$1 c lib
     mkdir -p "$r/bin" "$r/etc" "$r/tmp" "$r/dev" "$r/proc" "$r/sys" "$r/usr/lib"
     cp /bin/busybox "$r/bin/busybox"
-    for c in sh cat ls env sleep grep mount test echo touch stat wc head tr ps; do ln -sf busybox "$r/bin/$c"; done
+    for c in sh cat ls env sleep grep mount test echo touch stat wc head tr ps true false sed; do ln -sf busybox "$r/bin/$c"; done
     cp /usr/bin/nvidia-cuda-mps-control "$r/bin/"
     for lib in $(ldd /usr/bin/nvidia-cuda-mps-control | grep -o '/[^ ]*'); do
         mkdir -p "$r$(dirname "$lib")"

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# runc directly: gpushare-runtime (spec edit) and the hook alone (hook entries as CRI-O's hooks.d
+# would add them), MPS and limit mode; a no-share container's config.json stays byte-for-byte.
+source "$(dirname "$0")/lib.sh"
+need runc jq
+make_rootfs "$T/rootfs"
+args() { jq -cn --arg s "$1" '["sh","-c",$s]'; }
+with_hooks() { # bundle: add createRuntime/poststop entries calling the hook
+    jq --arg h "$HOOK" --arg c "GPUSHARE_CONFIG=$CONFIG" \
+        '.hooks={"createRuntime":[{"path":$h,"args":["gpushare-hook","createRuntime"],"env":[$c]}],"poststop":[{"path":$h,"args":["gpushare-hook","poststop"],"env":[$c]}]}' \
+        "$1/config.json" >"$1/c.tmp" && mv "$1/c.tmp" "$1/config.json"
+}
+LIMIT='{"gpu.share":"limit","gpu.share.memory":"1Gi","gpu.share.cores":"30"}'
+GPU='["NVIDIA_VISIBLE_DEVICES=0"]'
+bundle() { mkdir -p "$1" && cp -a "$T/rootfs" "$1/rootfs" && make_bundle "$@"; }
+
+echo "== gpushare-runtime run, mps"
+bundle "$T/b1" "$(args "$INSIDE_MPS")" "$GPU" '{"gpu.share":"mps"}'
+mark_shm_when_ready
+(cd "$T/b1" && "$GS_RUNTIME" run "${NAME}1" >"$T/out1" 2>"$T/err1") || { cat "$T/err1"; fail "run"; }
+check_mps_output "$T/out1" yes
+wait_until 10 daemon_gone || fail "daemon left running"
+ok "daemon gone after the container"
+
+echo "== hook alone, mps"
+bundle "$T/b2" "$(args "$INSIDE_MPS")" "$GPU" '{"gpu.share":"mps"}'
+with_hooks "$T/b2"
+mark_shm_when_ready
+(cd "$T/b2" && runc run "${NAME}2" >"$T/out2" 2>"$T/err2") || { cat "$T/err2"; fail "run"; }
+check_mps_output "$T/out2" no
+
+echo "== gpushare-runtime create/start/delete, limit"
+bundle "$T/b3" "$(args "$INSIDE_LIMIT")" "$GPU" "$LIMIT"
+"$GS_RUNTIME" create --bundle "$T/b3" "${NAME}3" </dev/null >"$T/out3" 2>"$T/err3" || { cat "$T/err3"; fail "create"; }
+[ -d "$STATE/containers/${NAME}3/shared" ] || fail "per-container dir not made before create"
+runc start "${NAME}3"
+wait_until 10 sh -c "runc state ${NAME}3 | grep -q stopped" || fail "container did not stop"
+"$GS_RUNTIME" delete "${NAME}3"
+check_limit_output "$T/out3" yes
+[ ! -e "$STATE/containers/${NAME}3" ] || fail "poststop left $STATE/containers/${NAME}3"
+ok "poststop removed the per-container files"
+jq -e '.hooks.createRuntime | length == 1' "$T/b3/config.json" >/dev/null || fail "hook entry added more than once"
+cp "$T/b3/config.json" "$T/b3.once"
+"$GS_RUNTIME" create --bundle "$T/b3" "${NAME}3" </dev/null >/dev/null 2>"$T/err3b" || { cat "$T/err3b"; fail "second create"; }
+"$GS_RUNTIME" delete -f "${NAME}3"
+cmp -s "$T/b3.once" "$T/b3/config.json" || fail "editing twice changed config.json"
+ok "editing an edited config.json changes nothing (idempotent)"
+[ ! -e "$STATE/containers/${NAME}3" ] || fail "left files after the second delete"
+
+echo "== hook alone, limit"
+bundle "$T/b4" "$(args "$INSIDE_LIMIT")" "$GPU" "$LIMIT"
+with_hooks "$T/b4"
+(cd "$T/b4" && runc run "${NAME}4" >"$T/out4" 2>"$T/err4") || { cat "$T/err4"; fail "run"; }
+check_limit_output "$T/out4" no
+[ "$(cat "$T/b4/rootfs/etc/ld.so.preload")" = /usr/lib/image-own.so ] || fail "the image's own ld.so.preload was changed"
+ok "the image's /etc/ld.so.preload file itself is untouched (ours is a bind mount)"
+
+echo "== no share: config.json byte-for-byte untouched"
+bundle "$T/b5" '["true"]' '[]' '{}'
+printf '\n' >>"$T/b5/config.json"
+sha=$(sha256sum "$T/b5/config.json")
+ino=$(stat -c %i "$T/b5/config.json")
+before=$(find "$STATE" -printf '%p %T@ %s\n' 2>/dev/null | sort)
+(cd "$T/b5" && "$GS_RUNTIME" run "${NAME}5" >/dev/null 2>&1) || fail "run without share"
+[ "$sha" = "$(sha256sum "$T/b5/config.json")" ] && [ "$ino" = "$(stat -c %i "$T/b5/config.json")" ] ||
+    fail "config.json of a no-share container was rewritten"
+[ "$before" = "$(find "$STATE" -printf '%p %T@ %s\n' 2>/dev/null | sort)" ] || fail "state written for a no-share container"
+ok "no-share container: config.json untouched (same bytes, same inode), no state"
+
+echo "== bad request: one line, exit 1, config.json unchanged, --log gets a JSON error line"
+bundle "$T/b6" '["true"]' "$GPU" '{"gpu.share":"bogus"}'
+sha=$(sha256sum "$T/b6/config.json")
+set +e
+"$GS_RUNTIME" --log "$T/b6/log.json" create --bundle "$T/b6" "${NAME}6" </dev/null >/dev/null 2>"$T/err6"
+rc=$?
+set -e
+[ $rc = 1 ] || fail "exit $rc, wanted 1"
+[ "$(wc -l <"$T/err6")" = 1 ] || { cat "$T/err6"; fail "not one line on stderr"; }
+[ "$sha" = "$(sha256sum "$T/b6/config.json")" ] || fail "config.json changed on a refused request"
+jq -e 'select(.level=="error") | .msg | contains("gpu.share")' "$T/b6/log.json" >/dev/null || { cat "$T/b6/log.json"; fail "no JSON error line in --log"; }
+runc state "${NAME}6" >/dev/null 2>&1 && fail "container created despite the refusal"
+ok "refused: $(cat "$T/err6")"
