@@ -223,6 +223,7 @@ mod tests {
                 path: "/usr/bin/gpushare-hook".into(),
                 env: vec!["PATH=/usr/bin:/bin".into()],
             }),
+            owned: None,
         }
     }
 
