@@ -202,14 +202,36 @@ pub fn wants_edit(args: &Args) -> bool {
     matches!(args.command.as_deref(), Some("create" | "run"))
 }
 
-/// The JSON line written to the `--log` file for an error (containerd's shim reads it).
+/// The JSON line written to the `--log` file for an error (containerd's shim reads it; its
+/// `time` must be RFC 3339).
 pub fn log_line(msg: &str) -> String {
-    let time = std::time::SystemTime::now()
+    let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs();
-    serde_json::json!({"level": "error", "msg": format!("gpushare-runtime: {msg}"), "time": time.to_string()})
+    serde_json::json!({"level": "error", "msg": format!("gpushare-runtime: {msg}"), "time": rfc3339(secs)})
         .to_string()
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (UTC; civil-from-days, H. Hinnant).
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// Appends an error line to the `--log` file; best effort.
@@ -356,5 +378,8 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&log_line("bad \"x\"")).unwrap();
         assert_eq!(v["level"], "error");
         assert!(v["msg"].as_str().unwrap().contains("bad \"x\""));
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400 + 3661), "2000-02-29T01:01:01Z");
+        assert_eq!(rfc3339(1_795_321_481), "2026-11-22T04:24:41Z");
     }
 }

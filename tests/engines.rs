@@ -77,3 +77,18 @@ fn podman_hooks_dir_precreate_limit_and_lifecycle() {
 fn runc_runtime_wrapper_and_hook_alone() {
     run_script("runc.sh");
 }
+
+#[test]
+fn podman_runtime_wrapper() {
+    run_script("podman_runtime.sh");
+}
+
+#[test]
+fn containerd_ctr_runc_binary() {
+    run_script("containerd.sh");
+}
+
+#[test]
+fn docker_add_runtime_env_fallback() {
+    run_script("docker.sh");
+}

@@ -65,6 +65,14 @@ exec env GPUSHARE_SIM_STATE=$SIM GPUSHARE_SIM_DEVICES=81920 "$GS_HOOK" "\$@"
 EOF
 chmod +x "$T/bin/gpushare-hook"
 HOOK=$T/bin/gpushare-hook
+# The same for gpushare-runtime as engines run it (conmon, containerd and dockerd pass their own
+# env, not the test's): the policy file and the simulated driver's state.
+cat >"$T/bin/gpushare-runtime" <<EOF
+#!/bin/sh
+exec env GPUSHARE_CONFIG=$CONFIG GPUSHARE_SIM_STATE=$SIM GPUSHARE_SIM_DEVICES=81920 "$GS_RUNTIME" "\$@"
+EOF
+chmod +x "$T/bin/gpushare-runtime"
+RUNTIME=$T/bin/gpushare-runtime
 
 write_config() { # extra TOML appended
     cat >"$CONFIG" <<EOF
