@@ -92,3 +92,13 @@ fn containerd_ctr_runc_binary() {
 fn docker_add_runtime_env_fallback() {
     run_script("docker.sh");
 }
+
+#[test]
+fn chaining_wrappers_in_front_and_behind_and_loops() {
+    run_script("chaining.sh");
+}
+
+#[test]
+fn security_hostile_images_and_hook_env() {
+    run_script("security.sh");
+}
