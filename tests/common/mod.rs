@@ -355,3 +355,68 @@ impl Drop for Cleanup {
         }
     }
 }
+
+/// Makes a busybox rootfs at `dir` (static busybox with a few applet links).
+pub fn busybox_rootfs(dir: &Path) {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for d in ["tmp", "dev", "proc", "sys", "etc", "usr/local"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("busybox-static installed");
+    std::fs::copy(busybox, bin.join("busybox")).unwrap();
+    for applet in [
+        "sh", "cat", "ls", "env", "sleep", "echo", "test", "grep", "mount", "stat", "touch",
+        "readlink",
+    ] {
+        let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
+    }
+}
+
+/// A runc bundle: busybox rootfs plus a `runc spec` config edited by `edit`.
+pub fn runc_bundle(dir: &Path, edit: impl FnOnce(&mut Value)) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    busybox_rootfs(&dir.join("rootfs"));
+    let st = Command::new("runc")
+        .args(["spec"])
+        .current_dir(dir)
+        .status()
+        .expect("runc spec");
+    assert!(st.success());
+    let path = dir.join("config.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    v["process"]["terminal"] = json!(false);
+    edit(&mut v);
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    dir.to_path_buf()
+}
+
+/// Runs `runc ARGS` (with the default root) and returns its output. Output goes through files,
+/// not pipes: a created container inherits runc's stdio and would hold a pipe open.
+pub fn runc(args: &[&str], cwd: &Path) -> Output {
+    let out = tempfile::tempfile().unwrap();
+    let err = tempfile::tempfile().unwrap();
+    let status = Command::new("runc")
+        .args(args)
+        .current_dir(cwd)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(err.try_clone().unwrap())
+        .status()
+        .expect("runc");
+    let read = |mut f: std::fs::File| {
+        use std::io::{Read, Seek};
+        let mut v = Vec::new();
+        f.rewind().unwrap();
+        f.read_to_end(&mut v).unwrap();
+        v
+    };
+    Output {
+        status,
+        stdout: read(out),
+        stderr: read(err),
+    }
+}
