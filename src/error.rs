@@ -29,6 +29,8 @@ pub enum Error {
     Inject(#[from] crate::inject::InjectError),
     #[error(transparent)]
     SpecEdit(#[from] crate::spec_edit::SpecEditError),
+    #[error("gpushare-hook lacks CAP_SYS_ADMIN, needed to {0}; run it as root from the container runtime")]
+    NoSysAdmin(&'static str),
     #[error("{0}")]
     Other(String),
 }

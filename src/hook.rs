@@ -113,6 +113,7 @@ pub fn create_runtime(
     if dry_run {
         return Ok(Outcome::Done(plan));
     }
+    require_sys_admin(&plan)?;
     let process = match c.pid {
         Some(pid) if pid > 0 => Some(ProcId::of(pid).ok_or(input::InputError::BadPid(pid.into()))?),
         Some(pid) => return Err(input::InputError::BadPid(pid.into()).into()),
@@ -134,6 +135,24 @@ pub fn create_runtime(
         return Err(e.into());
     }
     Ok(Outcome::Done(plan))
+}
+
+/// Checks up front for the capability the plan's mounts need, so that a hook run without it
+/// says so instead of failing half-way.
+fn require_sys_admin(plan: &Plan) -> Result<(), Error> {
+    let what = match plan.mode {
+        crate::request::Mode::Mps => "mount the MPS daemon's shm and pipe directories",
+        crate::request::Mode::Limit => "mount the limiter into the container",
+        crate::request::Mode::Timeslice => return Ok(()),
+    };
+    match caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_ADMIN,
+    ) {
+        Ok(true) => Ok(()),
+        _ => Err(Error::NoSysAdmin(what)),
+    }
 }
 
 /// `poststop`: release the container from every GPU. Returns warnings; never fails because of

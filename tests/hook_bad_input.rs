@@ -282,3 +282,37 @@ fn bad_policy_file_is_refused() {
     let err = refused(&sb, &Sandbox::state_json("x", 1, &b), &[]);
     assert!(err.contains("config.toml"), "{err}");
 }
+
+#[test]
+fn missing_cap_sys_admin_is_named() {
+    if !common::require("capability check", &["capsh"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let c = FakeContainer::start();
+    let b = sb.bundle(
+        "b",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    let stdin = Sandbox::state_json("new", c.pid(), &b);
+    let mut cmd = std::process::Command::new("capsh");
+    cmd.args([
+        "--drop=cap_sys_admin",
+        "--",
+        "-c",
+        "exec \"$0\" createRuntime",
+    ])
+    .arg(common::hook_bin())
+    .env_clear()
+    .envs(sb.env())
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("lacks CAP_SYS_ADMIN"), "{err}");
+    assert!(sb.snapshot().is_empty(), "nothing written");
+}

@@ -220,7 +220,7 @@ impl Sandbox {
     /// A bundle directory with `config.json` (built from `spec`) for hook-only tests.
     pub fn bundle(&self, name: &str, spec: &Value) -> PathBuf {
         let b = self.path().join("bundles").join(name);
-        std::fs::create_dir_all(&b).unwrap();
+        std::fs::create_dir_all(b.join("rootfs/tmp")).unwrap();
         std::fs::write(
             b.join("config.json"),
             serde_json::to_vec_pretty(spec).unwrap(),
@@ -269,14 +269,15 @@ pub fn spec(annotations: Value, env: &[&str]) -> Value {
     })
 }
 
-/// A long-lived stand-in for a container's init process; killed on drop.
+/// A long-lived stand-in for a container's init process, in a private mount namespace of its
+/// own (so the hook's mounts into "its" rootfs stay there); killed on drop.
 pub struct FakeContainer(pub std::process::Child);
 
 impl FakeContainer {
     pub fn start() -> Self {
         Self(
-            Command::new("sleep")
-                .arg("600")
+            Command::new("unshare")
+                .args(["-m", "--propagation", "private", "sleep", "600"])
                 .stdin(Stdio::null())
                 .spawn()
                 .expect("sleep"),
