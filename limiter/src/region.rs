@@ -82,8 +82,13 @@ impl std::fmt::Display for OpenError {
 struct Fd(i32);
 impl Drop for Fd {
     fn drop(&mut self) {
-        // SAFETY: closing an fd we own.
-        unsafe { libc::close(self.0) };
+        // An mmap keeps the open file description (and so a flock) alive after close:
+        // unlock explicitly.
+        // SAFETY: unlocking and closing an fd we own.
+        unsafe {
+            libc::flock(self.0, libc::LOCK_UN);
+            libc::close(self.0);
+        }
     }
 }
 

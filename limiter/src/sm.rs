@@ -160,6 +160,11 @@ fn measure(l: &state::Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
     let Some(samples) = nvml::process_util(h, c.last_seen) else {
         return;
     };
+    if c.last_seen == 0 {
+        // The first answer covers an unknown span: it only sets the timestamp baseline.
+        c.last_seen = samples.iter().map(|s| s.time_stamp).max().unwrap_or(0);
+        return;
+    }
     let own = sys::getpid();
     let members = l.region.pids();
     let mut per_pid: Vec<(u32, u32, u32)> = Vec::new(); // pid, sum, count
