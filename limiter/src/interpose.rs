@@ -263,7 +263,9 @@ fn concrete(symbol: &str, version: c_int, flags: u64) -> Option<&'static Hook> {
     }
     for &(base, min, name) in VERSIONED {
         if base == symbol {
-            return (version >= min).then(|| find(name.as_bytes())).flatten();
+            // Below `min` the driver hands out the original export (intercepted only if
+            // it is in the table: the 32-bit-size legacy ones are not).
+            return find(if version >= min { name } else { base }.as_bytes());
         }
     }
     find(symbol.as_bytes())

@@ -1,0 +1,656 @@
+//! End-to-end tests of libgpushare_limiter.so against the TEST-ONLY simulated driver.
+//!
+//! The two cdylibs are built by a nested `cargo build` into `target/nested` (its own target
+//! directory, so it never waits on the build lock the outer `cargo test` holds), the simulated
+//! driver is installed as `libcuda.so.1`/`libnvidia-ml.so.1` with `simdriver/install-sim.sh`,
+//! and `tests/limiter/cuprobe.c` is compiled with `cc` against Debian's `cuda.h`. Every test runs
+//! `cuprobe` with the limiter in `LD_PRELOAD` and private state under its own scratch directory.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// Simulated kernel duration (the simulated driver's default).
+const KERNEL_US: f64 = 500.0;
+
+struct Built {
+    limiter: PathBuf,
+    simlib: PathBuf,
+    probe: PathBuf,
+    nested: PathBuf,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// Builds everything once per test binary; `None` (with the reason) when `cuda.h` or `cc` is
+/// missing.
+fn built() -> Result<&'static Built, &'static str> {
+    static BUILT: OnceLock<Result<Built, &'static str>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if !Path::new("/usr/include/cuda.h").exists()
+                || !Path::new("/usr/include/nvml.h").exists()
+            {
+                return Err(
+                    "/usr/include/cuda.h or nvml.h missing (apt-get install nvidia-cuda-dev)",
+                );
+            }
+            let root = root();
+            let nested = root.join("target").join("nested");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = Command::new(cargo)
+                .current_dir(&root)
+                .args([
+                    "build",
+                    "-p",
+                    "gpushare-limiter",
+                    "-p",
+                    "gpushare-simdriver",
+                    "--target-dir",
+                ])
+                .arg(&nested)
+                .env_remove("CARGO_TARGET_DIR")
+                .status()
+                .expect("run nested cargo build");
+            assert!(status.success(), "nested cargo build failed");
+            let debug = nested.join("debug");
+            let simlib = nested.join("simlib");
+            let status = Command::new("sh")
+                .arg(root.join("simdriver/install-sim.sh"))
+                .arg(&simlib)
+                .arg(debug.join("libgpushare_simdriver.so"))
+                .stdout(Stdio::null())
+                .status()
+                .expect("run install-sim.sh");
+            assert!(status.success(), "install-sim.sh failed");
+            let probe = nested.join("cuprobe");
+            let out = Command::new("cc")
+                .args(["-O2", "-Wall", "-o"])
+                .arg(&probe)
+                .arg(root.join("tests/limiter/cuprobe.c"))
+                .arg(format!("-L{}", simlib.display()))
+                .args(["-lcuda", "-lnvidia-ml", "-ldl"])
+                .output();
+            match out {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => panic!(
+                    "cc cuprobe.c failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(_) => return Err("no C compiler (cc) on PATH"),
+            }
+            Ok(Built {
+                limiter: debug.join("libgpushare_limiter.so"),
+                simlib,
+                probe,
+                nested,
+            })
+        })
+        .as_ref()
+        .map_err(|e| *e)
+}
+
+macro_rules! setup {
+    ($name:expr) => {
+        match built() {
+            Ok(b) => Scratch::new(b, $name),
+            Err(why) => {
+                eprintln!("SKIPPED {}: {why}", $name);
+                return;
+            }
+        }
+    };
+}
+
+/// A private "container": its own simulated-driver state, shared cache and limits file path.
+struct Scratch {
+    b: &'static Built,
+    dir: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Scratch {
+    fn new(b: &'static Built, name: &str) -> Scratch {
+        let dir = b
+            .nested
+            .join("scratch")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let env = vec![
+            (
+                "GPUSHARE_SIM_STATE".into(),
+                dir.join("sim").display().to_string(),
+            ),
+            ("GPUSHARE_SIM_DEVICES".into(), "4096,4096".into()),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+                dir.join("cache").display().to_string(),
+            ),
+            (
+                "GPUSHARE_LIMITS_FILE".into(),
+                dir.join("limits").display().to_string(),
+            ),
+        ];
+        Scratch { b, dir, env }
+    }
+
+    fn set(&mut self, k: &str, v: &str) -> &mut Self {
+        self.env.retain(|(key, _)| key != k);
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    fn unset(&mut self, k: &str) -> &mut Self {
+        self.env.retain(|(key, _)| key != k);
+        self
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.b.probe);
+        c.args(args);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CUDA_") || k.starts_with("GPUSHARE_") {
+                c.env_remove(k);
+            }
+        }
+        c.env("LD_LIBRARY_PATH", &self.b.simlib)
+            .env("LD_PRELOAD", &self.b.limiter);
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args).spawn().expect("spawn cuprobe")
+    }
+
+    /// Runs cuprobe to completion (30 s watchdog).
+    fn run(&self, args: &[&str]) -> Probe {
+        let mut child = self.spawn(args);
+        let start = Instant::now();
+        while child.try_wait().expect("wait").is_none() {
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("cuprobe {args:?} hung");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Probe::from(child.wait_with_output().expect("output"), args)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+struct Probe {
+    vals: HashMap<String, String>,
+    stderr: String,
+    code: Option<i32>,
+    args: String,
+}
+
+impl Probe {
+    fn from(o: Output, args: &[&str]) -> Probe {
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        let vals = stdout
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Probe {
+            vals,
+            stderr: String::from_utf8_lossy(&o.stderr).to_string(),
+            code: o.status.code(),
+            args: format!("{args:?}"),
+        }
+    }
+
+    fn ok(self) -> Probe {
+        assert_eq!(
+            self.code,
+            Some(0),
+            "cuprobe {} failed; stderr:\n{}",
+            self.args,
+            self.stderr
+        );
+        self
+    }
+
+    fn u(&self, k: &str) -> u64 {
+        self.vals
+            .get(k)
+            .unwrap_or_else(|| {
+                panic!(
+                    "cuprobe {} printed no {k}; got {:?}; stderr {}",
+                    self.args, self.vals, self.stderr
+                )
+            })
+            .parse()
+            .unwrap_or_else(|_| panic!("{k} not a number"))
+    }
+
+    fn f(&self, k: &str) -> f64 {
+        self.vals[k]
+            .parse()
+            .unwrap_or_else(|_| panic!("{k} not a number"))
+    }
+}
+
+fn check_cap(path: &str) {
+    let mut s = setup!(&format!("cap-{path}"));
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let p = s.run(&[path, "cap", "0", "100"]).ok();
+    assert_eq!(
+        p.u("ALLOC_TOTAL"),
+        1000 * MIB,
+        "{path}: ten 100 MiB chunks fit in 1 GiB, the 11th does not"
+    );
+    assert_eq!(p.u("OOM_RC"), 2, "{path}: CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(
+        p.u("MEMINFO_TOTAL"),
+        GIB,
+        "{path}: cuMemGetInfo total is the cap"
+    );
+    assert_eq!(
+        p.u("MEMINFO_FREE"),
+        GIB - 1000 * MIB,
+        "{path}: cuMemGetInfo free"
+    );
+    assert_eq!(p.u("TOTALMEM"), GIB, "{path}: cuDeviceTotalMem is the cap");
+    assert!(
+        p.stderr.is_empty(),
+        "{path}: no warnings expected: {}",
+        p.stderr
+    );
+}
+
+#[test]
+fn cap_enforced_and_reported_when_linked_directly() {
+    check_cap("direct");
+}
+
+#[test]
+fn cap_enforced_and_reported_through_dlopen_dlsym() {
+    check_cap("dlopen");
+}
+
+#[test]
+fn cap_enforced_and_reported_through_cu_get_proc_address() {
+    check_cap("procaddr");
+}
+
+#[test]
+fn cap_enforced_and_reported_through_cu_get_proc_address_v2() {
+    check_cap("procaddr2");
+}
+
+#[test]
+fn per_device_limit_applies_to_its_cuda_ordinal_only() {
+    let mut s = setup!("per-device");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT_1", "512Mi");
+    let d1 = s.run(&["direct", "cap", "1", "100"]).ok();
+    assert_eq!(d1.u("ALLOC_TOTAL"), 500 * MIB, "device 1 capped at 512 MiB");
+    assert_eq!(d1.u("MEMINFO_TOTAL"), 512 * MIB);
+    let d0 = s.run(&["direct", "cap", "0", "1000"]).ok();
+    assert_eq!(
+        d0.u("ALLOC_TOTAL"),
+        4000 * MIB,
+        "device 0 uncapped (4 GiB simulated)"
+    );
+    assert_eq!(d0.u("MEMINFO_TOTAL"), 4096 * MIB);
+}
+
+#[test]
+fn every_allocation_api_is_counted() {
+    let mut s = setup!("kinds");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let p = s.run(&["procaddr2", "kinds", "1"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("PITCH_RC", 0, "cuMemAllocPitch 256 MiB fits"),
+        ("MANAGED_RC", 0, "cuMemAllocManaged 256 MiB fits"),
+        ("ASYNC_RC", 0, "cuMemAllocAsync 256 MiB fits"),
+        (
+            "POOL_RC",
+            0,
+            "cuMemAllocFromPoolAsync 256 MiB fills the cap",
+        ),
+        ("CREATE_OVER_RC", 2, "cuMemCreate over the cap is refused"),
+        ("FREEASYNC_RC", 0, "cuMemFreeAsync gives 256 MiB back"),
+        ("CREATE_RC", 0, "cuMemCreate 256 MiB now fits"),
+        ("ALLOC_OVER_RC", 2, "cuMemAlloc over the cap is refused"),
+        ("RELEASE_RC", 0, "cuMemRelease gives 256 MiB back"),
+        ("ALLOC_AFTER_RELEASE_RC", 0, "cuMemAlloc 256 MiB now fits"),
+    ];
+    for (key, want, what) in rows {
+        assert_eq!(p.u(key), *want, "{what}");
+    }
+    assert_eq!(p.u("MEMINFO_FREE"), 0);
+}
+
+#[test]
+fn cu_get_proc_address_hands_out_wrappers_and_rtld_next_still_works() {
+    let mut s = setup!("self");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let p = s.run(&["direct", "self"]).ok();
+    for key in [
+        "SELF_IS_DLSYM_RESULT",
+        "SELF_IS_DEFAULT",
+        "PTSZ_IS_DEFAULT",
+        "LEGACY_IS_DEFAULT",
+        "RTLD_NEXT_MALLOC_OK",
+    ] {
+        assert_eq!(p.u(key), 1, "{key}");
+    }
+}
+
+#[test]
+fn nvml_query_reports_the_cap() {
+    let mut s = setup!("nvml");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let mut holder = s.spawn(&["direct", "hold", "1", "600"]);
+    wait_for_line(&mut holder, "HELD=1");
+    let p = s.run(&["nvml"]).ok();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(
+        p.u("NVML1_TOTAL"),
+        GIB,
+        "nvmlDeviceGetMemoryInfo total is the cap"
+    );
+    assert_eq!(
+        p.u("NVML1_USED"),
+        600 * MIB,
+        "used is the container's allocations"
+    );
+    assert_eq!(p.u("NVML1_FREE"), GIB - 600 * MIB);
+    assert_eq!(p.u("NVML1_V2_TOTAL"), GIB, "_v2 too");
+    assert_eq!(p.u("NVML1_V2_FREE"), GIB - 600 * MIB);
+    assert_eq!(
+        p.u("NVML0_TOTAL"),
+        GIB,
+        "device 0 capped before any CUDA use (NVML index = ordinal)"
+    );
+    assert_eq!(p.u("NVML0_USED"), 0);
+
+    s.unset("CUDA_DEVICE_MEMORY_LIMIT");
+    let inert = s.run(&["nvml"]).ok();
+    assert_eq!(
+        inert.u("NVML0_TOTAL"),
+        4096 * MIB,
+        "no limit: physical size"
+    );
+}
+
+/// Reads the child's stdout until `line` appears.
+fn wait_for_line(child: &mut Child, line: &str) {
+    use std::io::{BufRead, BufReader};
+    let out = child.stdout.take().expect("stdout");
+    let mut r = BufReader::new(out);
+    let mut buf = String::new();
+    loop {
+        buf.clear();
+        let n = r.read_line(&mut buf).expect("read child");
+        assert!(n > 0, "child exited before printing {line}");
+        if buf.trim() == line {
+            return;
+        }
+        assert!(!buf.starts_with("HELD="), "child could not allocate: {buf}");
+    }
+}
+
+#[test]
+fn two_processes_of_one_container_share_one_cap() {
+    let mut s = setup!("share");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let mut a = s.spawn(&["direct", "hold", "0", "600"]);
+    wait_for_line(&mut a, "HELD=1");
+    let over = s.run(&["direct", "try", "0", "600"]).ok();
+    let fits = s.run(&["dlopen", "try", "0", "300"]).ok();
+    let _ = a.kill();
+    let _ = a.wait();
+    assert_eq!(
+        over.u("RESULT"),
+        2,
+        "600 + 600 MiB exceeds the shared 1 GiB cap"
+    );
+    assert_eq!(fits.u("RESULT"), 0, "600 + 300 MiB fits");
+}
+
+#[test]
+fn a_sigkilled_members_memory_comes_back() {
+    let mut s = setup!("sigkill");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let mut a = s.spawn(&["direct", "hold", "0", "800"]);
+    wait_for_line(&mut a, "HELD=1");
+    assert_eq!(
+        s.run(&["direct", "try", "0", "800"]).ok().u("RESULT"),
+        2,
+        "held while alive"
+    );
+    a.kill().expect("SIGKILL");
+    a.wait().expect("reap");
+    let after = s.run(&["direct", "try", "0", "800"]).ok();
+    assert_eq!(
+        after.u("RESULT"),
+        0,
+        "the killed process's 800 MiB were reclaimed"
+    );
+}
+
+fn check_sm(dev: &str, key: &str, mode: &str) {
+    let mut s = setup!(&format!("sm-{dev}-{mode}"));
+    s.set(key, "30");
+    let p = s.run(&["direct", "launch", dev, "3", mode]).ok();
+    let util = p.u("LAUNCHES") as f64 * KERNEL_US / 1e6 / p.f("ELAPSED") * 100.0;
+    assert!(
+        (25.0..=35.0).contains(&util),
+        "device {dev} ({mode}): simulated SM use {util:.1}% is not within 30±5% ({} launches in {} s)",
+        p.u("LAUNCHES"),
+        p.f("ELAPSED")
+    );
+}
+
+#[test]
+fn sm_cap_holds_on_device_0() {
+    check_sm("0", "CUDA_DEVICE_SM_LIMIT", "kernel");
+}
+
+#[test]
+fn sm_cap_holds_on_device_1_across_all_launch_paths() {
+    check_sm("1", "CUDA_DEVICE_SM_LIMIT_1", "mixed");
+}
+
+#[test]
+fn bad_env_values_warn_and_fall_back() {
+    let rows: &[(&str, &[(&str, &str)], &str, u64)] = &[
+        (
+            "unparsable cap: no cap",
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "lots")],
+            "CUDA_DEVICE_MEMORY_LIMIT=\"lots\" is not a size",
+            4000,
+        ),
+        (
+            "bad indexed cap: device-wide cap",
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "12q"),
+            ],
+            "falls back to the device-wide memory cap",
+            1000,
+        ),
+        (
+            "SM share over 100",
+            &[
+                ("CUDA_DEVICE_SM_LIMIT", "150"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "2g"),
+            ],
+            "not a percentage",
+            2000,
+        ),
+        (
+            "negative cap",
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "-1")],
+            "is not a size",
+            4000,
+        ),
+        (
+            "bad simulated device list",
+            &[
+                ("GPUSHARE_SIM_DEVICES", "4096,x"),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ],
+            "GPUSHARE_SIM_DEVICES",
+            1000,
+        ),
+    ];
+    for (what, vars, warning, alloc_mib) in rows {
+        let mut s = setup!("bad-env");
+        for (k, v) in *vars {
+            s.set(k, v);
+        }
+        let p = s.run(&["direct", "cap", "0", "1000"]);
+        let p = if *alloc_mib < 1000 || *alloc_mib % 1000 != 0 {
+            p
+        } else {
+            p
+        };
+        assert_eq!(
+            p.code,
+            Some(0),
+            "{what}: must not crash; stderr {}",
+            p.stderr
+        );
+        assert!(
+            p.stderr.contains(warning),
+            "{what}: expected a warning with {warning:?}, got {:?}",
+            p.stderr
+        );
+        assert!(
+            p.stderr.lines().all(|l| l.contains("warning")),
+            "{what}: one-line warnings only: {}",
+            p.stderr
+        );
+        let got = p.u("ALLOC_TOTAL");
+        let cap_mib = *alloc_mib;
+        if cap_mib == 1000 {
+            // 1 GiB cap with 1000 MiB chunks: one fits.
+            assert_eq!(got, 1000 * MIB, "{what}");
+        } else {
+            assert_eq!(got, cap_mib * MIB, "{what}");
+        }
+    }
+}
+
+#[test]
+fn limits_file_is_read_when_env_has_no_limits() {
+    let mut s = setup!("limits-file");
+    let cache = s.dir.join("from-file-cache");
+    std::fs::write(
+        s.dir.join("limits"),
+        format!(
+            "# written by gpushare-hook\nCUDA_DEVICE_MEMORY_LIMIT_0=536870912\nCUDA_DEVICE_SM_LIMIT=50\nCUDA_DEVICE_MEMORY_SHARED_CACHE={}\n",
+            cache.display()
+        ),
+    )
+    .expect("write limits file");
+    s.unset("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    let p = s.run(&["direct", "cap", "0", "100"]).ok();
+    assert_eq!(p.u("ALLOC_TOTAL"), 500 * MIB, "file cap of 512 MiB");
+    assert!(cache.exists(), "shared cache path taken from the file");
+
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let env = s.run(&["direct", "cap", "0", "100"]).ok();
+    assert_eq!(
+        env.u("ALLOC_TOTAL"),
+        1000 * MIB,
+        "env limits win; the file is not read"
+    );
+}
+
+#[test]
+fn without_limits_the_library_is_inert() {
+    let s = setup!("inert");
+    let p = s.run(&["dlopen", "cap", "0", "1000"]).ok();
+    assert_eq!(p.u("ALLOC_TOTAL"), 4000 * MIB);
+    assert_eq!(p.u("MEMINFO_TOTAL"), 4096 * MIB);
+    assert!(p.stderr.is_empty(), "no output: {}", p.stderr);
+    assert!(!s.dir.join("cache").exists(), "no shared file created");
+}
+
+#[test]
+fn unknown_free_is_passed_through_untouched() {
+    let mut s = setup!("unknown-free");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let p = s.run(&["direct", "unknownfree", "0"]).ok();
+    assert_eq!(
+        p.u("UNKNOWN_FREE_RC"),
+        1,
+        "the driver's CUDA_ERROR_INVALID_VALUE, unchanged"
+    );
+    assert_eq!(p.u("ALLOC_RC"), 0);
+    assert_eq!(p.u("FREE_RC"), 0);
+    assert_eq!(p.u("MEMINFO_FREE"), GIB, "nothing left counted");
+}
+
+#[test]
+fn a_mismatched_shared_file_is_an_error_message_not_a_crash() {
+    let mut s = setup!("mismatch");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    std::fs::write(s.dir.join("cache"), vec![0xab; 4096]).expect("write");
+    let p = s.run(&["direct", "cap", "0", "100"]).ok();
+    assert!(p.stderr.contains("layout mismatch"), "stderr: {}", p.stderr);
+    assert_eq!(
+        p.u("ALLOC_TOTAL"),
+        1000 * MIB,
+        "cap still enforced for the process itself"
+    );
+}
+
+#[test]
+fn the_contexts_own_footprint_is_counted() {
+    let mut s = setup!("footprint");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .set("GPUSHARE_SIM_CTX_MIB", "100");
+    let p = s.run(&["direct", "cap", "0", "100"]).ok();
+    assert_eq!(
+        p.u("ALLOC_TOTAL"),
+        900 * MIB,
+        "100 MiB context + 9 x 100 MiB"
+    );
+    assert_eq!(p.u("MEMINFO_FREE"), GIB - 1000 * MIB);
+}
+
+#[test]
+fn driver_errors_pass_through_and_are_not_counted() {
+    let mut s = setup!("fault");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .set("GPUSHARE_SIM_FAIL", "cuMemAlloc_v2");
+    let p = s.run(&["direct", "unknownfree", "0"]).ok();
+    assert_eq!(
+        p.u("ALLOC_RC"),
+        999,
+        "CUDA_ERROR_UNKNOWN from the driver, unchanged"
+    );
+    assert_eq!(
+        p.u("MEMINFO_FREE"),
+        GIB,
+        "a failed allocation is not counted"
+    );
+}
