@@ -87,7 +87,9 @@ pub mod extra {
 }
 
 fn is_wrapper(p: *mut c_void) -> bool {
-    HOOKS.iter().any(|h| h.wrapper == p as *const c_void)
+    HOOKS
+        .iter()
+        .any(|h| std::ptr::eq(h.wrapper, p as *const c_void))
 }
 
 /// Stores `p` as the real function of `h` unless one is known or `p` is our own wrapper.
@@ -114,7 +116,8 @@ pub fn real(h: H) -> *mut c_void {
 fn resolve(hook: &Hook) -> *mut c_void {
     let handle = sys::lib_handle(hook.lib);
     if !handle.is_null() {
-        adopt(hook, sys::dlsym(handle, hook.name));
+        // SAFETY: `handle` came from dlopen.
+        adopt(hook, unsafe { sys::dlsym(handle, hook.name) });
     }
     hook.real.load(Ordering::Acquire)
 }
@@ -125,7 +128,8 @@ pub fn real_extra(lib: Lib, name: &CStr) -> *mut c_void {
     if handle.is_null() {
         return std::ptr::null_mut();
     }
-    sys::dlsym(handle, name)
+    // SAFETY: `handle` came from dlopen.
+    unsafe { sys::dlsym(handle, name) }
 }
 
 fn find(name: &[u8]) -> Option<&'static Hook> {

@@ -225,7 +225,13 @@ mod tests {
 
     #[test]
     fn bad_values_warn_and_fall_back() {
-        let cases: &[(&str, &[(&str, &str)], Option<u64>, Option<u32>)] = &[
+        type Case = (
+            &'static str,
+            &'static [(&'static str, &'static str)],
+            Option<u64>,
+            Option<u32>,
+        );
+        let cases: &[Case] = &[
             (
                 "bad indexed memory falls back to plain",
                 &[

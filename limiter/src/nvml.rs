@@ -131,7 +131,10 @@ pub fn used_by_ordinal(ord: usize) -> Option<u64> {
 }
 
 /// Per-process utilisation samples newer than `last_seen`.
-pub fn process_util(h: Handle, last_seen: u64) -> Option<Vec<UtilSample>> {
+///
+/// # Safety
+/// `h` must be a handle the real NVML returned.
+pub unsafe fn process_util(h: Handle, last_seen: u64) -> Option<Vec<UtilSample>> {
     let f = sym::<
         unsafe extern "C" fn(Handle, *mut UtilSample, *mut c_uint, c_ulonglong) -> NvmlReturn,
     >(c"nvmlDeviceGetProcessUtilization")?;

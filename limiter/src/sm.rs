@@ -130,7 +130,7 @@ fn watch() {
             if b.target == 0 {
                 continue;
             }
-            if tick % MEASURE_EVERY == 0 {
+            if tick.is_multiple_of(MEASURE_EVERY) {
                 measure(l, ord, b, c, now);
             }
             let add = c.rate * dt + c.carry;
@@ -157,7 +157,8 @@ fn measure(l: &state::Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
     let Some(h) = c.handle else {
         return;
     };
-    let Some(samples) = nvml::process_util(h, c.last_seen) else {
+    // SAFETY: `h` came from the real nvmlDeviceGetHandleByUUID.
+    let Some(samples) = (unsafe { nvml::process_util(h, c.last_seen) }) else {
         return;
     };
     if c.last_seen == 0 {

@@ -36,7 +36,10 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 }
 
 /// `dlsym(handle, name)` through glibc, bypassing our override.
-pub fn dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
+///
+/// # Safety
+/// `handle` must be a handle from `dlopen` or a glibc pseudo-handle.
+pub unsafe fn dlsym(handle: *mut c_void, name: &CStr) -> *mut c_void {
     match real_dlsym() {
         // SAFETY: real dlsym with a handle the caller got from dlopen (or a pseudo-handle).
         Some(f) => unsafe { f(handle, name.as_ptr()) },

@@ -46,7 +46,7 @@ fn index_of(dev: NvmlDevice) -> Option<usize> {
     let base = HANDLES.as_ptr() as usize;
     let p = dev as usize;
     let size = std::mem::size_of::<Handle>();
-    if p < base || p >= base + MAX_DEVICES * size || (p - base) % size != 0 {
+    if p < base || p >= base + MAX_DEVICES * size || !(p - base).is_multiple_of(size) {
         return None;
     }
     let i = (p - base) / size;
