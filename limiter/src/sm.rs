@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 const TICK_NS: u64 = 20_000_000;
 const MEASURE_EVERY: u32 = 5;
 const INITIAL_RATE: f64 = 1000.0;
-const MAX_RATE: f64 = 10_000_000.0;
+const MAX_RATE: f64 = 1e9;
 
 /// One device's bucket.
 pub struct Bucket {
@@ -194,13 +194,19 @@ fn measure(l: &state::Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
     }
     let own_util = own_util.unwrap_or(0.0);
     let target = f64::from(b.target) / 100.0;
-    if launched > 0 && own_util > 0.5 && window > 0.0 {
-        let sample = own_util / 100.0 * window / launched as f64;
-        c.cost = if c.cost == 0.0 {
-            sample
+    if launched > 0 && window > 0.0 {
+        if own_util > 0.5 {
+            let sample = own_util / 100.0 * window / launched as f64;
+            c.cost = if c.cost == 0.0 {
+                sample
+            } else {
+                0.5 * c.cost + 0.5 * sample
+            };
         } else {
-            0.5 * c.cost + 0.5 * sample
-        };
+            // Launches that leave no measurable trace: the kernels got cheaper (or NVML has
+            // no samples); let the rate grow.
+            c.cost = if c.cost < 1e-12 { 0.0 } else { c.cost * 0.5 };
+        }
     }
     let others = ((container - own_util) / 100.0).max(0.0);
     let budget = (target - others).max(target * 0.1);

@@ -19,11 +19,21 @@ const DLSYM_VERSIONS: &[&CStr] = &[c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"]
 pub fn real_dlsym() -> Option<DlsymFn> {
     let mut p = GPUSHARE_LIMITER_REAL_DLSYM.load(Ordering::Acquire);
     if p.is_null() {
-        for v in DLSYM_VERSIONS {
-            // SAFETY: dlvsym with RTLD_NEXT and NUL-terminated names is always safe to call.
-            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), v.as_ptr()) };
-            if !p.is_null() {
-                break;
+        // RTLD_NEXT when preloaded; libc's own handle when loaded some other way (dlopen with
+        // RTLD_LOCAL, as the benchmark does), where RTLD_NEXT may not reach libc.
+        // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to the already loaded libc.
+        let libc_handle =
+            unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        'found: for handle in [libc::RTLD_NEXT, libc_handle] {
+            if handle.is_null() {
+                continue;
+            }
+            for v in DLSYM_VERSIONS {
+                // SAFETY: dlvsym with a valid handle and NUL-terminated names.
+                p = unsafe { libc::dlvsym(handle, c"dlsym".as_ptr(), v.as_ptr()) };
+                if !p.is_null() {
+                    break 'found;
+                }
             }
         }
         if p.is_null() {
