@@ -1,0 +1,309 @@
+//! Shared harness of the limiter and simulated-driver integration tests: builds the two cdylibs
+//! once per test binary (nested `cargo build` into `target/nested`, its own target directory, so
+//! it never waits on the build lock the outer `cargo test` holds), installs the TEST-ONLY
+//! simulated driver as `libcuda.so.1`/`libnvidia-ml.so.1`, compiles the C probes, and runs them
+//! in private scratch "containers".
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+/// Simulated kernel duration (the simulated driver's default).
+pub const KERNEL_US: f64 = 500.0;
+
+pub struct Built {
+    pub limiter: PathBuf,
+    pub simlib: PathBuf,
+    pub probe: PathBuf,
+    pub nvmlprobe: PathBuf,
+    pub nested: PathBuf,
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// Builds everything once per test binary; `None` (with the reason) when `cuda.h` or `cc` is
+/// missing.
+pub fn built() -> Result<&'static Built, &'static str> {
+    static BUILT: OnceLock<Result<Built, &'static str>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            if !Path::new("/usr/include/cuda.h").exists()
+                || !Path::new("/usr/include/nvml.h").exists()
+            {
+                return Err(
+                    "/usr/include/cuda.h or nvml.h missing (apt-get install nvidia-cuda-dev)",
+                );
+            }
+            let root = root();
+            let nested = root.join("target").join("nested");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = Command::new(cargo)
+                .current_dir(&root)
+                .args([
+                    "build",
+                    "-p",
+                    "gpushare-limiter",
+                    "-p",
+                    "gpushare-simdriver",
+                    "--target-dir",
+                ])
+                .arg(&nested)
+                .env_remove("CARGO_TARGET_DIR")
+                .status()
+                .expect("run nested cargo build");
+            assert!(status.success(), "nested cargo build failed");
+            let debug = nested.join("debug");
+            let simlib = nested.join("simlib");
+            let status = Command::new("sh")
+                .arg(root.join("simdriver/install-sim.sh"))
+                .arg(&simlib)
+                .arg(debug.join("libgpushare_simdriver.so"))
+                .stdout(Stdio::null())
+                .status()
+                .expect("run install-sim.sh");
+            assert!(status.success(), "install-sim.sh failed");
+            let probe = nested.join("cuprobe");
+            let out = Command::new("cc")
+                .args(["-O2", "-Wall", "-o"])
+                .arg(&probe)
+                .arg(root.join("tests/limiter/cuprobe.c"))
+                .arg(format!("-L{}", simlib.display()))
+                .args(["-lcuda", "-lnvidia-ml", "-ldl"])
+                .output();
+            match out {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => panic!(
+                    "cc cuprobe.c failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(_) => return Err("no C compiler (cc) on PATH"),
+            }
+            let nvmlprobe = nested.join("nvmlprobe");
+            let out = Command::new("cc")
+                .args(["-O2", "-Wall", "-o"])
+                .arg(&nvmlprobe)
+                .arg(root.join("tests/limiter/nvmlprobe.c"))
+                .arg(format!("-L{}", simlib.display()))
+                .arg("-lnvidia-ml")
+                .output()
+                .expect("cc");
+            assert!(
+                out.status.success(),
+                "cc nvmlprobe.c failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(Built {
+                limiter: debug.join("libgpushare_limiter.so"),
+                simlib,
+                probe,
+                nvmlprobe,
+                nested,
+            })
+        })
+        .as_ref()
+        .map_err(|e| *e)
+}
+
+#[macro_export]
+macro_rules! setup {
+    ($name:expr) => {
+        match $crate::common::built() {
+            Ok(b) => $crate::common::Scratch::new(b, $name),
+            Err(why) => {
+                eprintln!("SKIPPED {}: {why}", $name);
+                return;
+            }
+        }
+    };
+}
+
+/// A private "container": its own simulated-driver state, shared cache and limits file path.
+pub struct Scratch {
+    pub b: &'static Built,
+    pub dir: PathBuf,
+    pub preload: bool,
+    env: Vec<(String, String)>,
+}
+
+impl Scratch {
+    pub fn new(b: &'static Built, name: &str) -> Scratch {
+        let dir = b
+            .nested
+            .join("scratch")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let env = vec![
+            (
+                "GPUSHARE_SIM_STATE".into(),
+                dir.join("sim").display().to_string(),
+            ),
+            ("GPUSHARE_SIM_DEVICES".into(), "4096,4096".into()),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+                dir.join("cache").display().to_string(),
+            ),
+            (
+                "GPUSHARE_LIMITS_FILE".into(),
+                dir.join("limits").display().to_string(),
+            ),
+        ];
+        Scratch {
+            b,
+            dir,
+            preload: true,
+            env,
+        }
+    }
+
+    pub fn set(&mut self, k: &str, v: &str) -> &mut Self {
+        self.env.retain(|(key, _)| key != k);
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn unset(&mut self, k: &str) -> &mut Self {
+        self.env.retain(|(key, _)| key != k);
+        self
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        self.program(&self.b.probe, args)
+    }
+
+    /// `program` with this scratch's environment (and the limiter, when `preload`).
+    pub fn program(&self, program: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new(program);
+        c.args(args);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CUDA_") || k.starts_with("GPUSHARE_") {
+                c.env_remove(k);
+            }
+        }
+        c.env("LD_LIBRARY_PATH", &self.b.simlib);
+        if self.preload {
+            c.env("LD_PRELOAD", &self.b.limiter);
+        }
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    }
+
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args).spawn().expect("spawn cuprobe")
+    }
+
+    /// Runs nvmlprobe to completion.
+    pub fn nvml(&self, args: &[&str]) -> Probe {
+        let out = self
+            .program(&self.b.nvmlprobe, args)
+            .output()
+            .expect("run nvmlprobe");
+        Probe::from(out, args)
+    }
+
+    /// Runs cuprobe to completion (30 s watchdog).
+    pub fn run(&self, args: &[&str]) -> Probe {
+        let mut child = self.spawn(args);
+        let start = Instant::now();
+        while child.try_wait().expect("wait").is_none() {
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                panic!("cuprobe {args:?} hung");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Probe::from(child.wait_with_output().expect("output"), args)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub struct Probe {
+    pub vals: HashMap<String, String>,
+    pub stderr: String,
+    pub code: Option<i32>,
+    args: String,
+}
+
+impl Probe {
+    pub fn from(o: Output, args: &[&str]) -> Probe {
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        let vals = stdout
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        Probe {
+            vals,
+            stderr: String::from_utf8_lossy(&o.stderr).to_string(),
+            code: o.status.code(),
+            args: format!("{args:?}"),
+        }
+    }
+
+    pub fn ok(self) -> Probe {
+        assert_eq!(
+            self.code,
+            Some(0),
+            "cuprobe {} failed; stderr:\n{}",
+            self.args,
+            self.stderr
+        );
+        self
+    }
+
+    pub fn u(&self, k: &str) -> u64 {
+        self.vals
+            .get(k)
+            .unwrap_or_else(|| {
+                panic!(
+                    "cuprobe {} printed no {k}; got {:?}; stderr {}",
+                    self.args, self.vals, self.stderr
+                )
+            })
+            .parse()
+            .unwrap_or_else(|_| panic!("{k} not a number"))
+    }
+
+    pub fn f(&self, k: &str) -> f64 {
+        self.vals[k]
+            .parse()
+            .unwrap_or_else(|_| panic!("{k} not a number"))
+    }
+}
+
+/// Reads the child's stdout until `line` appears.
+pub fn wait_for_line(child: &mut Child, line: &str) {
+    use std::io::{BufRead, BufReader};
+    let out = child.stdout.take().expect("stdout");
+    let mut r = BufReader::new(out);
+    let mut buf = String::new();
+    loop {
+        buf.clear();
+        let n = r.read_line(&mut buf).expect("read child");
+        assert!(n > 0, "child exited before printing {line}");
+        if buf.trim() == line {
+            return;
+        }
+        assert!(!buf.starts_with("HELD="), "child could not allocate: {buf}");
+    }
+}
