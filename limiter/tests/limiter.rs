@@ -200,6 +200,7 @@ fn check_sm(dev: &str, key: &str, mode: &str) {
     s.set(key, "30");
     let p = s.run(&["direct", "launch", dev, "3", mode]).ok();
     let util = p.u("LAUNCHES") as f64 * KERNEL_US / 1e6 / p.f("ELAPSED") * 100.0;
+    eprintln!("device {dev} ({mode}): simulated SM use {util:.1}% under a 30% cap");
     assert!(
         (25.0..=35.0).contains(&util),
         "device {dev} ({mode}): simulated SM use {util:.1}% is not within 30±5% ({} launches in {} s)",
