@@ -55,8 +55,11 @@ pub fn get() -> Option<&'static Limiter> {
 
 /// Reads the limits: env when it has any limit key, else the limits file.
 pub fn read_limits() -> (Limits, Vec<String>) {
-    let env: Vec<(String, String)> = std::env::vars()
+    // vars_os: `vars()` panics on a non-UTF-8 variable anywhere in the environment.
+    let env: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v)))
         .filter(|(k, _)| k.starts_with("CUDA_DEVICE_"))
+        .map(|(k, v)| (k, v.to_string_lossy().into_owned()))
         .collect();
     let mut pairs: Vec<(String, String)> = Vec::new();
     let mut warnings = Vec::new();

@@ -2,7 +2,7 @@
 //! entry points, clocks and `/proc` reads. Every `unsafe` call into libc lives here or in the
 //! exported wrappers that must be `extern "C"`.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
@@ -129,12 +129,12 @@ pub fn env(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
-/// Writes one line to stderr without allocating a `String` for formatting twice.
+/// Writes one warning line to stderr; a failing stderr is ignored (`eprintln!` would panic).
 pub fn warn(msg: &str) {
-    eprintln!("gpushare-limiter: warning: {msg}");
+    use std::io::Write;
+    let line = format!("gpushare-limiter: warning: {msg}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
-
-pub type CInt = c_int;
 
 #[cfg(test)]
 mod tests {

@@ -28,7 +28,9 @@ pub struct Config {
 }
 
 fn warn(msg: &str) {
-    eprintln!("gpushare-simdriver (TEST-ONLY): warning: {msg}");
+    use std::io::Write;
+    let line = format!("gpushare-simdriver (TEST-ONLY): warning: {msg}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// Parses `GPUSHARE_SIM_DEVICES` (comma list of MiB). Invalid: warning + default.
