@@ -114,6 +114,14 @@ pub fn real(h: H) -> *mut c_void {
 
 #[cold]
 fn resolve(hook: &Hook) -> *mut c_void {
+    // The definition after this library in the global scope: the driver the program linked
+    // or loaded globally, whatever its file name.
+    // SAFETY: RTLD_NEXT is a glibc pseudo-handle.
+    adopt(hook, unsafe { sys::dlsym(libc::RTLD_NEXT, hook.name) });
+    let p = hook.real.load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
     let handle = sys::lib_handle(hook.lib);
     if !handle.is_null() {
         // SAFETY: `handle` came from dlopen.

@@ -107,6 +107,9 @@ fn watch() {
     let Some(l) = state::get() else {
         return;
     };
+    // Become a member of the container in the shared file, so that the others count our
+    // utilisation as the container's (and we theirs) even without any memory cap.
+    let _ = l.slot();
     let mut ctl: Vec<Ctl> = (0..MAX_DEVICES)
         .map(|_| Ctl {
             handle: None,

@@ -15,25 +15,31 @@ pub static GPUSHARE_LIMITER_REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::
 /// original 2.2.5, aarch64's original 2.17.
 const DLSYM_VERSIONS: &[&CStr] = &[c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"];
 
+/// glibc's `dlsym` as found through `handle`, trying each published symbol version.
+fn dlsym_in(handle: *mut c_void) -> *mut c_void {
+    for v in DLSYM_VERSIONS {
+        // SAFETY: dlvsym with a valid (pseudo-)handle and NUL-terminated names.
+        let p = unsafe { libc::dlvsym(handle, c"dlsym".as_ptr(), v.as_ptr()) };
+        if !p.is_null() {
+            return p;
+        }
+    }
+    std::ptr::null_mut()
+}
+
 /// Resolves (once) and returns glibc's `dlsym`.
 pub fn real_dlsym() -> Option<DlsymFn> {
     let mut p = GPUSHARE_LIMITER_REAL_DLSYM.load(Ordering::Acquire);
     if p.is_null() {
         // RTLD_NEXT when preloaded; libc's own handle when loaded some other way (dlopen with
         // RTLD_LOCAL, as the benchmark does), where RTLD_NEXT may not reach libc.
-        // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to the already loaded libc.
-        let libc_handle =
-            unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-        'found: for handle in [libc::RTLD_NEXT, libc_handle] {
-            if handle.is_null() {
-                continue;
-            }
-            for v in DLSYM_VERSIONS {
-                // SAFETY: dlvsym with a valid handle and NUL-terminated names.
-                p = unsafe { libc::dlvsym(handle, c"dlsym".as_ptr(), v.as_ptr()) };
-                if !p.is_null() {
-                    break 'found;
-                }
+        p = dlsym_in(libc::RTLD_NEXT);
+        if p.is_null() {
+            // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to the already loaded libc.
+            let libc_handle =
+                unsafe { libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+            if !libc_handle.is_null() {
+                p = dlsym_in(libc_handle);
             }
         }
         if p.is_null() {

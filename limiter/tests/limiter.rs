@@ -392,3 +392,26 @@ fn driver_errors_pass_through_and_are_not_counted() {
         "a failed allocation is not counted"
     );
 }
+
+#[test]
+fn a_non_utf8_environment_does_not_crash() {
+    use std::os::unix::ffi::OsStrExt;
+    let mut s = setup!("non-utf8");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let mut c = s.command(&["direct", "cap", "0", "100"]);
+    c.env(
+        "GPUSHARE_TEST_BYTES",
+        std::ffi::OsStr::from_bytes(b"\xff\xfe"),
+    );
+    c.env(
+        "CUDA_DEVICE_SM_LIMIT",
+        std::ffi::OsStr::from_bytes(b"3\xff"),
+    );
+    let p = common::Probe::from(c.output().expect("run cuprobe"), &["non-utf8"]).ok();
+    assert_eq!(p.u("ALLOC_TOTAL"), 1000 * MIB, "memory cap still applies");
+    assert!(
+        p.stderr.contains("CUDA_DEVICE_SM_LIMIT"),
+        "bad SM value reported: {}",
+        p.stderr
+    );
+}
