@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Benchmark: `gpushare-runtime create` against plain `runc create` on the same bundle,
+# alternating, N rounds each; prints the median times and their ratio for a container that asks
+# for nothing (target <= 1.05) and for an mps one (target <= 1.15; the MPS daemon is kept warm by
+# a holder container, as on a host where sharing is in use).
+#
+# Usage: scripts/bench-runtime.sh [rounds]   (root; builds release binaries if missing;
+#        BIN_DIR=<dir> to use other builds, e.g. target/debug)
+set -euo pipefail
+ROUNDS=${1:-41}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+BIN_DIR=${BIN_DIR:-$REPO/target/release}
+if [ ! -x "$BIN_DIR/gpushare-runtime" ] || [ ! -e "$BIN_DIR/libgpushare_simdriver.so" ]; then
+    (cd "$REPO" && cargo build --release --workspace >&2)
+fi
+export GS_HOOK=$BIN_DIR/gpushare-hook GS_RUNTIME=$BIN_DIR/gpushare-runtime GS_REPO=$REPO
+export GS_SIMDRIVER=$BIN_DIR/libgpushare_simdriver.so GS_LIMITER=$BIN_DIR/libgpushare_limiter.so
+source "$REPO/tests/engines/lib.sh"
+need runc jq
+
+now() { date +%s%N; }
+median() { sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+
+one() { # runtime bundle id times-file: time one create (microseconds), then delete
+    local t0 t1
+    t0=$(now)
+    "$1" create --bundle "$2" "$3" </dev/null >/dev/null 2>&1
+    t1=$(now)
+    echo $(((t1 - t0) / 1000)) >>"$4"
+    runc delete -f "$3" >/dev/null 2>&1
+}
+
+bench() { # label annotations-json
+    local label=$1 b=$T/bench-$1 i t0 t1
+    mkdir -p "$b" && cp -a "$T/rootfs" "$b/rootfs"
+    make_bundle "$b" '["sleep","1000"]' '["NVIDIA_VISIBLE_DEVICES=0"]' "$2"
+    # Warm-up (and, for a share request, the one-time edit of config.json).
+    "$RUNTIME" create --bundle "$b" "w$label$$" </dev/null >/dev/null 2>&1
+    runc delete -f "w$label$$" >/dev/null 2>&1
+    : >"$T/runc.$label"
+    : >"$T/gs.$label"
+    for i in $(seq "$ROUNDS"); do
+        # ABBA order, so that drift and the order of the pair cancel out.
+        if ((i % 2)); then
+            one runc "$b" "r$label$i" "$T/runc.$label"
+            one "$GS_RUNTIME" "$b" "g$label$i" "$T/gs.$label"
+        else
+            one "$GS_RUNTIME" "$b" "g$label$i" "$T/gs.$label"
+            one runc "$b" "r$label$i" "$T/runc.$label"
+        fi
+    done
+    [ -z "${BENCH_VERBOSE:-}" ] || { echo "runc: $(sort -n "$T/runc.$label" | tr "\n" " ")"; echo "gs:   $(sort -n "$T/gs.$label" | tr "\n" " ")"; }
+    local r g
+    r=$(median <"$T/runc.$label")
+    g=$(median <"$T/gs.$label")
+    printf '%-9s runc create median %8.1f ms   gpushare-runtime create median %8.1f ms   ratio %.3f\n' \
+        "$label" "$(echo "$r / 1000" | bc -l)" "$(echo "$g / 1000" | bc -l)" "$(echo "$g / $r" | bc -l)"
+}
+
+make_rootfs "$T/rootfs"
+# gpushare-runtime under test takes its policy from the env here (no engine in between).
+export GPUSHARE_CONFIG=$CONFIG
+echo "rounds: $ROUNDS, binaries: $BIN_DIR"
+bench none '{}'
+# Keep the daemon warm: one mps container holds it for the whole mps run.
+hb=$T/holder
+mkdir -p "$hb" && cp -a "$T/rootfs" "$hb/rootfs"
+make_bundle "$hb" '["sleep","1000"]' '["NVIDIA_VISIBLE_DEVICES=0"]' '{"gpu.share":"mps"}'
+"$RUNTIME" create --bundle "$hb" "holder$$" </dev/null >/dev/null 2>&1
+on_exit "runc delete -f holder$$"
+bench mps '{"gpu.share":"mps"}'
