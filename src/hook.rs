@@ -59,13 +59,16 @@ pub(crate) fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>)
         || has(b"GPU_SHARE")
 }
 
+/// A plan and the inventory it was made from.
+pub(crate) type Planned = (Plan, Box<dyn Inventory>);
+
 /// Parses the request and makes the plan; `None` when the container asks for nothing.
 pub(crate) fn plan_for(
     id: &str,
     spec: &SpecView,
     cfg: &Config,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
-) -> Result<Option<(Plan, Box<dyn Inventory>)>, Error> {
+) -> Result<Option<Planned>, Error> {
     let src = Sources {
         annotations: &spec.annotations,
         env: &spec.process.env,

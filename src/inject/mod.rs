@@ -438,8 +438,10 @@ mod tests {
 
     #[test]
     fn bindings_per_mode() {
-        let mut cfg = Config::default();
-        cfg.state_dir = "/s".into();
+        let mut cfg = Config {
+            state_dir: "/s".into(),
+            ..Config::default()
+        };
         cfg.limit.library = "/lib/libx.so".into();
         let mps = bindings(&plan(Mode::Mps), &cfg, "c1");
         assert_eq!(mps[0].source, Path::new("/s/mps/GPU-0/pipe"));
