@@ -101,6 +101,8 @@ struct Ctl {
     cost: f64,
     carry: f64,
     last_measure: u64,
+    /// Integral correction on the container's measured utilisation vs the cap.
+    corr: f64,
 }
 
 fn watch() {
@@ -119,6 +121,7 @@ fn watch() {
             cost: 0.0,
             carry: 0.0,
             last_measure: sys::now_ns(),
+            corr: 1.0,
         })
         .collect();
     let mut last = sys::now_ns();
@@ -213,8 +216,13 @@ fn measure(l: &state::Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
     }
     let others = ((container - own_util) / 100.0).max(0.0);
     let budget = (target - others).max(target * 0.1);
+    if c.cost > 0.0 && container > 0.5 {
+        // Estimation bias and the other processes' lag: nudge toward the cap itself.
+        let err = (target * 100.0 - container) / (target * 100.0);
+        c.corr = (c.corr * (1.0 + 0.3 * err).clamp(0.8, 1.2)).clamp(0.5, 1.5);
+    }
     if c.cost > 0.0 {
-        c.rate = (budget / c.cost).min(MAX_RATE);
+        c.rate = (c.corr * budget / c.cost).min(MAX_RATE);
     } else if launched > 0 {
         c.rate = (c.rate * 2.0).min(MAX_RATE);
     }

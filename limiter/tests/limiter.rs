@@ -415,3 +415,20 @@ fn a_non_utf8_environment_does_not_crash() {
         p.stderr
     );
 }
+
+#[test]
+fn two_processes_of_one_container_share_one_sm_cap() {
+    let mut s = setup!("sm-shared");
+    s.set("CUDA_DEVICE_SM_LIMIT", "30");
+    let a = s.spawn(&["direct", "launch", "1", "4", "kernel"]);
+    let b = s.run(&["dlopen", "launch", "1", "4", "mixed"]).ok();
+    let a = common::Probe::from(a.wait_with_output().expect("first process"), &["a"]).ok();
+    let util = (a.u("LAUNCHES") + b.u("LAUNCHES")) as f64 * KERNEL_US
+        / 1e6
+        / a.f("ELAPSED").max(b.f("ELAPSED"))
+        * 100.0;
+    eprintln!("two processes: simulated SM use {util:.1}% under one 30% cap");
+    // Approximate by design (each process subtracts the others' measured share), so a wider
+    // band than the single-process tests; two independent 30% caps would give about 60%.
+    assert!((22.0..=40.0).contains(&util), "container total {util:.1}%");
+}
