@@ -1,0 +1,256 @@
+//! The spec edit through its two binaries, without an engine: `gpushare-hook precreate` (config
+//! on stdin, config on stdout) and `gpushare-runtime` on a bundle with `[runtime] next` pointing
+//! at a stand-in that records its argv.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+fn bin(name: &str) -> PathBuf {
+    match name {
+        "hook" => PathBuf::from(env!("CARGO_BIN_EXE_gpushare-hook")),
+        _ => PathBuf::from(env!("CARGO_BIN_EXE_gpushare-runtime")),
+    }
+}
+
+struct World {
+    dir: tempfile::TempDir,
+}
+
+impl World {
+    fn new(next: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let sim = bin("hook")
+            .parent()
+            .unwrap()
+            .join("libgpushare_simdriver.so");
+        assert!(
+            sim.exists(),
+            "{} is missing: run `cargo build --workspace` before `cargo test`",
+            sim.display()
+        );
+        let limiter = dir.path().join("libgpushare_limiter.so");
+        std::fs::write(&limiter, b"not really a library").unwrap();
+        std::fs::create_dir(dir.path().join("sim")).unwrap();
+        std::fs::write(
+            dir.path().join("config.toml"),
+            format!(
+                "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n[limit]\nlibrary = {:?}\n[runtime]\nnext = [{:?}]\nhook = \"/usr/bin/gpushare-hook\"\n",
+                dir.path().join("state"),
+                dir.path().join("log"),
+                sim,
+                limiter,
+                next
+            ),
+        )
+        .unwrap();
+        Self { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn run(&self, which: &str, args: &[&str], stdin: &[u8], cwd: &Path) -> Output {
+        let mut child = Command::new(bin(which))
+            .args(args)
+            .current_dir(cwd)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("GPUSHARE_CONFIG", self.path().join("config.toml"))
+            .env("GPUSHARE_SIM_STATE", self.path().join("sim"))
+            .env("GPUSHARE_SIM_DEVICES", "81920,81920")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        child.wait_with_output().unwrap()
+    }
+}
+
+const MPS: &str = r#"{"ociVersion":"1.0.2","zz-unknown":{"keep":true},"process":{"args":["sh"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=1"]},"root":{"path":"rootfs"},"annotations":{"gpu.share":"mps","gpu.share.cores":"40"}}"#;
+
+#[test]
+fn precreate_edits_or_returns_the_bytes_unchanged() {
+    let w = World::new("runc");
+    // Rows: (description, input, edited?)
+    let rows: &[(&str, &[u8], bool)] = &[
+        (
+            "no request, odd formatting kept byte for byte",
+            b"{ \"ociVersion\" : \"1.0.2\",\n  \"process\":{\"env\":[\"A=1\"]} }\n",
+            false,
+        ),
+        (
+            "share none",
+            br#"{"annotations":{"gpu.share":"none"}}"#,
+            false,
+        ),
+        ("mps", MPS.as_bytes(), true),
+    ];
+    for (what, input, edited) in rows {
+        let out = w.run("hook", &["precreate"], input, w.path());
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !edited {
+            assert_eq!(out.stdout, *input, "{what}");
+            continue;
+        }
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["zz-unknown"]["keep"], true, "{what}");
+        let env: Vec<&str> = v["process"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        assert!(
+            env.contains(&"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"),
+            "{what}: {env:?}"
+        );
+        assert!(
+            env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"),
+            "{what}: {env:?}"
+        );
+        let dests: Vec<&str> = v["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        assert_eq!(dests, ["/tmp/nvidia-mps", "/dev/shm"], "{what}");
+        // The mount sources exist before the runtime mounts them.
+        for m in v["mounts"].as_array().unwrap() {
+            assert!(
+                Path::new(m["source"].as_str().unwrap()).is_dir(),
+                "{what}: {m}"
+            );
+        }
+        let hook = &v["hooks"]["createRuntime"][0];
+        assert_eq!(hook["path"], "/usr/bin/gpushare-hook");
+        assert_eq!(
+            hook["env"][1],
+            format!("GPUSHARE_CONFIG={}", w.path().join("config.toml").display())
+        );
+        // Editing the edited config changes nothing.
+        let again = w.run("hook", &["precreate"], &out.stdout, w.path());
+        assert_eq!(again.stdout, out.stdout, "{what}: second edit");
+    }
+    // Undo the shm mount made by the mps row.
+    for e in std::fs::read_dir(w.path().join("state/mps")).unwrap() {
+        let _ = nix::mount::umount2(
+            &e.unwrap().path().join("shm"),
+            nix::mount::MntFlags::MNT_DETACH,
+        );
+    }
+}
+
+#[test]
+fn precreate_refuses_bad_requests_with_one_line() {
+    let w = World::new("runc");
+    let rows: &[(&str, &str, &str)] = &[
+        (
+            "unknown mode",
+            r#"{"annotations":{"gpu.share":"warp"},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+            "unknown mode",
+        ),
+        ("no gpu", r#"{"annotations":{"gpu.share":"mps"}}"#, "no GPU"),
+        ("not json", "{gpu.share", "not a valid OCI config"),
+    ];
+    for (what, input, want) in rows {
+        let out = w.run("hook", &["precreate"], input.as_bytes(), w.path());
+        assert_eq!(out.status.code(), Some(1), "{what}");
+        assert!(out.stdout.is_empty(), "{what}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{what}: {err}");
+        assert!(err.contains(want), "{what}: {err}");
+    }
+    assert!(!w.path().join("state/containers").exists());
+}
+
+#[test]
+fn runtime_wrapper_edits_the_bundle_and_execs_next_with_argv_unchanged() {
+    let t = tempfile::tempdir().unwrap();
+    let next = t.path().join("fake-runc");
+    let argv_file = t.path().join("argv");
+    std::fs::write(
+        &next,
+        format!("#!/bin/sh\nprintf '%s\\n' \"$0\" \"$@\" > {}\necho \"guard=$GPUSHARE_RUNTIME_WRAPPED\" >> {}\n", argv_file.display(), argv_file.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&next, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let w = World::new(next.to_str().unwrap());
+    let bundle = w.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    let limit = r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0","LD_PRELOAD=/mine.so"]},"root":{"path":"rootfs"},"annotations":{"gpu.share":"limit","gpu.share.memory":"2Gi"}}"#;
+    std::fs::write(bundle.join("config.json"), limit).unwrap();
+    let b = bundle.to_str().unwrap();
+    let args = [
+        "--root",
+        "/r",
+        "--log",
+        "/dev/null",
+        "create",
+        "--bundle",
+        b,
+        "--pid-file",
+        "/p",
+        "c-7",
+    ];
+    let out = w.run("runtime", &args, b"", w.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let argv = std::fs::read_to_string(&argv_file).unwrap();
+    let mut want: Vec<String> = vec![next.display().to_string()];
+    want.extend(args.iter().map(|s| s.to_string()));
+    want.push("guard=1".into());
+    assert_eq!(argv.lines().collect::<Vec<_>>(), want);
+    let v: Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
+    let env = v["process"]["env"].to_string();
+    assert!(
+        env.contains("LD_PRELOAD=/mine.so:/usr/local/gpushare/libgpushare_limiter.so"),
+        "{env}"
+    );
+    assert!(
+        env.contains("CUDA_DEVICE_MEMORY_LIMIT_0=2147483648"),
+        "{env}"
+    );
+    assert!(
+        env.contains("CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/gpushare/shared/cache"),
+        "{env}"
+    );
+    let cdir = w.path().join("state/containers/c-7");
+    assert_eq!(
+        std::fs::read_to_string(cdir.join("ld.so.preload")).unwrap(),
+        "/usr/local/gpushare/libgpushare_limiter.so\n"
+    );
+    assert!(std::fs::read_to_string(cdir.join("limits"))
+        .unwrap()
+        .contains("CUDA_DEVICE_MEMORY_LIMIT_0=2147483648"));
+    assert!(cdir.join("shared").is_dir());
+
+    // Other commands go straight through, config untouched.
+    let before = std::fs::read(bundle.join("config.json")).unwrap();
+    let out = w.run("runtime", &["delete", "--force", "c-7"], b"", &bundle);
+    assert!(out.status.success());
+    assert_eq!(
+        std::fs::read_to_string(&argv_file).unwrap().lines().nth(1),
+        Some("delete")
+    );
+    assert_eq!(std::fs::read(bundle.join("config.json")).unwrap(), before);
+
+    // A container id that cannot be a file name is refused before anything is written.
+    let out = w.run("runtime", &["create", "--bundle", b, "../x"], b"", w.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a safe name"));
+}
