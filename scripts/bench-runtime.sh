@@ -53,8 +53,9 @@ bench() { # label annotations-json
     local r g
     r=$(median <"$T/runc.$label")
     g=$(median <"$T/gs.$label")
-    printf '%-9s runc create median %8.1f ms   gpushare-runtime create median %8.1f ms   ratio %.3f\n' \
-        "$label" "$(echo "$r / 1000" | bc -l)" "$(echo "$g / 1000" | bc -l)" "$(echo "$g / $r" | bc -l)"
+    awk -v l="$label" -v r="$r" -v g="$g" 'BEGIN {
+        printf "%-9s runc create median %8.1f ms   gpushare-runtime create median %8.1f ms   ratio %.3f\n", l, r / 1000, g / 1000, g / r
+    }'
 }
 
 make_rootfs "$T/rootfs"
@@ -69,3 +70,16 @@ make_bundle "$hb" '["sleep","1000"]' '["NVIDIA_VISIBLE_DEVICES=0"]' '{"gpu.share
 "$RUNTIME" create --bundle "$hb" "holder$$" </dev/null >/dev/null 2>&1
 on_exit "runc delete -f holder$$"
 bench mps '{"gpu.share":"mps"}'
+
+# The wrapper's own fixed cost, free of runc's variance: the wrapper with `next = /bin/true`
+# against /bin/true itself, on the no-share bundle.
+printf 'state_dir = "%s"\n[runtime]\nnext = ["/bin/true"]\n' "$STATE" >"$T/true.toml"
+loop() { # nanoseconds per call
+    local i t0 t1; t0=$(now); for i in $(seq 200); do "$@"; done; t1=$(now); echo $(((t1 - t0) / 200)); }
+w=$(GPUSHARE_CONFIG=$T/true.toml loop "$GS_RUNTIME" create --bundle "$T/bench-none" x)
+p=$(loop /bin/true create --bundle "$T/bench-none" x)
+r=$(median <"$T/runc.none")
+awk -v w="$w" -v p="$p" -v r="$r" 'BEGIN {
+    d = (w - p) / 1000
+    printf "wrapper fixed cost (no share, exec of /bin/true): %.2f ms per call; against the runc create median: ratio %.3f\n", d / 1000, (r + d) / r
+}'
