@@ -19,6 +19,9 @@ pkg_for nvidia-smi nvidia-smi
 pkg_for gcc gcc
 pkg_for jq jq
 pkg_for nsenter util-linux
+pkg_for pgrep procps          # engine tests find MPS daemons
+pkg_for gzip gzip             # engine tests build an OCI image tarball
+pkg_for ctr containerd
 [ -e /usr/include/cuda.h ] || need+=(nvidia-cuda-dev)
 ls /usr/lib/*/libnvidia-ml.so.1 >/dev/null 2>&1 || need+=(libnvidia-ml1)
 
