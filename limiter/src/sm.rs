@@ -156,6 +156,14 @@ fn measure(l: &state::Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
     if !c.tried_handle {
         c.tried_handle = true;
         c.handle = nvml::handle_for_ordinal(ord);
+        if c.handle.is_none() {
+            // Without utilisation figures a fixed rate would be an arbitrary cap: fail open,
+            // loudly.
+            sys::warn(&format!(
+                "NVML (libnvidia-ml.so.1) does not answer for CUDA device {ord}; its SM cap is not enforced"
+            ));
+            c.rate = MAX_RATE;
+        }
     }
     let window = (now - c.last_measure) as f64 / 1e9;
     c.last_measure = now;

@@ -432,3 +432,21 @@ fn two_processes_of_one_container_share_one_sm_cap() {
     // band than the single-process tests; two independent 30% caps would give about 60%.
     assert!((22.0..=40.0).contains(&util), "container total {util:.1}%");
 }
+
+#[test]
+fn without_nvml_the_sm_cap_fails_open_with_a_warning() {
+    let mut s = setup!("sm-no-nvml");
+    s.set("CUDA_DEVICE_SM_LIMIT", "30")
+        .set("GPUSHARE_SIM_FAIL", "nvmlInit_v2");
+    let p = s.run(&["direct", "launch", "0", "1", "kernel"]).ok();
+    let util = p.u("LAUNCHES") as f64 * KERNEL_US / 1e6 / p.f("ELAPSED") * 100.0;
+    assert!(
+        p.stderr.contains("SM cap is not enforced"),
+        "stderr: {}",
+        p.stderr
+    );
+    assert!(
+        util > 80.0,
+        "not throttled to an arbitrary rate: {util:.1}%"
+    );
+}
