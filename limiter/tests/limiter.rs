@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{wait_for_line, GIB, KERNEL_US, MIB};
+use common::{built, wait_for_line, GIB, KERNEL_US, MIB};
 
 fn check_cap(path: &str) {
     let mut s = setup!(&format!("cap-{path}"));
@@ -449,4 +449,19 @@ fn without_nvml_the_sm_cap_fails_open_with_a_warning() {
         util > 80.0,
         "not throttled to an arbitrary rate: {util:.1}%"
     );
+}
+
+#[test]
+fn rtld_next_keeps_its_meaning_for_a_later_interposer() {
+    let mut s = setup!("interposer");
+    s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let b = built().expect("built");
+    let mut c = s.command(&["puts"]);
+    c.env(
+        "LD_PRELOAD",
+        format!("{} {}", b.limiter.display(), b.interposer.display()),
+    );
+    let p = common::Probe::from(c.output().expect("run cuprobe"), &["puts"]).ok();
+    assert_eq!(p.u("INTERPOSED"), 1, "the interposer ran");
+    assert_eq!(p.u("PUTS"), 1, "and reached libc's puts through RTLD_NEXT");
 }

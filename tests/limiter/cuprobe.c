@@ -14,6 +14,7 @@
  *   launch DEV SECONDS MODE    launch kernels for SECONDS (MODE: kernel|ex|coop|graph|mixed)
  *   nvml                       print NVML memory info of every device (v1 and v2)
  *   self                       cuGetProcAddress for itself and for a _ptsz symbol
+ *   puts                       (no path argument) puts("PUTS=1"), for the interposer test
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -226,6 +227,7 @@ static int scenario_nvml(void) {
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     if (argc >= 2 && !strcmp(argv[1], "nvml")) return scenario_nvml();
+    if (argc >= 2 && !strcmp(argv[1], "puts")) return puts("PUTS=1") < 0;
     if (argc < 3) die("usage: cuprobe direct|dlopen|procaddr|procaddr2 SCENARIO ARGS...");
     path = argv[1];
     setup();

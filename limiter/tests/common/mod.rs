@@ -21,6 +21,7 @@ pub struct Built {
     pub simlib: PathBuf,
     pub probe: PathBuf,
     pub nvmlprobe: PathBuf,
+    pub interposer: PathBuf,
     pub nested: PathBuf,
 }
 
@@ -88,6 +89,19 @@ pub fn built() -> Result<&'static Built, &'static str> {
                 ),
                 Err(_) => return Err("no C compiler (cc) on PATH"),
             }
+            let interposer = nested.join("libinterposer.so");
+            let out = Command::new("cc")
+                .args(["-O2", "-Wall", "-shared", "-fPIC", "-o"])
+                .arg(&interposer)
+                .arg(root.join("tests/limiter/interposer.c"))
+                .arg("-ldl")
+                .output()
+                .expect("cc");
+            assert!(
+                out.status.success(),
+                "cc interposer.c failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let nvmlprobe = nested.join("nvmlprobe");
             let out = Command::new("cc")
                 .args(["-O2", "-Wall", "-o"])
@@ -107,6 +121,7 @@ pub fn built() -> Result<&'static Built, &'static str> {
                 simlib,
                 probe,
                 nvmlprobe,
+                interposer,
                 nested,
             })
         })
