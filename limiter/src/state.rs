@@ -1,5 +1,6 @@
 //! The process-wide limiter: limits read once, the shared region, this process's slot and the
 //! allocations it has counted. `None` (inert) when no limit is configured.
+#![forbid(unsafe_code)]
 
 use crate::limits::{self, Limits, MAX_DEVICES};
 use crate::region::{self, Region};
@@ -95,7 +96,7 @@ fn shared_path(limits: &Limits) -> PathBuf {
     }
 }
 
-unsafe extern "C" fn after_fork_child() {
+extern "C" fn after_fork_child() {
     OWN_SLOT.store(usize::MAX, Ordering::SeqCst);
     crate::sm::after_fork_child();
 }

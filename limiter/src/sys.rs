@@ -120,7 +120,7 @@ pub fn parse_start_time(stat: &str) -> Option<u64> {
 }
 
 /// Registers `child` to run in the child after `fork`.
-pub fn at_fork_child(child: unsafe extern "C" fn()) {
+pub fn at_fork_child(child: extern "C" fn()) {
     // SAFETY: registering a plain function pointer with pthread_atfork.
     unsafe { libc::pthread_atfork(None, None, Some(child)) };
 }

@@ -1,4 +1,5 @@
 //! TEST-ONLY: the simulated driver's environment contract, parsed once per process.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
