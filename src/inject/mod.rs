@@ -228,6 +228,9 @@ pub fn prepare_host(
                 None => None,
             };
             let dir = sd.container_dir(key);
+            if key.starts_with(PENDING_PREFIX) {
+                sweep_pending(&sd, PENDING_MAX_AGE);
+            }
             let res = write_container_dir(&sd, &dir, plan, cfg, image.as_deref());
             if res.is_err() {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -281,6 +284,34 @@ fn write_container_dir(
     let pp = dir.join("ld.so.preload");
     let text = preload_text(image_preload, &limiter_in_container(cfg));
     write_atomic(&pp, &text, 0o644).map_err(host(&pp))
+}
+
+/// How long a precreate-made directory may wait for its createRuntime hook before it counts as
+/// left behind by a create that failed.
+pub const PENDING_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Removes `pending-*` per-container directories older than `max_age` (their create never
+/// reached createRuntime, which renames them to the container id). Best effort.
+pub fn sweep_pending(sd: &StateDir, max_age: std::time::Duration) -> Vec<PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(rd) = std::fs::read_dir(sd.root().join("containers")) else {
+        return removed;
+    };
+    for e in rd.flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > max_age);
+        if old
+            && e.file_name().to_string_lossy().starts_with(PENDING_PREFIX)
+            && std::fs::remove_dir_all(e.path()).is_ok()
+        {
+            removed.push(e.path());
+        }
+    }
+    removed
 }
 
 /// Removes the per-container host files of `id`. Idempotent, best effort.
@@ -485,6 +516,21 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    #[test]
+    fn old_pending_dirs_are_swept() {
+        let t = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(t.path());
+        let c = t.path().join("containers");
+        for d in ["pending-old", "c1"] {
+            std::fs::create_dir_all(c.join(d)).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::create_dir_all(c.join("pending-new")).unwrap();
+        let removed = sweep_pending(&sd, std::time::Duration::from_millis(10));
+        assert_eq!(removed, vec![c.join("pending-old")]);
+        assert!(c.join("c1").is_dir() && c.join("pending-new").is_dir());
     }
 
     #[test]
