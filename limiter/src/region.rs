@@ -148,7 +148,7 @@ pub fn open(path: &Path) -> Result<&'static Region, OpenError> {
     let fd = unsafe {
         libc::open(
             c.as_ptr(),
-            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
             0o666,
         )
     };
@@ -225,7 +225,12 @@ fn with_file_lock<T>(path: Option<&Path>, f: impl FnOnce() -> T) -> T {
         .and_then(|p| CString::new(p.as_os_str().as_bytes()).ok())
         .map(|c| {
             // SAFETY: NUL-terminated path.
-            Fd(unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) })
+            Fd(unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                )
+            })
         });
     if let Some(Fd(fd)) = &fd {
         if *fd >= 0 {

@@ -65,8 +65,9 @@ pub fn read_limits() -> (Limits, Vec<String>) {
     let mut pairs: Vec<(String, String)> = Vec::new();
     let mut warnings = Vec::new();
     if !limits::env_has_limits(env.iter().map(|(k, _)| k.as_str())) {
+        // A set-uid/set-gid program does not let its caller choose which files it opens.
         let file = sys::env("GPUSHARE_LIMITS_FILE")
-            .filter(|s| !s.is_empty())
+            .filter(|s| !s.is_empty() && !sys::is_secure())
             .unwrap_or_else(|| limits::DEFAULT_LIMITS_FILE.to_owned());
         match std::fs::read_to_string(&file) {
             Ok(text) => {
@@ -78,7 +79,11 @@ pub fn read_limits() -> (Limits, Vec<String>) {
             Err(e) => warnings.push(format!("limits file {file}: {e}; no limits applied")),
         }
     }
-    pairs.extend(env);
+    let secure = sys::is_secure();
+    pairs.extend(
+        env.into_iter()
+            .filter(|(k, _)| !(secure && k == limits::KEY_CACHE)),
+    );
     let (l, w) = limits::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     warnings.extend(w);
     (l, warnings)

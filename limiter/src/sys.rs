@@ -125,6 +125,12 @@ pub fn at_fork_child(child: extern "C" fn()) {
     unsafe { libc::pthread_atfork(None, None, Some(child)) };
 }
 
+/// True in a set-uid/set-gid (AT_SECURE) process: env-chosen paths are then ignored.
+pub fn is_secure() -> bool {
+    // SAFETY: getauxval has no preconditions.
+    unsafe { libc::getauxval(libc::AT_SECURE) != 0 }
+}
+
 /// Sleeps for `ns` nanoseconds.
 pub fn sleep_ns(ns: u64) {
     std::thread::sleep(std::time::Duration::from_nanos(ns));
