@@ -53,8 +53,11 @@ bench() { # label annotations-json
     local r g
     r=$(median <"$T/runc.$label")
     g=$(median <"$T/gs.$label")
-    awk -v l="$label" -v r="$r" -v g="$g" 'BEGIN {
-        printf "%-9s runc create median %8.1f ms   gpushare-runtime create median %8.1f ms   ratio %.3f\n", l, r / 1000, g / 1000, g / r
+    # Paired: the median of the per-round differences (both runs of a round are adjacent in time).
+    local d
+    d=$(paste "$T/gs.$label" "$T/runc.$label" | awk '{print $1 - $2}' | median)
+    awk -v l="$label" -v r="$r" -v g="$g" -v d="$d" 'BEGIN {
+        printf "%-5s runc create median %6.1f ms, gpushare-runtime create median %6.1f ms: ratio %.3f; paired median difference %+.2f ms: ratio %.3f\n", l, r / 1000, g / 1000, g / r, d / 1000, (r + d) / r
     }'
 }
 
