@@ -77,7 +77,7 @@ pub enum InjectError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot {step} {target} inside the container's rootfs {rootfs} (a symlink or a file of the wrong type in the image?); the container is refused")]
+    #[error("cannot {step} {target} inside the container's rootfs {rootfs}; the image has a symlink or a file of the wrong type on that path: fix the image")]
     Target {
         step: &'static str,
         target: String,
