@@ -9,6 +9,7 @@
 pub mod acquire;
 pub mod admin;
 pub mod config;
+pub mod configure;
 pub mod devices;
 pub mod error;
 pub mod failpoint;

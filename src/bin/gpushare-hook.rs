@@ -51,6 +51,11 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Print the configuration that wires gpushare into an engine (to merge into its files).
+    Configure {
+        #[arg(value_enum)]
+        engine: gpushare::configure::Engine,
+    },
     /// Print the version.
     Version,
 }
@@ -149,6 +154,14 @@ fn main() -> ExitCode {
                     println!("{line}");
                 }
             }
+            ExitCode::SUCCESS
+        }
+        Cmd::Configure { engine } => {
+            let path = gpushare::prepare::config_path(cli.config.as_deref());
+            print!(
+                "{}",
+                gpushare::configure::snippet(engine, &cfg, path.as_deref())
+            );
             ExitCode::SUCCESS
         }
         Cmd::Version => unreachable!("handled above"),
