@@ -1,0 +1,167 @@
+//! Whole-process benchmark of `gpushare-hook`, against a floor process (this binary re-run with
+//! `--floor`: reads the same stdin and exits) measured in the same run, alternating:
+//! - the no-share fast path (target: within 3x the floor and under 2 ms),
+//! - an MPS acquire with the daemon already running (target: under 10 ms),
+//! - 32 concurrent acquires on one GPU (total time).
+//! Uses the TEST-ONLY simulated NVML and the real `nvidia-cuda-mps-control`.
+//! Run: `scripts/bench-hook.sh` (or `cargo bench --bench hook` after `cargo build --release --workspace`).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn main() {
+    if std::env::args().any(|a| a == "--floor") {
+        let mut buf = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut buf);
+        return;
+    }
+    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(201);
+    let hook = PathBuf::from(env!("CARGO_BIN_EXE_gpushare-hook"));
+    let sim = hook.parent().unwrap().join("libgpushare_simdriver.so");
+    assert!(sim.exists(), "{} missing: cargo build --release --workspace first", sim.display());
+    let dir = tempfile::Builder::new().prefix("gpushare-bench-").tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("config.toml"),
+        format!(
+            "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n",
+            d.join("state"),
+            d.join("log"),
+            sim
+        ),
+    )
+    .unwrap();
+    let env = [
+        ("GPUSHARE_CONFIG", d.join("config.toml").display().to_string()),
+        ("GPUSHARE_SIM_STATE", d.join("sim").display().to_string()),
+        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()),
+    ];
+    let bundle = |name: &str, config: &str| -> PathBuf {
+        let b = d.join(name);
+        std::fs::create_dir_all(b.join("rootfs/tmp")).unwrap();
+        std::fs::write(b.join("config.json"), config).unwrap();
+        b
+    };
+    // A realistic-size spec (podman's, captured on this machine) without and with a request.
+    let fixture = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/podman-mps.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&fixture).unwrap();
+    v["root"]["path"] = serde_json::json!("rootfs");
+    let mps_cfg = v.to_string();
+    let ann = v["annotations"].as_object_mut().unwrap();
+    ann.remove("gpu.share");
+    ann.remove("gpu.share.memory");
+    let plain_cfg = v.to_string();
+    assert!(!plain_cfg.contains("gpu.share"), "fixture edit failed");
+    let plain = bundle("plain", &plain_cfg);
+    let mps = bundle("mps", &mps_cfg);
+    let floor_exe = std::env::current_exe().unwrap();
+
+    let run = |exe: &Path, args: &[&str], stdin: &str| -> Duration {
+        let t = Instant::now();
+        let mut c = Command::new(exe)
+            .args(args)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        let out = c.wait_with_output().unwrap();
+        let el = t.elapsed();
+        assert!(out.status.success(), "{:?} failed: {}", args, String::from_utf8_lossy(&out.stderr));
+        el
+    };
+    let state = |id: &str, pid: u32, b: &Path| {
+        format!(r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{pid},"bundle":"{}"}}"#, b.display())
+    };
+    let sleeper = || {
+        Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sleep", "600"])
+            .spawn()
+            .unwrap()
+    };
+
+    // Keep the daemon warm with a holder client.
+    let mut holder = sleeper();
+    run(&hook, &["createRuntime"], &state("holder", holder.id(), &mps));
+
+    let mut floor = Vec::new();
+    let mut fast = Vec::new();
+    let mut acquire = Vec::new();
+    let mut client = sleeper();
+    let plain_state = state("plain", 1, &plain);
+    for i in 0..rounds {
+        floor.push(run(&floor_exe, &["--floor"], &plain_state));
+        fast.push(run(&hook, &["createRuntime"], &plain_state));
+        let id = format!("c{i}");
+        acquire.push(run(&hook, &["createRuntime"], &state(&id, client.id(), &mps)));
+        run(&hook, &["poststop"], &state(&id, 0, &mps));
+    }
+    let med = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (f, n, a) = (med(&mut floor), med(&mut fast), med(&mut acquire));
+    println!("gpushare-hook whole-process medians over {rounds} alternating rounds:");
+    println!("  floor (read stdin, exit)        {:>8.3} ms", ms(f));
+    println!("  no-share fast path              {:>8.3} ms   ratio to floor {:.2}x (target <= 3x, < 2 ms)", ms(n), n.as_secs_f64() / f.as_secs_f64());
+    println!("  mps acquire, daemon running     {:>8.3} ms   (target < 10 ms)", ms(a));
+
+    // 32 concurrent acquires on one GPU, daemon cold (first one starts it), then warm.
+    for (label, warm) in [("cold daemon", false), ("warm daemon", true)] {
+        if !warm {
+            run(&hook, &["poststop"], &state("holder", 0, &mps));
+        }
+        let kids: Vec<_> = (0..32).map(|_| sleeper()).collect();
+        let t = Instant::now();
+        let handles: Vec<_> = kids
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let st = state(&format!("p{i}"), k.id(), &mps);
+                let hook = hook.clone();
+                let env = env.clone();
+                std::thread::spawn(move || {
+                    let mut c = Command::new(&hook)
+                        .arg("createRuntime")
+                        .env_clear()
+                        .envs(env.iter().map(|(k, v)| (k, v)))
+                        .stdin(Stdio::piped())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .unwrap();
+                    c.stdin.take().unwrap().write_all(st.as_bytes()).unwrap();
+                    assert!(c.wait().unwrap().success());
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let total = t.elapsed();
+        println!("  32 concurrent acquires ({label})  {:>8.3} ms total, {:.3} ms per container", ms(total), ms(total) / 32.0);
+        for i in 0..32 {
+            run(&hook, &["poststop"], &state(&format!("p{i}"), 0, &mps));
+        }
+        for mut k in kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        if !warm {
+            run(&hook, &["createRuntime"], &state("holder", holder.id(), &mps));
+        }
+    }
+    run(&hook, &["poststop"], &state("holder", 0, &mps));
+    let _ = holder.kill();
+    let _ = client.kill();
+    let _ = holder.wait();
+    let _ = client.wait();
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
