@@ -47,25 +47,80 @@ pub fn run_script(script: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     print!("{stdout}");
     eprint!("{stderr}");
-    match out.status.code() {
-        Some(0) => {}
+    if let Err(e) = judge(script, out.status.code(), &stdout, ci()) {
+        panic!("{e}");
+    }
+}
+
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// The verdict on a script's exit: 0 passes, 77 is a skip (loud; a failure under CI), anything
+/// else fails.
+fn judge(script: &str, code: Option<i32>, stdout: &str, ci: bool) -> Result<(), String> {
+    match code {
+        Some(0) => Ok(()),
         Some(77) => {
             let why = stdout
                 .lines()
                 .find_map(|l| l.strip_prefix("SKIPPED: "))
                 .unwrap_or("engine unavailable");
-            skip(script, why);
+            skip_with(script, why, ci)
         }
-        other => panic!("{script} failed ({other:?}); see its output above"),
+        other => Err(format!("{script} failed ({other:?}); see its output above")),
     }
 }
 
 fn skip(script: &str, why: &str) {
+    if let Err(e) = skip_with(script, why, ci()) {
+        panic!("{e}");
+    }
+}
+
+fn skip_with(script: &str, why: &str, ci: bool) -> Result<(), String> {
     let msg = format!("SKIPPED: {script}: {why}");
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{msg} (CI=true requires every engine)");
+    if ci {
+        return Err(format!("{msg} (CI=true requires every engine)"));
     }
     eprintln!("\n******** {msg} ********\n");
+    Ok(())
+}
+
+#[test]
+fn skips_are_loud_and_fail_under_ci() {
+    // Rows: (description, exit code, stdout, CI, passes)
+    let rows: &[(&str, Option<i32>, &str, bool, bool)] = &[
+        ("pass", Some(0), "", true, true),
+        (
+            "skip outside CI",
+            Some(77),
+            "SKIPPED: podman not installed\n",
+            false,
+            true,
+        ),
+        (
+            "skip under CI",
+            Some(77),
+            "SKIPPED: podman not installed\n",
+            true,
+            false,
+        ),
+        ("failure", Some(1), "FAIL: x\n", false, false),
+        ("killed", None, "", false, false),
+    ];
+    for (what, code, out, ci, passes) in rows {
+        let r = judge("x.sh", *code, out, *ci);
+        assert_eq!(r.is_ok(), *passes, "{what}: {r:?}");
+        if let Err(e) = r {
+            if *code == Some(77) {
+                assert!(
+                    e.contains("SKIPPED: x.sh: podman not installed"),
+                    "{what}: {e}"
+                );
+            }
+        }
+    }
 }
 
 #[test]
