@@ -174,12 +174,7 @@ pub fn edit_bundle(
     config_path: Option<PathBuf>,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
 ) -> Result<bool, Error> {
-    let bundle = match &args.bundle {
-        Some(b) => b.clone(),
-        None => std::env::current_dir()
-            .map_err(|e| Error::Other(format!("cannot find the bundle: {e}")))?,
-    };
-    let bundle = std::path::absolute(&bundle).unwrap_or(bundle);
+    let bundle = bundle_dir(args)?;
     let bytes = crate::input::read_config_bytes(&bundle)?;
     let ctx = Context {
         id: args.id.as_deref(),
@@ -195,6 +190,55 @@ pub fn edit_bundle(
         Error::Other(crate::error::chain(&RuntimeError::Write { path, source }))
     })?;
     Ok(true)
+}
+
+/// The bundle directory of create/run: `--bundle`/`-b`, else the working directory.
+fn bundle_dir(args: &Args) -> Result<PathBuf, Error> {
+    let bundle = match &args.bundle {
+        Some(b) => b.clone(),
+        None => std::env::current_dir()
+            .map_err(|e| Error::Other(format!("cannot find the bundle: {e}")))?,
+    };
+    Ok(std::path::absolute(&bundle).unwrap_or(bundle))
+}
+
+/// Whether the bundle's `config.json` may ask for sharing (cheap byte scan; an unreadable
+/// config is left to the next runtime to report).
+pub fn bundle_may_ask(args: &Args) -> bool {
+    bundle_dir(args)
+        .ok()
+        .and_then(|b| crate::input::read_config_bytes(&b).ok())
+        .is_some_and(|bytes| crate::hook::may_ask(&bytes, &Default::default()))
+}
+
+/// The whole wrapper: returns only on failure, with the one-line message (on success this
+/// process has become the next runtime). A policy file that cannot be loaded fails only the
+/// containers that may ask for sharing; the others run with the default `[runtime] next`.
+pub fn run(argv: &[OsString], args: &Args) -> String {
+    if is_looping() {
+        return RuntimeError::Loop("started by itself".into()).to_string();
+    }
+    // GPUSHARE_CONFIG, else the default file; the wrapper has no flags of its own.
+    let loaded = Config::load(None);
+    let cfg = loaded.as_ref().cloned().unwrap_or_default();
+    let me = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
+    let next = match find_next(&cfg.runtime.next, &me, std::env::var_os("PATH").as_deref()) {
+        Ok(n) => n,
+        Err(e) => return crate::error::chain(&e),
+    };
+    if wants_edit(args) {
+        match &loaded {
+            Ok(cfg) => {
+                let open = || crate::hook::nvml_inventory(cfg);
+                if let Err(e) = edit_bundle(args, cfg, prepare::config_path(None), &open) {
+                    return crate::error::chain(&e);
+                }
+            }
+            Err(e) if bundle_may_ask(args) => return crate::error::chain(e),
+            Err(_) => {}
+        }
+    }
+    crate::error::chain(&exec_next(&next, argv))
 }
 
 /// Whether the command edits a bundle.

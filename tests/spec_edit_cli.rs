@@ -254,3 +254,34 @@ fn runtime_wrapper_edits_the_bundle_and_execs_next_with_argv_unchanged() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a safe name"));
 }
+
+#[test]
+fn broken_policy_fails_only_containers_that_ask() {
+    let w = World::new("runc");
+    std::fs::write(w.path().join("config.toml"), "state_dir = [not toml").unwrap();
+    let bundle = w.path().join("b");
+    std::fs::create_dir_all(&bundle).unwrap();
+    let b = bundle.to_str().unwrap();
+    // A container that asks for sharing: refused, naming the policy file.
+    std::fs::write(bundle.join("config.json"), MPS).unwrap();
+    let out = w.run("runtime", &["create", "--bundle", b, "c1"], b"", w.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("gpushare-runtime: config ") && err.contains("not valid TOML"),
+        "{err}"
+    );
+    // Other commands reach the next runtime (runc answers, not the wrapper).
+    let out = w.run(
+        "runtime",
+        &["state", "gpushare-no-such-container"],
+        b"",
+        w.path(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("gpushare-runtime:"), "{err}");
+    assert!(
+        err.contains("does not exist") || err.contains("not exist"),
+        "{err}"
+    );
+}
