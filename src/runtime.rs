@@ -7,7 +7,7 @@
 //! `config.json` byte-for-byte alone.
 
 use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -18,8 +18,20 @@ use crate::error::Error;
 use crate::inventory::Inventory;
 use crate::prepare::{self, Context};
 
-/// Set in the next runtime's environment; seeing it on start means we are running ourselves.
+/// Set in the next runtime's environment to this call's [`signature`]; a wrapper started with its
+/// own signature there was started by itself (runc hands its env on to hooks without `env`, so
+/// a mere flag would also refuse a hook that legitimately runs the wrapper for another call).
 pub const LOOP_GUARD: &str = "GPUSHARE_RUNTIME_WRAPPED";
+
+/// What identifies one wrapper call: its whole argv, NUL-free.
+pub fn signature(argv: &[OsString]) -> OsString {
+    let mut s = OsString::from("gpushare-runtime");
+    for a in argv {
+        s.push("\u{1f}");
+        s.push(a);
+    }
+    OsString::from_vec(s.into_vec().into_iter().filter(|b| *b != 0).collect())
+}
 
 /// The wrapper could not do its job.
 #[derive(Debug, Error)]
@@ -215,7 +227,7 @@ pub fn bundle_may_ask(args: &Args) -> bool {
 /// process has become the next runtime). A policy file that cannot be loaded fails only the
 /// containers that may ask for sharing; the others run with the default `[runtime] next`.
 pub fn run(argv: &[OsString], args: &Args) -> String {
-    if is_looping() {
+    if is_looping(argv) {
         return RuntimeError::Loop("started by itself".into()).to_string();
     }
     // GPUSHARE_CONFIG, else the default file; the wrapper has no flags of its own.
@@ -301,7 +313,7 @@ pub fn exec_next(next: &Path, argv: &[OsString]) -> RuntimeError {
     let err = std::process::Command::new(next)
         .arg0(next.as_os_str())
         .args(argv)
-        .env(LOOP_GUARD, "1")
+        .env(LOOP_GUARD, signature(argv))
         .exec();
     RuntimeError::Exec {
         path: next.to_owned(),
@@ -309,9 +321,10 @@ pub fn exec_next(next: &Path, argv: &[OsString]) -> RuntimeError {
     }
 }
 
-/// Whether this process was started by itself through the next-runtime chain.
-pub fn is_looping() -> bool {
-    std::env::var_os(LOOP_GUARD).is_some_and(|v| v.as_bytes() == b"1")
+/// Whether this process was started by itself through the next-runtime chain (the same call
+/// came back).
+pub fn is_looping(argv: &[OsString]) -> bool {
+    std::env::var_os(LOOP_GUARD).is_some_and(|v| v == signature(argv))
 }
 
 #[cfg(test)]

@@ -212,7 +212,8 @@ fn runtime_wrapper_edits_the_bundle_and_execs_next_with_argv_unchanged() {
     let argv = std::fs::read_to_string(&argv_file).unwrap();
     let mut want: Vec<String> = vec![next.display().to_string()];
     want.extend(args.iter().map(|s| s.to_string()));
-    want.push("guard=1".into());
+    // The loop guard names this very call.
+    want.push(format!("guard=gpushare-runtime\u{1f}{}", args.join("\u{1f}")));
     assert_eq!(argv.lines().collect::<Vec<_>>(), want);
     let v: Value =
         serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();

@@ -51,6 +51,22 @@ fn edited_key(mounts: &[MountView], sd: &StateDir) -> Option<String> {
         .filter(|k| is_safe_name(k))
 }
 
+/// Whether the spec mounts the runtime made still show the daemon's current directories. The
+/// spec edit made them before the GPU lock was taken; a daemon that stopped (its last client
+/// left) and was started again by our acquire in between has new directories, and the container
+/// would hold the old, removed ones. Compared by device and inode through the container's mount
+/// namespace (`/proc/<pid>/root`, before pivot_root). A read-only check: any doubt answers
+/// "not current", which only leads to binding again safely.
+fn spec_mounts_current(pid: i32, rootfs: &Path, wanted: &[Binding]) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    wanted.iter().all(|b| {
+        let inside = PathBuf::from(format!("/proc/{pid}/root{}{}", rootfs.display(), b.target));
+        let host = id(&b.source);
+        host.is_some() && id(&inside) == host
+    })
+}
+
 /// Binds the plan's mounts into the created container whose init is `pid`, or does nothing
 /// when the bundle's `config.json` already has them.
 ///
@@ -76,7 +92,11 @@ pub fn inject(
         }
     }
     let wanted = bindings(plan, cfg, &key);
-    if wanted.iter().all(|b| spec_binds(&view.mounts, b)) {
+    let rootfs =
+        crate::prepare::rootfs_of(spec, Some(bundle)).unwrap_or_else(|| bundle.join("rootfs"));
+    if wanted.iter().all(|b| spec_binds(&view.mounts, b))
+        && (plan.mode != Mode::Mps || pid.is_none_or(|p| spec_mounts_current(p, &rootfs, &wanted)))
+    {
         if key != plan.container && key.starts_with(super::PENDING_PREFIX) {
             // The mounts are made; from now on the files belong to the container id (poststop
             // removes them by id). A rename keeps the existing bind mounts working.
@@ -87,8 +107,6 @@ pub fn inject(
         }
         return Ok(());
     }
-    let rootfs =
-        crate::prepare::rootfs_of(spec, Some(bundle)).unwrap_or_else(|| bundle.join("rootfs"));
     let Some(pid) = pid.filter(|p| *p > 0) else {
         return Err(InjectError::Namespace {
             pid: 0,

@@ -245,8 +245,24 @@ pub fn into_container(pid: i32, rootfs: &Path, list: &[Binding]) -> Result<(), I
                 Err((Step::Create, e)) => return report(i, 3, e),
                 Err((Step::Kind, e)) => return report(i, 4, e),
             };
-            if let Err(e) = sys::move_mount_onto(tree.as_fd(), fd.as_fd()) {
-                return report(i, 5, e);
+            match sys::move_mount_onto(tree.as_fd(), fd.as_fd()) {
+                Ok(()) => {}
+                // The target is a mount over a removed directory (a spec mount of a daemon
+                // directory that was replaced since): detach it and bind onto what is below.
+                Err(Errno::ENOENT) => {
+                    if let Err(e) = sys::umount_fd_detach(fd.as_fd()) {
+                        return report(i, 5, e);
+                    }
+                    drop(fd);
+                    let fd = match rootfs::ensure_target(&root, target) {
+                        Ok(fd) => fd,
+                        Err((_, e)) => return report(i, 2, e),
+                    };
+                    if let Err(e) = sys::move_mount_onto(tree.as_fd(), fd.as_fd()) {
+                        return report(i, 5, e);
+                    }
+                }
+                Err(e) => return report(i, 5, e),
             }
         }
         0
