@@ -17,11 +17,21 @@ fn main() {
         let _ = std::io::stdin().read_to_end(&mut buf);
         return;
     }
-    let rounds: usize = std::env::var("BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(201);
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(201);
     let hook = PathBuf::from(env!("CARGO_BIN_EXE_gpushare-hook"));
     let sim = hook.parent().unwrap().join("libgpushare_simdriver.so");
-    assert!(sim.exists(), "{} missing: cargo build --release --workspace first", sim.display());
-    let dir = tempfile::Builder::new().prefix("gpushare-bench-").tempdir().unwrap();
+    assert!(
+        sim.exists(),
+        "{} missing: cargo build --release --workspace first",
+        sim.display()
+    );
+    let dir = tempfile::Builder::new()
+        .prefix("gpushare-bench-")
+        .tempdir()
+        .unwrap();
     let d = dir.path();
     std::fs::write(
         d.join("config.toml"),
@@ -34,9 +44,15 @@ fn main() {
     )
     .unwrap();
     let env = [
-        ("GPUSHARE_CONFIG", d.join("config.toml").display().to_string()),
+        (
+            "GPUSHARE_CONFIG",
+            d.join("config.toml").display().to_string(),
+        ),
         ("GPUSHARE_SIM_STATE", d.join("sim").display().to_string()),
-        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()),
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        ),
     ];
     let bundle = |name: &str, config: &str| -> PathBuf {
         let b = d.join(name);
@@ -45,7 +61,10 @@ fn main() {
         b
     };
     // A realistic-size spec (podman's, captured on this machine) without and with a request.
-    let fixture = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/podman-mps.json")).unwrap();
+    let fixture = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/podman-mps.json"),
+    )
+    .unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&fixture).unwrap();
     v["root"]["path"] = serde_json::json!("rootfs");
     let mps_cfg = v.to_string();
@@ -72,11 +91,19 @@ fn main() {
         c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
         let out = c.wait_with_output().unwrap();
         let el = t.elapsed();
-        assert!(out.status.success(), "{:?} failed: {}", args, String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{:?} failed: {}",
+            args,
+            String::from_utf8_lossy(&out.stderr)
+        );
         el
     };
     let state = |id: &str, pid: u32, b: &Path| {
-        format!(r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{pid},"bundle":"{}"}}"#, b.display())
+        format!(
+            r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{pid},"bundle":"{}"}}"#,
+            b.display()
+        )
     };
     let sleeper = || {
         Command::new("unshare")
@@ -87,7 +114,11 @@ fn main() {
 
     // Keep the daemon warm with a holder client.
     let mut holder = sleeper();
-    run(&hook, &["createRuntime"], &state("holder", holder.id(), &mps));
+    run(
+        &hook,
+        &["createRuntime"],
+        &state("holder", holder.id(), &mps),
+    );
 
     let mut floor = Vec::new();
     let mut fast = Vec::new();
@@ -98,7 +129,11 @@ fn main() {
         floor.push(run(&floor_exe, &["--floor"], &plain_state));
         fast.push(run(&hook, &["createRuntime"], &plain_state));
         let id = format!("c{i}");
-        acquire.push(run(&hook, &["createRuntime"], &state(&id, client.id(), &mps)));
+        acquire.push(run(
+            &hook,
+            &["createRuntime"],
+            &state(&id, client.id(), &mps),
+        ));
         run(&hook, &["poststop"], &state(&id, 0, &mps));
     }
     let med = |v: &mut Vec<Duration>| {
@@ -109,7 +144,10 @@ fn main() {
     println!("gpushare-hook whole-process medians over {rounds} alternating rounds:");
     println!("  floor (read stdin, exit)        {:>8.3} ms", ms(f));
     println!("  no-share fast path              {:>8.3} ms   ratio to floor {:.2}x (target <= 3x, < 2 ms)", ms(n), n.as_secs_f64() / f.as_secs_f64());
-    println!("  mps acquire, daemon running     {:>8.3} ms   (target < 10 ms)", ms(a));
+    println!(
+        "  mps acquire, daemon running     {:>8.3} ms   (target < 10 ms)",
+        ms(a)
+    );
 
     // 32 concurrent acquires on one GPU, daemon cold (first one starts it), then warm.
     for (label, warm) in [("cold daemon", false), ("warm daemon", true)] {
@@ -143,7 +181,11 @@ fn main() {
             h.join().unwrap();
         }
         let total = t.elapsed();
-        println!("  32 concurrent acquires ({label})  {:>8.3} ms total, {:.3} ms per container", ms(total), ms(total) / 32.0);
+        println!(
+            "  32 concurrent acquires ({label})  {:>8.3} ms total, {:.3} ms per container",
+            ms(total),
+            ms(total) / 32.0
+        );
         for i in 0..32 {
             run(&hook, &["poststop"], &state(&format!("p{i}"), 0, &mps));
         }
@@ -152,7 +194,15 @@ fn main() {
             let _ = k.wait();
         }
         if !warm {
-            run(&hook, &["createRuntime"], &state("holder", holder.id(), &mps));
+            // A fresh holder: the old one's namespace still has the removed pipe dir mounted.
+            let _ = holder.kill();
+            let _ = holder.wait();
+            holder = sleeper();
+            run(
+                &hook,
+                &["createRuntime"],
+                &state("holder", holder.id(), &mps),
+            );
         }
     }
     run(&hook, &["poststop"], &state("holder", 0, &mps));

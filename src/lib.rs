@@ -11,6 +11,7 @@ pub mod admin;
 pub mod config;
 pub mod configure;
 pub mod devices;
+pub mod doctor;
 pub mod error;
 pub mod failpoint;
 pub mod hook;

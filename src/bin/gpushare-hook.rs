@@ -56,6 +56,11 @@ enum Cmd {
         #[arg(value_enum)]
         engine: gpushare::configure::Engine,
     },
+    /// Check the driver, NVML, MPS binaries, compute modes, state dir and engines (read-only).
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the version.
     Version,
 }
@@ -163,6 +168,35 @@ fn main() -> ExitCode {
                 gpushare::configure::snippet(engine, &cfg, path.as_deref())
             );
             ExitCode::SUCCESS
+        }
+        Cmd::Doctor { json } => {
+            let source = gpushare::prepare::config_path(cli.config.as_deref())
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| {
+                    let default = gpushare::config::DEFAULT_PATH;
+                    if std::path::Path::new(default).exists() {
+                        default.to_owned()
+                    } else {
+                        "defaults (no policy file)".to_owned()
+                    }
+                });
+            let checks = gpushare::doctor::run(&cfg, &source);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&checks).expect("checks serialise")
+                );
+            } else {
+                print!("{}", gpushare::doctor::human(&checks));
+            }
+            let failed = checks
+                .iter()
+                .any(|c| c.verdict == gpushare::doctor::Verdict::Fail);
+            if failed {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Cmd::Version => unreachable!("handled above"),
     }
