@@ -3,6 +3,7 @@
 //! - the no-share fast path (target: within 3x the floor and under 2 ms),
 //! - an MPS acquire with the daemon already running (target: under 10 ms),
 //! - 32 concurrent acquires on one GPU (total time).
+//!
 //! Uses the TEST-ONLY simulated NVML and the real `nvidia-cuda-mps-control`.
 //! Run: `scripts/bench-hook.sh` (or `cargo bench --bench hook` after `cargo build --release --workspace`).
 

@@ -138,9 +138,7 @@ impl Host<'_> {
         }
         match (plan.mode, control) {
             (Mode::Mps, Some(control)) => {
-                if let Err(e) = self.ensure_daemon(&mut rec, control, &mut done) {
-                    return Err(e);
-                }
+                self.ensure_daemon(&mut rec, control, &mut done)?;
             }
             _ => {
                 if rec.daemon.is_some() {
@@ -193,7 +191,6 @@ impl Host<'_> {
             dirs.remove();
             rec.daemon = None;
             if let Some(m) = restore {
-                rec.daemon = None;
                 let _ = self.inventory.set_compute_mode(rec.index, m);
             }
         } else if let Some(found) = find_daemon(&dirs.pipe, control.binary()) {

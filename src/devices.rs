@@ -138,7 +138,13 @@ mod tests {
     #[test]
     fn assignment_table() {
         let inv = inv(4);
-        let rows: Vec<(&str, Option<&str>, Vec<&str>, Result<Vec<u32>, DeviceError>)> = vec![
+        type Row<'a> = (
+            &'a str,
+            Option<&'a str>,
+            Vec<&'a str>,
+            Result<Vec<u32>, DeviceError>,
+        );
+        let rows: Vec<Row> = vec![
             ("all", Some("all"), vec![], Ok(vec![0, 1, 2, 3])),
             ("indices", Some("1,3"), vec![], Ok(vec![1, 3])),
             ("uuid", Some("GPU-00000002"), vec![], Ok(vec![2])),
@@ -183,13 +189,14 @@ mod tests {
     fn selection_table() {
         let inv = inv(4);
         let given = vec![inv[1].clone(), inv[2].clone()];
-        let rows: Vec<(
-            &str,
+        type Row<'a> = (
+            &'a str,
             Vec<Gpu>,
             Option<Vec<Selector>>,
             Mode,
             Result<Vec<u32>, DeviceError>,
-        )> = vec![
+        );
+        let rows: Vec<Row> = vec![
             (
                 "all of one",
                 vec![inv[0].clone()],

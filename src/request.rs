@@ -417,7 +417,13 @@ mod tests {
     #[test]
     fn accepted_requests() {
         let cfg = Config::default();
-        let rows: Vec<(&str, Vec<(&str, &str)>, Vec<&str>, Option<Request>)> = vec![
+        type Row<'a> = (
+            &'a str,
+            Vec<(&'a str, &'a str)>,
+            Vec<&'a str>,
+            Option<Request>,
+        );
+        let rows: Vec<Row> = vec![
             ("nothing", vec![], vec![], None),
             ("explicit none", vec![("gpu.share", "none")], vec![], None),
             (
@@ -501,7 +507,8 @@ mod tests {
         cfg.policy.max_memory = Some("8Gi".into());
         cfg.policy.max_cores = 80;
         cfg.policy.default_cores = 80;
-        let rows: Vec<(&str, Vec<(&str, &str)>, Vec<&str>, &str)> = vec![
+        type Row<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<&'a str>, &'a str);
+        let rows: Vec<Row> = vec![
             (
                 "unknown mode",
                 vec![("gpu.share", "turbo")],
