@@ -213,7 +213,10 @@ fn runtime_wrapper_edits_the_bundle_and_execs_next_with_argv_unchanged() {
     let mut want: Vec<String> = vec![next.display().to_string()];
     want.extend(args.iter().map(|s| s.to_string()));
     // The loop guard names this very call.
-    want.push(format!("guard=gpushare-runtime\u{1f}{}", args.join("\u{1f}")));
+    want.push(format!(
+        "guard=gpushare-runtime\u{1f}{}",
+        args.join("\u{1f}")
+    ));
     assert_eq!(argv.lines().collect::<Vec<_>>(), want);
     let v: Value =
         serde_json::from_slice(&std::fs::read(bundle.join("config.json")).unwrap()).unwrap();
