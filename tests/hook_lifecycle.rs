@@ -276,3 +276,51 @@ fn container_that_asks_for_nothing_touches_nothing() {
     ok(&out);
     assert!(!sb.state_dir().exists());
 }
+
+#[test]
+fn daemon_leaves_the_callers_cgroup() {
+    // cgroup v1 (pids hierarchy) or v2 (unified hierarchy at the mount's root).
+    let (pids, root_line) = if std::path::Path::new("/sys/fs/cgroup/pids/cgroup.procs").exists() {
+        (std::path::Path::new("/sys/fs/cgroup/pids"), ":pids:/")
+    } else {
+        (std::path::Path::new("/sys/fs/cgroup"), "0::/")
+    };
+    if !common::require("cgroup escape", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle("b", &mps_spec());
+    let a = FakeContainer::start();
+    // The hook runs inside a scope of its own, as under a runtime's per-container cgroup.
+    let scope = pids.join(format!("gpushare-test-{}", std::process::id()));
+    std::fs::create_dir_all(&scope).unwrap();
+    let state = Sandbox::state_json("ca", a.pid(), &b);
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        "echo $$ > \"$1/cgroup.procs\" && exec \"$2\" createRuntime",
+        "sh",
+    ])
+    .arg(&scope)
+    .arg(common::hook_bin())
+    .env_clear()
+    .envs(sb.env())
+    .stdin(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), state.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    ok(&out);
+    let d = daemons_under(&sb.state_dir());
+    assert_eq!(d.len(), 1);
+    let cg = std::fs::read_to_string(format!("/proc/{}/cgroup", d[0])).unwrap();
+    assert!(
+        cg.lines().any(|l| l.ends_with(root_line)),
+        "daemon still in a scope: {cg}"
+    );
+    // The scope can end (it is empty) while the daemon goes on.
+    std::fs::remove_dir(&scope).expect("scope empty after the hook exits");
+    assert_eq!(sb.status()["gpus"][0]["daemon"]["answers"], true);
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &b)));
+}
