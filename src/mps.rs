@@ -44,6 +44,13 @@ pub enum MpsError {
         seconds: u64,
         log: PathBuf,
     },
+    #[error("{binary} exited during start-up ({status}){hint}; see {log}")]
+    Exited {
+        binary: PathBuf,
+        status: String,
+        hint: &'static str,
+        log: PathBuf,
+    },
     #[error("MPS control command {command:?} failed: {output}")]
     Command { command: String, output: String },
 }
@@ -246,21 +253,32 @@ impl Control {
                 source,
             }
         })?;
-        let child = cmd.spawn().map_err(|source| MpsError::Spawn {
+        let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
             binary: self.binary.clone(),
             source,
         })?;
         let pid = child.id() as i32;
-        // The child is not waited for: it outlives this process and is reparented.
-        drop(child);
         leave_cgroups(pid);
         let proc = ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 });
         let deadline = Instant::now() + ready_timeout;
         loop {
             if self.answers(&dirs.pipe) {
+                // Not waited for: it outlives this process and is reparented.
                 return Ok(proc);
             }
-            if Instant::now() >= deadline || !proc.is_alive() {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(MpsError::Exited {
+                    binary: self.binary.clone(),
+                    status: status.to_string(),
+                    hint: if multiuser {
+                        "; this driver's MPS may not support -multiuser-server: set [mps] multiuser = false"
+                    } else {
+                        ""
+                    },
+                    log: dirs.log.join("control.log"),
+                });
+            }
+            if Instant::now() >= deadline {
                 stop_process(proc, Duration::from_millis(500));
                 return Err(MpsError::NotReady {
                     uuid: uuid.to_owned(),

@@ -324,3 +324,111 @@ fn daemon_leaves_the_callers_cgroup() {
     assert_eq!(sb.status()["gpus"][0]["daemon"]["answers"], true);
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &b)));
 }
+
+fn mps_query(sb: &Sandbox, cmd: &str) -> String {
+    let pipe = sb
+        .state_dir()
+        .join("mps")
+        .join(Sandbox::uuid(0))
+        .join("pipe");
+    let mut c = std::process::Command::new("nvidia-cuda-mps-control")
+        .env_clear()
+        .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut c.stdin.take().unwrap(), format!("{cmd}\n").as_bytes()).unwrap();
+    String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout)
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn daemon_settings_follow_the_policy() {
+    if !common::require("daemon settings", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::with_policy(
+        1,
+        "[mps]\nexclusive_compute_mode = false\n[policy]\ndefault_cores = 60\nmax_memory = \"8Gi\"\n",
+    );
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle(
+        "b",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    let a = FakeContainer::start();
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("ca", a.pid(), &b)));
+    let d = daemons_under(&sb.state_dir());
+    assert_eq!(d.len(), 1);
+    let pid = d[0];
+
+    // Defaults set through the control socket.
+    assert_eq!(
+        mps_query(&sb, "get_default_active_thread_percentage"),
+        "60.0"
+    );
+    // The daemon's environment.
+    let env = String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap())
+        .replace('\0', "\n");
+    assert!(
+        env.lines()
+            .any(|l| l == format!("CUDA_VISIBLE_DEVICES={}", Sandbox::uuid(0))),
+        "{env}"
+    );
+    assert!(
+        env.lines()
+            .any(|l| l.starts_with("CUDA_MPS_LOG_DIRECTORY=")),
+        "{env}"
+    );
+    assert!(
+        !env.contains("GPUSHARE_CONFIG"),
+        "the daemon's env is minimal: {env}"
+    );
+    // Compute mode left alone when exclusive_compute_mode = false.
+    assert_eq!(sb.compute_mode(0), 0);
+    // Its /dev/shm is the per-GPU tmpfs: a file written on the host side is seen there, and the
+    // host's own /dev/shm is not.
+    let shm = sb
+        .state_dir()
+        .join("mps")
+        .join(Sandbox::uuid(0))
+        .join("shm");
+    std::fs::write(shm.join("marker"), "from-host").unwrap();
+    let seen = std::fs::read_to_string(format!("/proc/{pid}/root/dev/shm/marker")).unwrap();
+    assert_eq!(seen, "from-host");
+    let ns_self = std::fs::read_link("/proc/self/ns/mnt").unwrap();
+    let ns_daemon = std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    assert_ne!(ns_self, ns_daemon, "daemon in a mount namespace of its own");
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &b)));
+    assert!(daemons_under(&sb.state_dir()).is_empty());
+}
+
+#[test]
+fn multiuser_daemon_flag_is_passed_and_its_failure_explained() {
+    if !common::require("multi-user MPS", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::with_policy(1, "[mps]\nmultiuser = true\nstart_timeout_seconds = 5\n");
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle("b", &mps_spec());
+    let a = FakeContainer::start();
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("ca", a.pid(), &b));
+    if out.status.success() {
+        // A driver whose control daemon takes the flag.
+        let d = daemons_under(&sb.state_dir());
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", d[0])).unwrap();
+        assert!(cmdline
+            .split(|b| *b == 0)
+            .any(|a| a == b"-multiuser-server"));
+        ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &b)));
+    } else {
+        // Driver 535 (Debian 12) has no -multiuser-server: refused with the reason and the fix.
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("exited during start-up"), "{err}");
+        assert!(err.contains("[mps] multiuser = false"), "{err}");
+        assert_eq!(sb.compute_mode(0), 0, "compute mode restored");
+        assert!(sb.status()["gpus"].as_array().unwrap().is_empty());
+    }
+}
