@@ -259,12 +259,7 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
 
     let memory = match src.get(&MEMORY, fb)? {
         Some((key, v)) => {
-            if mode == Mode::Timeslice {
-                return Err(RequestError::NotForMode {
-                    key,
-                    applies: "mps or limit",
-                });
-            }
+            not_for_timeslice(mode, key)?;
             let bytes = quantity::parse_memory(&v)
                 .map_err(|source| RequestError::Quantity { key, source })?;
             if let Some(max) = cfg.max_memory_bytes() {
@@ -283,12 +278,7 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
 
     let cores = match src.get(&CORES, fb)? {
         Some((key, v)) => {
-            if mode == Mode::Timeslice {
-                return Err(RequestError::NotForMode {
-                    key,
-                    applies: "mps or limit",
-                });
-            }
+            not_for_timeslice(mode, key)?;
             let c = quantity::parse_cores(&v)
                 .map_err(|source| RequestError::Quantity { key, source })?;
             if c > cfg.policy.max_cores {
@@ -329,6 +319,17 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
         cores,
         timeslice,
     }))
+}
+
+/// Memory and cores caps mean nothing to plain time-slicing.
+fn not_for_timeslice(mode: Mode, key: &'static str) -> Result<(), RequestError> {
+    if mode == Mode::Timeslice {
+        return Err(RequestError::NotForMode {
+            key,
+            applies: "mps or limit",
+        });
+    }
+    Ok(())
 }
 
 /// With no mode (or `none`), any other `gpu.share.*` annotation is a mistake worth reporting.
