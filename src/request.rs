@@ -225,10 +225,10 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
     }
     let fb = cfg.policy.env_fallback;
     let Some((mode_key, mode_str)) = src.get(&MODE, fb)? else {
-        return reject_orphans(src, fb);
+        return reject_orphans(src);
     };
     let mode = match mode_str.as_str() {
-        "none" | "" => return reject_orphans(src, fb),
+        "none" | "" => return reject_orphans(src),
         "mps" => Mode::Mps,
         "timeslice" | "time-slicing" | "timeslicing" => Mode::Timeslice,
         "limit" | "preload" | "preload-limit" => Mode::Limit,
@@ -333,7 +333,7 @@ fn not_for_timeslice(mode: Mode, key: &'static str) -> Result<(), RequestError> 
 }
 
 /// With no mode (or `none`), any other `gpu.share.*` annotation is a mistake worth reporting.
-fn reject_orphans(src: &Sources<'_>, _fb: bool) -> Result<Option<Request>, RequestError> {
+fn reject_orphans(src: &Sources<'_>) -> Result<Option<Request>, RequestError> {
     for f in &FIELDS[1..] {
         if src.annotations.contains_key(f.annotation) {
             return Err(RequestError::NotForMode {
