@@ -33,7 +33,7 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
-    #[error("state directory {path} is not a directory owned by root with mode 0700")]
+    #[error("state directory {path} is not a directory owned by this user; remove it or set state_dir elsewhere")]
     Unsafe { path: PathBuf },
     #[error("cannot lock {path}")]
     Lock {
@@ -202,10 +202,20 @@ impl StateDir {
             source,
         })?;
         let me = nix::unistd::geteuid().as_raw();
-        if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        if !meta.is_dir() || meta.uid() != me {
             return Err(StateError::Unsafe {
                 path: self.root.clone(),
             });
+        }
+        if meta.mode() & 0o077 != 0 {
+            // Ours, but too open (made by hand, or by an older install): tighten it.
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&self.root, fs::Permissions::from_mode(0o700)).map_err(
+                |source| StateError::Dir {
+                    path: self.root.clone(),
+                    source,
+                },
+            )?;
         }
         Ok(())
     }
@@ -433,6 +443,26 @@ mod tests {
         assert!(matches!(
             sd.load("G"),
             Err(StateError::Version { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn state_dir_is_made_private_and_symlinks_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
+        StateDir::new(&open).ensure().unwrap();
+        assert_eq!(
+            fs::metadata(&open).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&open, &link).unwrap();
+        assert!(matches!(
+            StateDir::new(&link).ensure(),
+            Err(StateError::Unsafe { .. })
         ));
     }
 
