@@ -390,6 +390,38 @@ impl Host<'_> {
                 report.push(format!("{uuid}: removed leftover {}", dirs.dir.display()));
             }
         }
+        self.gc_container_dirs(&mut report);
         report
+    }
+
+    /// Per-container directories: a precreate's `pending-*` one whose create never reached the
+    /// hook (after an hour), and one whose container is no client of any GPU any more.
+    fn gc_container_dirs(&self, report: &mut Vec<String>) {
+        use crate::inject::host::{sweep_pending, PENDING_MAX_AGE};
+        for p in sweep_pending(&self.state, PENDING_MAX_AGE) {
+            report.push(format!("removed abandoned {}", p.display()));
+        }
+        let clients: std::collections::BTreeSet<String> = self
+            .state
+            .list_records()
+            .into_iter()
+            .filter_map(|(_, r)| r.ok())
+            .flat_map(|r| r.clients.into_keys())
+            .collect();
+        let Ok(rd) = std::fs::read_dir(self.state.root().join("containers")) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if id.starts_with(crate::inject::PENDING_PREFIX) || clients.contains(&id) {
+                continue;
+            }
+            if std::fs::remove_dir_all(e.path()).is_ok() {
+                report.push(format!(
+                    "removed {} of a container that is gone",
+                    e.path().display()
+                ));
+            }
+        }
     }
 }

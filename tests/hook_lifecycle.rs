@@ -432,3 +432,41 @@ fn multiuser_daemon_flag_is_passed_and_its_failure_explained() {
         assert!(sb.status()["gpus"].as_array().unwrap().is_empty());
     }
 }
+
+#[test]
+fn gc_removes_what_gone_limit_containers_left() {
+    let limiter = common::simdriver().with_file_name("libgpushare_limiter.so");
+    let sb = Sandbox::with_policy(1, &format!("[limit]\nlibrary = {limiter:?}\n"));
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle(
+        "b",
+        &spec(
+            json!({"gpu.share": "limit", "gpu.share.memory": "1Gi"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
+    let mut gone = FakeContainer::start();
+    let live = FakeContainer::start();
+    ok(&sb.hook(
+        &["createRuntime"],
+        &Sandbox::state_json("gone", gone.pid(), &b),
+    ));
+    ok(&sb.hook(
+        &["createRuntime"],
+        &Sandbox::state_json("live", live.pid(), &b),
+    ));
+    let containers = sb.state_dir().join("containers");
+    assert!(containers.join("gone").is_dir() && containers.join("live").is_dir());
+    // The runtime died with the container: no poststop ever comes.
+    gone.kill();
+    let out = sb.hook(&["gc"], "");
+    ok(&out);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(report.contains("containers/gone"), "{report}");
+    assert!(!containers.join("gone").exists());
+    assert!(
+        containers.join("live").is_dir(),
+        "a live container keeps its files"
+    );
+    assert_eq!(clients(&sb.status(), 0), vec!["live"]);
+}
