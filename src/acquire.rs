@@ -12,7 +12,7 @@ use crate::plan::{Plan, PlannedGpu};
 use crate::procinfo::ProcId;
 use crate::quantity::to_mib;
 use crate::request::Mode;
-use crate::state::{Client, Daemon, Record, StateDir, StateError};
+use crate::state::{now_seconds, Client, Daemon, Record, StateDir, StateError};
 use crate::timeslice::{self, TimesliceError};
 
 /// An acquire that could not be done; nothing it changed is left behind.
@@ -69,7 +69,15 @@ impl Host<'_> {
     /// # Errors
     /// [`AcquireError`]; then every record, daemon and compute mode this call touched is as it
     /// was before.
-    pub fn acquire(&self, plan: &Plan, process: Option<ProcId>) -> Result<(), AcquireError> {
+    ///
+    /// `reservation`: the key under which a spec edit reserved the MPS directories for this
+    /// container (see [`Host::reserve`]); it is consumed, as is one under the container id.
+    pub fn acquire(
+        &self,
+        plan: &Plan,
+        process: Option<ProcId>,
+        reservation: Option<&str>,
+    ) -> Result<(), AcquireError> {
         self.state.ensure()?;
         let control = match plan.mode {
             Mode::Mps => Some(self.control()?),
@@ -88,7 +96,7 @@ impl Host<'_> {
                 .and_then(|lock| {
                     locks.push(lock);
                     crate::failpoint::hit("acquire-locked");
-                    self.acquire_one(plan, gpu, process, control.as_ref())
+                    self.acquire_one(plan, gpu, process, reservation, control.as_ref())
                 });
             match step {
                 Ok(d) => done.push(d),
@@ -106,6 +114,7 @@ impl Host<'_> {
         plan: &Plan,
         gpu: &PlannedGpu,
         process: Option<ProcId>,
+        reservation: Option<&str>,
         control: Option<&Control>,
     ) -> Result<Done, AcquireError> {
         let before = self.state.load(&gpu.uuid)?;
@@ -114,6 +123,11 @@ impl Host<'_> {
             .unwrap_or_else(|| Record::new(&gpu.uuid, gpu.index));
         rec.index = gpu.index;
         rec.drop_stale();
+        rec.prune_reservations(now_seconds());
+        rec.reserved.remove(&plan.container);
+        if let Some(key) = reservation {
+            rec.reserved.remove(key);
+        }
         rec.clients.remove(&plan.container);
         let mut done = Done {
             gpu: gpu.clone(),
@@ -184,11 +198,11 @@ impl Host<'_> {
             if d.process.is_alive() && control.answers(&dirs.pipe) {
                 return Ok(());
             }
-            // Died or hung: clear it away and start afresh below.
+            // Died or hung: stop it and start afresh below, in the same directories, which
+            // running containers have mounted.
             tracing::warn!(uuid = %rec.uuid, pid = d.process.pid, "MPS daemon dead or not answering; restarting it");
             let restore = d.restore_compute_mode;
             control.stop(&dirs.pipe, Some(d.process));
-            dirs.remove();
             rec.daemon = None;
             if let Some(m) = restore {
                 let _ = self.inventory.set_compute_mode(rec.index, m);
@@ -208,7 +222,6 @@ impl Host<'_> {
                 return Ok(());
             }
             control.stop(&dirs.pipe, Some(found));
-            dirs.remove();
         }
         let previous = if self.cfg.mps.exclusive_compute_mode {
             let prev = self.inventory.compute_mode(rec.index)?;
@@ -229,7 +242,7 @@ impl Host<'_> {
         let proc = match control.start(&rec.uuid, &dirs, self.cfg.mps.multiuser, timeout) {
             Ok(p) => p,
             Err(e) => {
-                dirs.remove();
+                self.remove_dirs_unless_used(rec);
                 undo_mode(self);
                 return Err(e.into());
             }
@@ -237,7 +250,7 @@ impl Host<'_> {
         let max_mib = self.cfg.max_memory_bytes().map(to_mib);
         if let Err(e) = control.set_defaults(&dirs.pipe, self.cfg.policy.default_cores, max_mib) {
             control.stop(&dirs.pipe, Some(proc));
-            dirs.remove();
+            self.remove_dirs_unless_used(rec);
             undo_mode(self);
             return Err(e.into());
         }
@@ -260,11 +273,19 @@ impl Host<'_> {
             Ok(c) => c.stop(&dirs.pipe, Some(d.process)),
             Err(_) => crate::mps::stop_process(d.process, Duration::from_secs(2)),
         }
-        dirs.remove();
+        self.remove_dirs_unless_used(rec);
         if let Some(m) = d.restore_compute_mode {
             if let Err(e) = self.inventory.set_compute_mode(rec.index, m) {
                 tracing::warn!(uuid = %rec.uuid, error = %crate::error::chain(&e), "cannot restore compute mode");
             }
+        }
+    }
+
+    /// Unmounts and removes the GPU's MPS directories unless a container uses them or a spec
+    /// edit has just made them a mount source.
+    fn remove_dirs_unless_used(&self, rec: &Record) {
+        if !rec.dirs_in_use(now_seconds()) {
+            self.mps_dirs(&rec.uuid).remove();
         }
     }
 
@@ -275,7 +296,11 @@ impl Host<'_> {
                 if let Some(c) = control {
                     c.stop(&dirs.pipe, Some(proc));
                 }
-                dirs.remove();
+                let before = d
+                    .before
+                    .clone()
+                    .unwrap_or_else(|| Record::new(&d.gpu.uuid, d.gpu.index));
+                self.remove_dirs_unless_used(&before);
                 if let Some(p) = previous {
                     let _ = self.inventory.set_compute_mode(d.gpu.index, p);
                 }
@@ -288,6 +313,31 @@ impl Host<'_> {
                 tracing::error!(uuid = %d.gpu.uuid, error = %crate::error::chain(&e), "rollback could not restore the record");
             }
         }
+    }
+
+    /// Announces that a spec edit made the MPS directories of `gpu` a mount source for the
+    /// container `key` (its id, or a pending key): under the GPU's lock, creates them if needed
+    /// and records the reservation, so that a release in the meantime does not remove them.
+    ///
+    /// # Errors
+    /// [`AcquireError`] when the state or the directories cannot be made.
+    pub fn reserve(&self, gpu: &PlannedGpu, key: &str) -> Result<(), AcquireError> {
+        self.state.ensure()?;
+        let _lock = self.state.lock(
+            &gpu.uuid,
+            self.lock_timeout(),
+            &format!("spec edit for {key}"),
+        )?;
+        let mut rec = self
+            .state
+            .load(&gpu.uuid)?
+            .unwrap_or_else(|| Record::new(&gpu.uuid, gpu.index));
+        let now = now_seconds();
+        rec.prune_reservations(now);
+        self.mps_dirs(&gpu.uuid).prepare()?;
+        rec.reserved.insert(key.to_owned(), now);
+        self.state.save(&rec)?;
+        Ok(())
     }
 
     /// Removes the container from every GPU that lists it, stopping daemons whose last client
@@ -322,16 +372,17 @@ impl Host<'_> {
             rec.clients.remove(c);
         }
         rec.drop_stale();
+        rec.prune_reservations(now_seconds());
         crate::failpoint::hit("release-locked");
         if rec.clients.is_empty() {
             self.stop_daemon(&mut rec);
             crate::failpoint::hit("release-daemon-stopped");
         } else if let Some(d) = &rec.daemon {
             if !d.process.is_alive() {
-                // Restarted on the next acquire; keep the directories clean meanwhile.
+                // Restarted on the next acquire, in the same directories (the remaining
+                // clients have them mounted).
                 let restore = d.restore_compute_mode;
                 rec.daemon = None;
-                self.mps_dirs(uuid).remove();
                 if let Some(m) = restore {
                     let _ = self.inventory.set_compute_mode(rec.index, m);
                 }
@@ -373,7 +424,10 @@ impl Host<'_> {
                     continue;
                 };
                 let rec = self.state.load(&uuid).ok().flatten();
-                if rec.as_ref().is_some_and(|r| r.daemon.is_some()) {
+                if rec
+                    .as_ref()
+                    .is_some_and(|r| r.daemon.is_some() || r.dirs_in_use(now_seconds()))
+                {
                     continue;
                 }
                 let dirs = self.mps_dirs(&uuid);

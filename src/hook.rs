@@ -92,6 +92,9 @@ pub fn nvml_inventory(cfg: &Config) -> Result<Box<dyn Inventory>, Error> {
     Ok(Box::new(NvmlInventory::open(&cfg.nvml.library)?))
 }
 
+/// Hook-entry env naming the spec edit's reservation of the MPS directories.
+pub const RESERVATION_ENV: &str = "GPUSHARE_RESERVATION";
+
 /// `createRuntime` / `prestart`: decide from the state on stdin and the bundle's config, then
 /// acquire the GPUs. With `dry_run`, only decide.
 ///
@@ -127,7 +130,11 @@ pub fn create_runtime(
         state: StateDir::new(&cfg.state_dir),
         inventory: inventory.as_ref(),
     };
-    host.acquire(&plan, process)?;
+    // Set by the spec edit in this hook's own entry, never by the container.
+    let reservation = std::env::var(RESERVATION_ENV)
+        .ok()
+        .filter(|k| crate::state::is_safe_name(k));
+    host.acquire(&plan, process, reservation.as_deref())?;
     // Make the share usable inside the container (mounts into its rootfs), unless a spec edit
     // already added them; undo the acquire if that fails.
     if let Err(e) =

@@ -43,6 +43,10 @@ pub fn edit_for(plan: &Plan, cfg: &Config, key: &str, config_path: Option<&Path>
     if let Some(p) = config_path {
         env.push(format!("{}={}", config::ENV_PATH, p.display()));
     }
+    if plan.mode == Mode::Mps && key.starts_with(inject::PENDING_PREFIX) {
+        // A precreate's pending key: the hook consumes the reservation made under it.
+        env.push(format!("{}={key}", hook::RESERVATION_ENV));
+    }
     Edit {
         env: inject::container_env(plan),
         preload: (plan.mode == Mode::Limit).then(|| inject::limiter_in_container(cfg)),
@@ -90,7 +94,7 @@ pub fn edit_config(
         None => inject::pending_key(),
     };
     let spec = crate::input::parse_spec(bytes, &path)?;
-    let Some((plan, _inventory)) = hook::plan_for(&key, &spec, cfg, open_inventory)? else {
+    let Some((plan, inventory)) = hook::plan_for(&key, &spec, cfg, open_inventory)? else {
         return Ok(None);
     };
     let mut value: Value =
@@ -101,7 +105,19 @@ pub fn edit_config(
     let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
     let before = value.clone();
     spec_edit::apply(&mut value, &edit)?;
-    // The mount sources must exist even when the config was edited before (a restart).
+    // The mount sources must exist even when the config was edited before (a restart). MPS
+    // directories are reserved under the GPU's lock, so that a release of the GPU's last
+    // client before this container's hook runs does not remove them.
+    if plan.mode == Mode::Mps {
+        let host = crate::acquire::Host {
+            cfg,
+            state: crate::state::StateDir::new(&cfg.state_dir),
+            inventory: inventory.as_ref(),
+        };
+        for gpu in &plan.gpus {
+            host.reserve(gpu, &key)?;
+        }
+    }
     let rootfs = rootfs_of(&spec, ctx.bundle);
     inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
     if value == before {

@@ -107,6 +107,25 @@ pub struct Record {
     pub daemon: Option<Daemon>,
     /// Clients by container id; the reference count is their number.
     pub clients: BTreeMap<String, Client>,
+    /// Spec edits that made the daemon's directories a mount source for a container whose hook
+    /// has not run yet, by key, with the time (seconds since the epoch). While one is fresh the
+    /// directories stay even when the daemon stops, so that container's mounts keep working.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reserved: BTreeMap<String, u64>,
+}
+
+/// How long a spec edit's reservation of a GPU's MPS directories lasts.
+pub const RESERVATION_SECONDS: u64 = 120;
+
+fn fresh(at: u64, now: u64) -> bool {
+    now.saturating_sub(at) < RESERVATION_SECONDS && at <= now + 60
+}
+
+/// Seconds since the epoch.
+pub fn now_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Record {
@@ -117,7 +136,18 @@ impl Record {
             index,
             daemon: None,
             clients: BTreeMap::new(),
+            reserved: BTreeMap::new(),
         }
+    }
+
+    /// Drops reservations older than [`RESERVATION_SECONDS`] (or from the future).
+    pub fn prune_reservations(&mut self, now: u64) {
+        self.reserved.retain(|_, at| fresh(*at, now));
+    }
+
+    /// Whether a container uses, or is about to mount, the GPU's MPS directories.
+    pub fn dirs_in_use(&self, now: u64) -> bool {
+        !self.clients.is_empty() || self.reserved.values().any(|at| fresh(*at, now))
     }
 
     /// The mode the GPU currently serves (that of its clients), if any.
@@ -279,7 +309,7 @@ impl StateDir {
     /// [`StateError::Write`] when it cannot be written.
     pub fn save(&self, rec: &Record) -> Result<(), StateError> {
         let path = self.record_path(&rec.uuid);
-        if rec.clients.is_empty() && rec.daemon.is_none() {
+        if rec.clients.is_empty() && rec.daemon.is_none() && rec.reserved.is_empty() {
             return match fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     Err(StateError::Write { path, source: e })

@@ -470,3 +470,69 @@ fn gc_removes_what_gone_limit_containers_left() {
     );
     assert_eq!(clients(&sb.status(), 0), vec!["live"]);
 }
+
+#[test]
+fn spec_edit_reservation_keeps_mount_sources_across_a_last_release() {
+    if !common::require("reservation", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let ba = sb.bundle("a", &mps_spec());
+    let a = FakeContainer::start();
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("ca", a.pid(), &ba)));
+
+    // B's spec is edited (podman precreate) while A still runs.
+    let b_spec = serde_json::to_string(&mps_spec()).unwrap();
+    let out = sb.hook(&["precreate"], &b_spec);
+    ok(&out);
+    let edited: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hook_env: Vec<String> = edited["hooks"]["createRuntime"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    let key = hook_env
+        .iter()
+        .find_map(|e| e.strip_prefix("GPUSHARE_RESERVATION="))
+        .expect("reservation key in the hook entry's env")
+        .to_owned();
+    let rec_path = sb
+        .state_dir()
+        .join("gpus")
+        .join(format!("{}.json", Sandbox::uuid(0)));
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+    assert!(rec["reserved"][&key].is_u64(), "{rec}");
+
+    // A, the last client, leaves before B's hook runs: the daemon stops, its directories stay.
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &ba)));
+    assert!(daemons_under(&sb.state_dir()).is_empty());
+    let dir = sb.state_dir().join("mps").join(Sandbox::uuid(0));
+    assert!(dir.join("pipe").is_dir(), "pipe dir kept for B's mount");
+    assert!(
+        common::mounts_under(&dir)
+            .iter()
+            .any(|m| m.ends_with("/shm")),
+        "shm kept"
+    );
+
+    // B's hook starts a new daemon in the same directories and consumes the reservation.
+    let bb = sb.bundle("b", &edited);
+    let b = FakeContainer::start();
+    ok(&sb.hook_env(
+        &["createRuntime"],
+        &Sandbox::state_json("cb", b.pid(), &bb),
+        &[("GPUSHARE_RESERVATION", &key)],
+    ));
+    let st = sb.status();
+    assert_eq!(st["gpus"][0]["daemon"]["answers"], true);
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+    assert!(rec.get("reserved").is_none(), "reservation consumed: {rec}");
+
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("cb", 0, &bb)));
+    assert!(!dir.exists(), "directories removed after the last client");
+    assert!(common::mounts_under(&sb.state_dir()).is_empty());
+}

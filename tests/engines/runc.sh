@@ -81,33 +81,28 @@ jq -e 'select(.level=="error") | .msg | contains("gpu.share")' "$T/b6/log.json" 
 runc state "${NAME}6" >/dev/null 2>&1 && fail "container created despite the refusal"
 ok "refused: $(cat "$T/err6")"
 
-echo "== race: the daemon stops and restarts between the spec edit and the acquire"
+echo "== race: the last other client leaves between the spec edit and the acquire"
 # Holder X keeps the daemon up while B's spec is edited and mounted; a createRuntime hook placed
-# before gpushare's then deletes X (last client: daemon stopped, its directories removed), so
-# gpushare's hook starts a fresh daemon in new directories: B must be bound to the new ones.
+# before gpushare's then deletes X (last client: the daemon stops). B's spec edit reserved the
+# daemon's directories, so they stay where B has them mounted, and gpushare's hook starts a new
+# daemon in them: B reaches it.
 bundle "$T/bx" '["sleep","100"]' "$GPU" '{"gpu.share":"mps"}'
 "$RUNTIME" create --bundle "$T/bx" "${NAME}x" </dev/null >/dev/null 2>"$T/errx" || { cat "$T/errx"; fail "holder create"; }
 runc start "${NAME}x"
 on_exit "runc delete -f ${NAME}x"
 bundle "$T/b7" "$(args "$INSIDE_MPS")" "$GPU" '{"gpu.share":"mps"}'
+old=$(stat -c %i "$(pipe_dir)")
 cat >"$T/bin/kill-holder" <<EOF2
 #!/bin/sh
 cat >/dev/null
-exec env GPUSHARE_CONFIG=$CONFIG "$RUNTIME" delete -f ${NAME}x
+env GPUSHARE_CONFIG=$CONFIG "$RUNTIME" delete -f ${NAME}x
+stat -c %i "$(pipe_dir)" >"$T/inode-after-release"
 EOF2
 chmod +x "$T/bin/kill-holder"
 jq --arg k "$T/bin/kill-holder" '.hooks={"createRuntime":[{"path":$k}]}' "$T/b7/config.json" >"$T/b7/c" && mv "$T/b7/c" "$T/b7/config.json"
-old=$(stat -c %i "$(pipe_dir)")
-mark_shm_when_ready_after() { # wait for a new shm tmpfs (the restarted daemon's) and mark it
-    (for _ in $(seq 200); do
-        s=$(shm_dir)
-        if [ -n "$s" ] && [ "$(stat -c %i "$(dirname "$s")/pipe" 2>/dev/null)" != "$old" ] && mountpoint -q "$s"; then
-            echo from-host >"$s/host-marker"; exit 0
-        fi
-        sleep 0.05
-    done) &
-}
-mark_shm_when_ready_after
+mark_shm_when_ready
 (cd "$T/b7" && "$RUNTIME" run "${NAME}7" >"$T/out7" 2>"$T/err7") || { cat "$T/err7"; fail "run"; }
+[ "$(cat "$T/inode-after-release")" = "$old" ] || fail "the reserved directories were removed by the release"
+ok "the release of the last other client kept the directories B had reserved"
 check_mps_output "$T/out7" yes
-ok "bound to the restarted daemon's directories, not the removed ones"
+ok "B reaches the daemon restarted in the same directories"
