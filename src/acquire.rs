@@ -48,6 +48,8 @@ struct Done {
     gpu: PlannedGpu,
     before: Option<Record>,
     started: Option<(ProcId, Option<ComputeMode>)>,
+    /// The compute mode a non-MPS acquire changed away from.
+    compute_mode_before: Option<ComputeMode>,
 }
 
 impl Host<'_> {
@@ -66,12 +68,12 @@ impl Host<'_> {
     /// Adds the container to every GPU of the plan (in index order, each under its lock),
     /// starting MPS daemons and setting compute modes as needed.
     ///
+    /// `reservation`: the key under which a spec edit reserved the MPS directories for this
+    /// container (see [`Host::reserve`]); it is consumed, as is one under the container id.
+    ///
     /// # Errors
     /// [`AcquireError`]; then every record, daemon and compute mode this call touched is as it
     /// was before.
-    ///
-    /// `reservation`: the key under which a spec edit reserved the MPS directories for this
-    /// container (see [`Host::reserve`]); it is consumed, as is one under the container id.
     pub fn acquire(
         &self,
         plan: &Plan,
@@ -133,6 +135,7 @@ impl Host<'_> {
             gpu: gpu.clone(),
             before,
             started: None,
+            compute_mode_before: None,
         };
         let serving = if rec.clients.is_empty() {
             None
@@ -159,12 +162,19 @@ impl Host<'_> {
                     // A daemon with no clients left behind (e.g. a killed release): stop it.
                     self.stop_daemon(&mut rec);
                 }
-                if self.inventory.compute_mode(gpu.index)? != ComputeMode::Default {
+                let previous = self.inventory.compute_mode(gpu.index)?;
+                if previous != ComputeMode::Default {
                     self.inventory
                         .set_compute_mode(gpu.index, ComputeMode::Default)?;
+                    done.compute_mode_before = Some(previous);
                 }
                 if let Some(slice) = plan.timeslice {
-                    timeslice::set(&self.cfg.timeslice.smi, gpu.index, slice)?;
+                    if let Err(e) = timeslice::set(&self.cfg.timeslice.smi, gpu.index, slice) {
+                        if let Some(p) = done.compute_mode_before {
+                            let _ = self.inventory.set_compute_mode(gpu.index, p);
+                        }
+                        return Err(e.into());
+                    }
                 }
             }
         }
@@ -304,6 +314,9 @@ impl Host<'_> {
                 if let Some(p) = previous {
                     let _ = self.inventory.set_compute_mode(d.gpu.index, p);
                 }
+            }
+            if let Some(p) = d.compute_mode_before {
+                let _ = self.inventory.set_compute_mode(d.gpu.index, p);
             }
             let res = match &d.before {
                 Some(r) => self.state.save(r),

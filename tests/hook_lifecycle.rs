@@ -83,6 +83,8 @@ fn two_mps_containers_share_one_daemon() {
     assert!(!mps_dir.exists(), "daemon directory removed");
     assert!(common::mounts_under(&sb.state_dir()).is_empty());
     assert_eq!(sb.compute_mode(0), 0, "DEFAULT after the daemon stops");
+    let log = std::fs::read_to_string(sb.log_path()).unwrap();
+    assert!(log.contains("acquired container=ca mode=mps"), "{log}");
 }
 
 #[test]
@@ -247,6 +249,15 @@ fn timeslice_length_goes_through_nvidia_smi() {
 
     // Missing nvidia-smi: a clear error, nothing recorded.
     sb.write_config("[timeslice]\nsmi = \"/nonexistent/nvidia-smi\"\n");
+    // GPU 0 set to EXCLUSIVE_PROCESS by hand: the refused acquire must leave it so.
+    std::fs::write(sb.sim_state().join("compute_mode.0"), "3").unwrap();
+    let b = sb.bundle(
+        "t0",
+        &spec(
+            json!({"gpu.share": "timeslice", "gpu.share.timeslice": "short"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
     let c = FakeContainer::start();
     let before = sb.snapshot();
     let out = sb.hook(&["createRuntime"], &Sandbox::state_json("ts2", c.pid(), &b));
@@ -257,6 +268,11 @@ fn timeslice_length_goes_through_nvidia_smi() {
         "{err}"
     );
     assert_eq!(sb.snapshot(), before);
+    assert_eq!(
+        sb.compute_mode(0),
+        3,
+        "compute mode restored after the refusal"
+    );
 }
 
 #[test]
