@@ -21,7 +21,7 @@ pkg_for jq jq
 pkg_for nsenter util-linux
 pkg_for pgrep procps          # engine tests find MPS daemons
 pkg_for gzip gzip             # engine tests build an OCI image tarball
-pkg_for ctr containerd
+pkg_for capsh libcap2-bin      # a test drops CAP_SYS_ADMIN
 [ -e /usr/include/cuda.h ] || need+=(nvidia-cuda-dev)
 ls /usr/lib/*/libnvidia-ml.so.1 >/dev/null 2>&1 || need+=(libnvidia-ml1)
 
