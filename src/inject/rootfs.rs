@@ -125,7 +125,12 @@ pub fn ensure_target(root: &OwnedFd, target: &Target) -> Result<OwnedFd, (Step, 
                     )
                     .map(drop),
                 };
-                made.map_err(|e| (Step::Create, e))?;
+                match made {
+                    // Made meanwhile by someone else (another hook, the container itself): it
+                    // is resolved inside the root again and its kind checked below.
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err((Step::Create, e)),
+                }
                 open_in_root(root, prefix, OFlag::empty()).map_err(|e| (Step::Resolve, e))?
             }
             Err(e) => return Err((Step::Resolve, e)),
