@@ -205,12 +205,17 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let sd = StateDir::new(t.path());
         let c = t.path().join("containers");
-        for d in ["pending-old", "c1"] {
+        let two_hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+        for d in ["pending-old", "c1", "pending-new"] {
             std::fs::create_dir_all(c.join(d)).unwrap();
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        std::fs::create_dir_all(c.join("pending-new")).unwrap();
-        let removed = sweep_pending(&sd, std::time::Duration::from_millis(10));
+        for d in ["pending-old", "c1"] {
+            std::fs::File::open(c.join(d))
+                .unwrap()
+                .set_modified(two_hours_ago)
+                .unwrap();
+        }
+        let removed = sweep_pending(&sd, PENDING_MAX_AGE);
         assert_eq!(removed, vec![c.join("pending-old")]);
         assert!(c.join("c1").is_dir() && c.join("pending-new").is_dir());
     }
