@@ -173,7 +173,13 @@ fn stale_clients_are_dropped_and_dead_daemons_restarted() {
     let _ = std::process::Command::new("kill")
         .args(["-9", &d[0].to_string()])
         .status();
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    for _ in 0..500 {
+        if daemons_under(&sb.state_dir()).is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(daemons_under(&sb.state_dir()).is_empty(), "daemon did not die");
 
     ok(&sb.hook(
         &["createRuntime"],
