@@ -24,6 +24,7 @@ pub mod plan;
 pub mod prepare;
 pub mod procinfo;
 pub mod quantity;
+pub mod release;
 pub mod request;
 pub mod runtime;
 pub mod spec_edit;
