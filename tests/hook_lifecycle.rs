@@ -179,7 +179,10 @@ fn stale_clients_are_dropped_and_dead_daemons_restarted() {
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    assert!(daemons_under(&sb.state_dir()).is_empty(), "daemon did not die");
+    assert!(
+        daemons_under(&sb.state_dir()).is_empty(),
+        "daemon did not die"
+    );
 
     ok(&sb.hook(
         &["createRuntime"],
