@@ -59,6 +59,8 @@ pub enum RuntimeError {
 pub struct Args {
     /// `--log` (global).
     pub log: Option<PathBuf>,
+    /// `--log-format` (global): `json`, or `text` (runc's default).
+    pub log_format: Option<String>,
     pub command: Option<String>,
     /// `--bundle`/`-b` of create/run.
     pub bundle: Option<PathBuf>,
@@ -102,6 +104,8 @@ pub fn parse_args(argv: &[OsString]) -> Args {
                     let v = inline.map(str::to_owned).or_else(|| it.next());
                     if flag == "--log" {
                         out.log = v.map(PathBuf::from);
+                    } else if flag == "--log-format" {
+                        out.log_format = v;
                     }
                 }
                 continue;
@@ -258,15 +262,24 @@ pub fn wants_edit(args: &Args) -> bool {
     matches!(args.command.as_deref(), Some("create" | "run"))
 }
 
-/// The JSON line written to the `--log` file for an error (containerd's shim reads it; its
-/// `time` must be RFC 3339).
-pub fn log_line(msg: &str) -> String {
+/// The line written to the `--log` file for an error, in the runtime's log format: JSON (what
+/// containerd's shim asks for and reads; its `time` must be RFC 3339) or runc's logfmt text.
+pub fn log_line(msg: &str, json: bool) -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs();
-    serde_json::json!({"level": "error", "msg": format!("gpushare-runtime: {msg}"), "time": rfc3339(secs)})
-        .to_string()
+    let msg = format!("gpushare-runtime: {msg}");
+    if json {
+        serde_json::json!({"level": "error", "msg": msg, "time": rfc3339(secs)}).to_string()
+    } else {
+        // logfmt: the message quoted like a JSON string.
+        format!(
+            "time={:?} level=error msg={}",
+            rfc3339(secs),
+            serde_json::Value::String(msg)
+        )
+    }
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for seconds since the epoch (UTC; civil-from-days, H. Hinnant).
@@ -290,16 +303,17 @@ pub fn rfc3339(secs: u64) -> String {
     )
 }
 
-/// Appends an error line to the `--log` file; best effort.
-pub fn log_error(log: Option<&Path>, msg: &str) {
+/// Appends an error line to the `--log` file in its `--log-format`; best effort.
+pub fn log_error(args: &Args, msg: &str) {
     use std::io::Write;
-    if let Some(p) = log {
+    let json = args.log_format.as_deref() == Some("json");
+    if let Some(p) = &args.log {
         if let Ok(mut f) = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(p)
         {
-            let _ = writeln!(f, "{}", log_line(msg));
+            let _ = writeln!(f, "{}", log_line(msg, json));
         }
     }
 }
@@ -356,6 +370,7 @@ mod tests {
                 ],
                 Args {
                     log: Some("/b/log.json".into()),
+                    log_format: Some("json".into()),
                     command: Some("create".into()),
                     bundle: Some("/b".into()),
                     id: Some("c1".into()),
@@ -375,6 +390,7 @@ mod tests {
                 ],
                 Args {
                     log: Some("/l".into()),
+                    log_format: None,
                     command: Some("run".into()),
                     bundle: Some("/b".into()),
                     id: Some("c2".into()),
@@ -385,6 +401,7 @@ mod tests {
                 vec!["create", "--bundle=/x", "c3"],
                 Args {
                     log: None,
+                    log_format: None,
                     command: Some("create".into()),
                     bundle: Some("/x".into()),
                     id: Some("c3".into()),
@@ -395,6 +412,7 @@ mod tests {
                 vec!["--debug", "delete", "--force", "c4"],
                 Args {
                     log: None,
+                    log_format: None,
                     command: Some("delete".into()),
                     bundle: None,
                     id: Some("c4".into()),
@@ -431,10 +449,27 @@ mod tests {
     }
 
     #[test]
-    fn log_lines_are_json() {
-        let v: serde_json::Value = serde_json::from_str(&log_line("bad \"x\"")).unwrap();
+    fn log_lines_in_both_formats() {
+        let v: serde_json::Value = serde_json::from_str(&log_line("bad \"x\"", true)).unwrap();
         assert_eq!(v["level"], "error");
         assert!(v["msg"].as_str().unwrap().contains("bad \"x\""));
+        let text = log_line("bad \"x\"", false);
+        assert!(
+            text.starts_with("time=\"") && text.contains(" level=error msg="),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(r#"msg="gpushare-runtime: bad \"x\"""#),
+            "{text}"
+        );
+        let a = parse_args(&[
+            "--log-format=json".into(),
+            "--log".into(),
+            "/l".into(),
+            "state".into(),
+        ]);
+        assert_eq!(a.log_format.as_deref(), Some("json"));
+        assert_eq!(a.log.as_deref(), Some(Path::new("/l")));
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400 + 3661), "2000-02-29T01:01:01Z");
         assert_eq!(rfc3339(1_795_321_481), "2026-11-22T04:24:41Z");

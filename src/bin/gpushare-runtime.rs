@@ -13,6 +13,6 @@ fn main() -> ExitCode {
     // Returns only when the next runtime could not be started.
     let msg = runtime::run(&argv, &args);
     eprintln!("gpushare-runtime: {msg}");
-    runtime::log_error(args.log.as_deref(), &msg);
+    runtime::log_error(&args, &msg);
     ExitCode::from(1)
 }

@@ -71,7 +71,7 @@ echo "== bad request: one line, exit 1, config.json unchanged, --log gets a JSON
 bundle "$T/b6" '["true"]' "$GPU" '{"gpu.share":"bogus"}'
 sha=$(sha256sum "$T/b6/config.json")
 set +e
-"$GS_RUNTIME" --log "$T/b6/log.json" create --bundle "$T/b6" "${NAME}6" </dev/null >/dev/null 2>"$T/err6"
+"$GS_RUNTIME" --log "$T/b6/log.json" --log-format json create --bundle "$T/b6" "${NAME}6" </dev/null >/dev/null 2>"$T/err6"
 rc=$?
 set -e
 [ $rc = 1 ] || fail "exit $rc, wanted 1"
@@ -80,6 +80,11 @@ set -e
 jq -e 'select(.level=="error") | .msg | contains("gpu.share")' "$T/b6/log.json" >/dev/null || { cat "$T/b6/log.json"; fail "no JSON error line in --log"; }
 runc state "${NAME}6" >/dev/null 2>&1 && fail "container created despite the refusal"
 ok "refused: $(cat "$T/err6")"
+set +e
+"$GS_RUNTIME" --log "$T/b6/log.txt" create --bundle "$T/b6" "${NAME}6" </dev/null >/dev/null 2>/dev/null
+set -e
+grep -q '^time="[0-9T:Z-]*" level=error msg="gpushare-runtime: .*gpu.share' "$T/b6/log.txt" || { cat "$T/b6/log.txt"; fail "no text error line in --log (runc's default format)"; }
+ok "--log gets runc's text format unless --log-format json"
 
 echo "== race: the last other client leaves between the spec edit and the acquire"
 # Holder X keeps the daemon up while B's spec is edited and mounted; a createRuntime hook placed
