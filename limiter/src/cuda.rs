@@ -15,7 +15,7 @@ pub type CuResult = c_uint;
 pub const SUCCESS: CuResult = 0;
 pub const OUT_OF_MEMORY: CuResult = 2;
 pub const NOT_INITIALIZED: CuResult = 3;
-type Opaque = *mut c_void;
+pub(crate) type Opaque = *mut c_void;
 
 macro_rules! real {
     ($h:ident as $ty:ty) => {{
@@ -27,8 +27,9 @@ macro_rules! real {
         unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
     }};
 }
+pub(crate) use real;
 
-fn extra_fn(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_void {
+pub(crate) fn extra_fn(slot: &AtomicPtr<c_void>, name: &std::ffi::CStr) -> *mut c_void {
     let p = slot.load(Ordering::Acquire);
     if !p.is_null() {
         return p;
@@ -107,7 +108,7 @@ pub fn real_uuid(ord: usize) -> Option<[u8; 16]> {
 
 /// Runs an allocation on CUDA ordinal `ord` under the cap. `key` reads the new pointer or
 /// handle after success.
-fn counted(
+pub(crate) fn counted(
     ord: usize,
     size: u64,
     kind: Kind,
@@ -133,7 +134,7 @@ fn counted(
 }
 
 /// An allocation on the current context's device.
-fn counted_current(
+pub(crate) fn counted_current(
     size: u64,
     call: impl FnOnce() -> CuResult,
     key: impl FnOnce() -> u64,
@@ -147,7 +148,7 @@ fn counted_current(
     }
 }
 
-fn read_ptr(p: *const u64) -> u64 {
+pub(crate) fn read_ptr(p: *const u64) -> u64 {
     if p.is_null() {
         return 0;
     }
@@ -165,8 +166,6 @@ fn forget(kind: Kind, key: u64, r: CuResult) -> CuResult {
 }
 
 type AllocFn = unsafe extern "C" fn(*mut u64, usize) -> CuResult;
-type AllocStreamFn = unsafe extern "C" fn(*mut u64, usize, Opaque) -> CuResult;
-type AllocPoolFn = unsafe extern "C" fn(*mut u64, usize, Opaque, Opaque) -> CuResult;
 type FreeFn = unsafe extern "C" fn(u64) -> CuResult;
 type FreeStreamFn = unsafe extern "C" fn(u64, Opaque) -> CuResult;
 
@@ -211,72 +210,6 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: c
     counted_current(
         size as u64,
         || unsafe { f(dptr, size, flags) },
-        || read_ptr(dptr),
-    )
-}
-
-/// # Safety
-/// The CUDA driver API contract of the function of the same name.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: Opaque) -> CuResult {
-    let f = real!(cuMemAllocAsync as AllocStreamFn);
-    // SAFETY: forwarded caller contract.
-    counted_current(
-        size as u64,
-        || unsafe { f(dptr, size, stream) },
-        || read_ptr(dptr),
-    )
-}
-
-/// # Safety
-/// The CUDA driver API contract of the function of the same name.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut u64,
-    size: usize,
-    stream: Opaque,
-) -> CuResult {
-    let f = real!(cuMemAllocAsync_ptsz as AllocStreamFn);
-    // SAFETY: forwarded caller contract.
-    counted_current(
-        size as u64,
-        || unsafe { f(dptr, size, stream) },
-        || read_ptr(dptr),
-    )
-}
-
-/// # Safety
-/// The CUDA driver API contract of the function of the same name.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    dptr: *mut u64,
-    size: usize,
-    pool: Opaque,
-    stream: Opaque,
-) -> CuResult {
-    let f = real!(cuMemAllocFromPoolAsync as AllocPoolFn);
-    // SAFETY: forwarded caller contract.
-    counted_current(
-        size as u64,
-        || unsafe { f(dptr, size, pool, stream) },
-        || read_ptr(dptr),
-    )
-}
-
-/// # Safety
-/// The CUDA driver API contract of the function of the same name.
-#[no_mangle]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut u64,
-    size: usize,
-    pool: Opaque,
-    stream: Opaque,
-) -> CuResult {
-    let f = real!(cuMemAllocFromPoolAsync_ptsz as AllocPoolFn);
-    // SAFETY: forwarded caller contract.
-    counted_current(
-        size as u64,
-        || unsafe { f(dptr, size, pool, stream) },
         || read_ptr(dptr),
     )
 }

@@ -6,7 +6,7 @@
 //! `RTLD_NEXT` lookups keep their meaning for every other library.
 
 use crate::sys::{self, Lib};
-use crate::{cuda, nvml, state};
+use crate::{cuda, mempool, nvml, state};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -50,15 +50,21 @@ hooks! {
     Cuda cuda::cuMemAlloc_v2;
     Cuda cuda::cuMemAllocPitch_v2;
     Cuda cuda::cuMemAllocManaged;
-    Cuda cuda::cuMemAllocAsync;
-    Cuda cuda::cuMemAllocAsync_ptsz;
-    Cuda cuda::cuMemAllocFromPoolAsync;
-    Cuda cuda::cuMemAllocFromPoolAsync_ptsz;
+    Cuda mempool::cuMemAllocAsync;
+    Cuda mempool::cuMemAllocAsync_ptsz;
+    Cuda mempool::cuMemAllocFromPoolAsync;
+    Cuda mempool::cuMemAllocFromPoolAsync_ptsz;
     Cuda cuda::cuMemCreate;
     Cuda cuda::cuMemRelease;
     Cuda cuda::cuMemFree_v2;
     Cuda cuda::cuMemFreeAsync;
     Cuda cuda::cuMemFreeAsync_ptsz;
+    Cuda mempool::cuMemPoolCreate;
+    Cuda mempool::cuMemPoolDestroy;
+    Cuda mempool::cuMemPoolTrimTo;
+    Cuda mempool::cuCtxSynchronize;
+    Cuda mempool::cuStreamSynchronize;
+    Cuda mempool::cuStreamSynchronize_ptsz;
     Cuda cuda::cuMemGetInfo_v2;
     Cuda cuda::cuDeviceTotalMem_v2;
     Cuda cuda::cuCtxCreate_v2;
@@ -84,6 +90,9 @@ pub mod extra {
     pub const CU_CTX_GET_CURRENT: &CStr = c"cuCtxGetCurrent";
     pub const CU_CTX_GET_DEVICE: &CStr = c"cuCtxGetDevice";
     pub const CU_DEVICE_GET_UUID: &CStr = c"cuDeviceGetUuid";
+    pub const CU_MEM_POOL_GET_ATTRIBUTE: &CStr = c"cuMemPoolGetAttribute";
+    pub const CU_DEVICE_GET_MEM_POOL: &CStr = c"cuDeviceGetMemPool";
+    pub const CU_DEVICE_GET_DEFAULT_MEM_POOL: &CStr = c"cuDeviceGetDefaultMemPool";
 }
 
 fn is_wrapper(p: *mut c_void) -> bool {
@@ -369,6 +378,20 @@ mod tests {
                 Some("cuLaunchKernel"),
             ),
             ("no ptsz form", "cuMemFree", 12000, 2, Some("cuMemFree_v2")),
+            (
+                "stream synchronise, per-thread stream",
+                "cuStreamSynchronize",
+                12000,
+                2,
+                Some("cuStreamSynchronize_ptsz"),
+            ),
+            (
+                "pool trim",
+                "cuMemPoolTrimTo",
+                12000,
+                0,
+                Some("cuMemPoolTrimTo"),
+            ),
             (
                 "itself, CUDA 12",
                 "cuGetProcAddress",

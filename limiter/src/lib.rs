@@ -12,13 +12,16 @@
 //! `cuGetProcAddress`/`_v2` (the CUDA runtime 11.3+). See `limiter/README.md`.
 //!
 //! Module map: [`limits`] (pure parsing), [`region`] (shared accounting file), [`state`]
-//! (process-wide limiter), [`sm`] (token bucket), [`cuda`] and [`nvml`] (exported wrappers),
+//! (process-wide limiter), [`sm`] (token bucket), [`pools`] (watched stream-ordered memory
+//! pools), [`cuda`], [`mempool`] and [`nvml`] (exported wrappers),
 //! [`interpose`] (hook table, `dlsym`, `cuGetProcAddress`), [`sys`] (libc FFI).
 
 pub mod cuda;
 pub mod interpose;
 pub mod limits;
+pub mod mempool;
 pub mod nvml;
+pub mod pools;
 pub mod region;
 pub mod sm;
 pub mod state;

@@ -248,6 +248,23 @@ impl Limiter {
         }
     }
 
+    /// Charges `bytes` on `ord` without a cap check (memory the driver already handed out).
+    pub fn charge(&self, ord: usize, bytes: u64) {
+        if bytes != 0 {
+            self.add_footprint(ord, bytes);
+        }
+    }
+
+    /// Gives back `bytes` charged on `ord`.
+    pub fn credit(&self, ord: usize, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        if let (Some(dev), Some(slot)) = (self.dev_entry(ord), self.slot()) {
+            self.region.release(slot, dev, bytes);
+        }
+    }
+
     /// Bytes the container uses on region entry `dev` (dead processes reclaimed first).
     pub fn container_used(&self, dev: usize) -> u64 {
         self.region.reclaim_dead(sys::getpid());

@@ -90,7 +90,16 @@ fn every_allocation_api_is_counted() {
             "cuMemAllocFromPoolAsync 256 MiB fills the cap",
         ),
         ("CREATE_OVER_RC", 2, "cuMemCreate over the cap is refused"),
-        ("FREEASYNC_RC", 0, "cuMemFreeAsync gives 256 MiB back"),
+        (
+            "FREEASYNC_RC",
+            0,
+            "cuMemFreeAsync returns 256 MiB to the pool",
+        ),
+        (
+            "SYNC_RC",
+            0,
+            "cuCtxSynchronize: the pool (release threshold 0) gives 256 MiB back",
+        ),
         ("CREATE_RC", 0, "cuMemCreate 256 MiB now fits"),
         ("ALLOC_OVER_RC", 2, "cuMemAlloc over the cap is refused"),
         ("RELEASE_RC", 0, "cuMemRelease gives 256 MiB back"),
@@ -100,6 +109,60 @@ fn every_allocation_api_is_counted() {
         assert_eq!(p.u(key), *want, "{what}");
     }
     assert_eq!(p.u("MEMINFO_FREE"), 0);
+}
+
+#[test]
+fn async_allocations_over_the_cap_are_refused() {
+    for (path, pool) in [
+        ("direct", "default"),
+        ("procaddr2", "default"),
+        ("direct", "created"),
+        ("dlopen", "created"),
+    ] {
+        let mut s = setup!(&format!("capasync-{path}-{pool}"));
+        s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+        let p = s.run(&[path, "capasync", "0", "100", pool]).ok();
+        let created = pool == "created";
+        let rows: &[(&str, u64, &str)] = &[
+            ("ALLOC_TOTAL", 1000 * MIB, "ten 100 MiB chunks fit in 1 GiB"),
+            ("OOM_RC", 2, "the 11th is CUDA_ERROR_OUT_OF_MEMORY"),
+            ("MEMINFO_TOTAL", GIB, "cuMemGetInfo total is the cap"),
+            ("MEMINFO_FREE", 24 * MIB, "cuMemGetInfo free counts the pool"),
+            ("SYNC_RC", 0, "cuCtxSynchronize"),
+            (
+                "FREE_AFTER_SYNC",
+                if created { 24 * MIB } else { GIB },
+                "after frees and a synchronisation the pool keeps its memory only with a high release threshold",
+            ),
+        ];
+        for (key, want, what) in rows {
+            assert_eq!(p.u(key), *want, "{path} {pool}: {what}");
+        }
+        if created {
+            assert_eq!(p.u("DESTROY_RC"), 0, "{path}: cuMemPoolDestroy");
+            assert_eq!(
+                p.u("FREE_AFTER_DESTROY"),
+                GIB,
+                "{path}: a destroyed pool's memory is no longer counted"
+            );
+        }
+        assert!(p.stderr.is_empty(), "{path} {pool}: {}", p.stderr);
+    }
+}
+
+#[test]
+fn memory_a_pool_keeps_after_frees_counts_against_the_cap() {
+    for (keep, path) in [(true, "direct"), (true, "procaddr"), (false, "direct")] {
+        let mut s = setup!(&format!("pool-{keep}-{path}"));
+        s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+        let p = s
+            .run(&[path, "pool", "0", if keep { "1" } else { "0" }])
+            .ok();
+        for (key, want, what) in common::pool_rows(keep) {
+            assert_eq!(p.u(key), want, "{path}, keep {keep}: {what}");
+        }
+        assert!(p.stderr.is_empty(), "{path}: {}", p.stderr);
+    }
 }
 
 #[test]

@@ -117,3 +117,18 @@ fn defaults_warnings_and_fault_injection() {
         "NVML_ERROR_UNKNOWN injected"
     );
 }
+
+#[test]
+fn pools_grow_keep_memory_up_to_the_release_threshold_and_trim() {
+    for keep in [true, false] {
+        let mut s = setup!(&format!("sim-pool-{keep}"));
+        s.preload = false;
+        s.set("GPUSHARE_SIM_DEVICES", "1024");
+        let p = s
+            .run(&["direct", "pool", "0", if keep { "1" } else { "0" }])
+            .ok();
+        for (key, want, what) in common::pool_rows(keep) {
+            assert_eq!(p.u(key), want, "keep {keep}: {what}");
+        }
+    }
+}

@@ -36,6 +36,12 @@
 //! timeline for the context's device (blocking once more than 20 ms is queued), which NVML
 //! reports as that process's SM utilisation. Synchronise calls wait for the queue to drain.
 //!
+//! Memory pools keep real bookkeeping (reserved, used, release threshold): stream-ordered
+//! allocations are served from a pool's free reserved memory and grow it in 2 MiB chunks only
+//! when that is too small; `cuMemFreeAsync` returns memory to the pool; synchronisation releases
+//! reserved memory above the release threshold (0 by default, as in CUDA); `cuMemPoolTrimTo`
+//! releases down to its argument. The device's used memory counts pools' reserved memory.
+//!
 //! `install-sim.sh DIR` creates `DIR/libcuda.so.1` and `DIR/libnvidia-ml.so.1` symlinks to the
 //! built library, for `LD_LIBRARY_PATH`.
 

@@ -10,6 +10,10 @@
  *   hold DEV MIB               allocate MIB, print HELD=1, sleep until killed
  *   try DEV MIB                allocate MIB once, print RESULT=<CUresult>
  *   kinds DEV                  256 MiB through each counted allocation API (see below)
+ *   pool DEV KEEP              stream-ordered allocations from the default pool (KEEP=1: release
+ *                              threshold UINT64_MAX), reserved sizes, trim (see below)
+ *   capasync DEV CHUNK_MIB POOL  cuMemAllocAsync (POOL=default) or cuMemAllocFromPoolAsync from a
+ *                              created pool (POOL=created) until OOM; free, sync, destroy
  *   unknownfree DEV            free a pointer nobody allocated
  *   launch DEV SECONDS MODE    launch kernels for SECONDS (MODE: kernel|ex|coop|graph|mixed)
  *   nvml                       print NVML memory info of every device (v1 and v2)
@@ -62,6 +66,13 @@ static struct {
     CUresult (*GraphLaunch)(void *, CUstream);
     CUresult (*GraphCreate)(void **, unsigned);
     CUresult (*GraphInstantiateWithFlags)(void **, void *, unsigned long long);
+    CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*DeviceGetMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*MemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+    CUresult (*MemPoolDestroy)(CUmemoryPool);
+    CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
 } cu;
 
 static void *lib;
@@ -100,6 +111,10 @@ static void setup(void) {
         cu.LaunchKernel = cuLaunchKernel; cu.LaunchKernelEx = dlsym(RTLD_DEFAULT, "cuLaunchKernelEx");
         cu.LaunchCooperativeKernel = cuLaunchCooperativeKernel; cu.GraphLaunch = (void *)cuGraphLaunch;
         cu.GraphCreate = (void *)cuGraphCreate; cu.GraphInstantiateWithFlags = (void *)cuGraphInstantiateWithFlags;
+        cu.DeviceGetDefaultMemPool = cuDeviceGetDefaultMemPool; cu.DeviceGetMemPool = cuDeviceGetMemPool;
+        cu.MemPoolCreate = cuMemPoolCreate; cu.MemPoolDestroy = cuMemPoolDestroy;
+        cu.MemPoolSetAttribute = cuMemPoolSetAttribute; cu.MemPoolGetAttribute = cuMemPoolGetAttribute;
+        cu.MemPoolTrimTo = cuMemPoolTrimTo;
         if (!cu.LaunchKernelEx) die("no cuLaunchKernelEx");
         return;
     }
@@ -132,6 +147,12 @@ static void setup(void) {
     R(LaunchCooperativeKernel, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel");
     R(GraphLaunch, "cuGraphLaunch", "cuGraphLaunch"); R(GraphCreate, "cuGraphCreate", "cuGraphCreate");
     R(GraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags");
+    R(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool");
+    R(DeviceGetMemPool, "cuDeviceGetMemPool", "cuDeviceGetMemPool");
+    R(MemPoolCreate, "cuMemPoolCreate", "cuMemPoolCreate"); R(MemPoolDestroy, "cuMemPoolDestroy", "cuMemPoolDestroy");
+    R(MemPoolSetAttribute, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute");
+    R(MemPoolGetAttribute, "cuMemPoolGetAttribute", "cuMemPoolGetAttribute");
+    R(MemPoolTrimTo, "cuMemPoolTrimTo", "cuMemPoolTrimTo");
 }
 
 static CUdevice init_dev(int ordinal, int primary) {
@@ -170,20 +191,96 @@ static int scenario_cap(int dev, unsigned long long chunk_mib) {
 
 static int scenario_kinds(int dev) {
     CUdevice d = init_dev(dev, 1);
-    CUdeviceptr a, b, c, e; size_t pitch; unsigned long long h = 0, h2 = 0;
+    CUdeviceptr a, b, c, e; size_t pitch; unsigned long long h = 0, h2 = 0; CUmemoryPool pool;
+    if (cu.DeviceGetDefaultMemPool(&pool, d)) die("cuDeviceGetDefaultMemPool");
     CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED; prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE; prop.location.id = d;
     printf("PITCH_RC=%d\n", cu.MemAllocPitch(&a, &pitch, 256 * MIB, 1, 4));
     printf("MANAGED_RC=%d\n", cu.MemAllocManaged(&b, 256 * MIB, CU_MEM_ATTACH_GLOBAL));
     printf("ASYNC_RC=%d\n", cu.MemAllocAsync(&c, 256 * MIB, NULL));
-    printf("POOL_RC=%d\n", cu.MemAllocFromPoolAsync(&e, 256 * MIB, (void *)0x1, NULL));
+    printf("POOL_RC=%d\n", cu.MemAllocFromPoolAsync(&e, 256 * MIB, pool, NULL));
     printf("CREATE_OVER_RC=%d\n", cu.MemCreate(&h, 2 * MIB, &prop, 0));
     printf("FREEASYNC_RC=%d\n", cu.MemFreeAsync(c, NULL));
+    printf("SYNC_RC=%d\n", cu.CtxSynchronize());
     printf("CREATE_RC=%d\n", cu.MemCreate(&h2, 256 * MIB, &prop, 0));
     printf("ALLOC_OVER_RC=%d\n", cu.MemAlloc(&c, 2 * MIB));
     printf("RELEASE_RC=%d\n", cu.MemRelease(h2));
     printf("ALLOC_AFTER_RELEASE_RC=%d\n", cu.MemAlloc(&c, 256 * MIB));
     print_info(d);
+    return 0;
+}
+
+static unsigned long long pool_attr(CUmemoryPool pool, CUmemPool_attribute a) {
+    cuuint64_t v = 0;
+    if (cu.MemPoolGetAttribute(pool, a, &v)) return ~0ull;
+    return v;
+}
+
+static size_t meminfo_free(void) {
+    size_t fr = 0, tot = 0;
+    if (cu.MemGetInfo(&fr, &tot)) die("cuMemGetInfo");
+    return fr;
+}
+
+/* 600 MiB from the default pool, freed; with KEEP the pool keeps it past synchronisation. */
+static int scenario_pool(int dev, int keep) {
+    CUdevice d = init_dev(dev, 1);
+    CUmemoryPool pool, cur; CUdeviceptr a, b, c;
+    printf("DEFPOOL_RC=%d\n", cu.DeviceGetDefaultMemPool(&pool, d));
+    printf("CURPOOL_IS_DEFAULT=%d\n", !cu.DeviceGetMemPool(&cur, d) && cur == pool);
+    if (keep) {
+        cuuint64_t t = ~0ull;
+        printf("THRESHOLD_RC=%d\n", cu.MemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
+    }
+    printf("ASYNC_RC=%d\n", cu.MemAllocAsync(&a, 600 * MIB, NULL));
+    printf("RESERVED_1=%llu\nUSED_1=%llu\n", pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+    CUresult r = cu.MemAllocAsync(&b, 600 * MIB, NULL);
+    printf("ASYNC_OVER_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cu.MemFreeAsync(b, NULL);
+    printf("FREE_RC=%d\n", cu.MemFreeAsync(a, NULL));
+    printf("RESERVED_2=%llu\nUSED_2=%llu\n", pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT));
+    printf("SYNC_RC=%d\n", cu.CtxSynchronize());
+    printf("RESERVED_3=%llu\nMEMINFO_FREE_3=%zu\n", pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), meminfo_free());
+    r = cu.MemAlloc(&c, 600 * MIB);
+    printf("ALLOC_OVER_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cu.MemFree(c);
+    printf("REUSE_RC=%d\n", cu.MemAllocAsync(&b, 600 * MIB, NULL));
+    printf("RESERVED_4=%llu\n", pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    cu.MemFreeAsync(b, NULL);
+    cu.CtxSynchronize();
+    printf("TRIM_RC=%d\n", cu.MemPoolTrimTo(pool, 0));
+    printf("RESERVED_5=%llu\n", pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
+    printf("ALLOC_AFTER_TRIM_RC=%d\n", cu.MemAlloc(&c, 600 * MIB));
+    print_info(d);
+    return 0;
+}
+
+static int scenario_capasync(int dev, unsigned long long chunk_mib, const char *which) {
+    CUdevice d = init_dev(dev, 1);
+    CUmemoryPool pool = NULL; CUdeviceptr p[64]; int n = 0; CUresult r;
+    int created = !strcmp(which, "created");
+    if (created) {
+        CUmemPoolProps props; memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE; props.location.id = d;
+        if (cu.MemPoolCreate(&pool, &props)) die("cuMemPoolCreate");
+        cuuint64_t t = ~0ull;
+        if (cu.MemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t)) die("threshold");
+    }
+    unsigned long long total = 0;
+    while (n < 64 && (r = created ? cu.MemAllocFromPoolAsync(&p[n], chunk_mib * MIB, pool, NULL)
+                                  : cu.MemAllocAsync(&p[n], chunk_mib * MIB, NULL)) == CUDA_SUCCESS) {
+        total += chunk_mib * MIB; n++;
+    }
+    printf("ALLOC_TOTAL=%llu\nOOM_RC=%d\n", total, r);
+    print_info(d);
+    for (int i = 0; i < n; i++) cu.MemFreeAsync(p[i], NULL);
+    printf("SYNC_RC=%d\n", cu.CtxSynchronize());
+    printf("FREE_AFTER_SYNC=%zu\n", meminfo_free());
+    if (created) {
+        printf("DESTROY_RC=%d\n", cu.MemPoolDestroy(pool));
+        printf("FREE_AFTER_DESTROY=%zu\n", meminfo_free());
+    }
     return 0;
 }
 
@@ -235,6 +332,8 @@ int main(int argc, char **argv) {
     int dev = argc > 3 ? atoi(argv[3]) : 0;
     if (!strcmp(s, "cap") && argc == 5) return scenario_cap(dev, strtoull(argv[4], NULL, 10));
     if (!strcmp(s, "kinds")) return scenario_kinds(dev);
+    if (!strcmp(s, "pool") && argc == 5) return scenario_pool(dev, atoi(argv[4]));
+    if (!strcmp(s, "capasync") && argc == 6) return scenario_capasync(dev, strtoull(argv[4], NULL, 10), argv[5]);
     if (!strcmp(s, "hold") && argc == 5) {
         init_dev(dev, 0); CUdeviceptr p;
         CUresult r = cu.MemAlloc(&p, strtoull(argv[4], NULL, 10) * MIB);

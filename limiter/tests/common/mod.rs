@@ -322,3 +322,62 @@ pub fn wait_for_line(child: &mut Child, line: &str) {
         assert!(!buf.starts_with("HELD="), "child could not allocate: {buf}");
     }
 }
+
+/// Rows of the `pool` scenario: the same under a 1 GiB cap on a 4 GiB device and without the
+/// limiter on a 1 GiB simulated device (`keep`: release threshold UINT64_MAX instead of 0).
+pub fn pool_rows(keep: bool) -> Vec<(&'static str, u64, &'static str)> {
+    let mut rows = vec![
+        ("DEFPOOL_RC", 0, "cuDeviceGetDefaultMemPool"),
+        (
+            "CURPOOL_IS_DEFAULT",
+            1,
+            "the current pool is the default one",
+        ),
+        ("ASYNC_RC", 0, "cuMemAllocAsync 600 MiB"),
+        ("RESERVED_1", 600 * MIB, "the pool grew by the request"),
+        ("USED_1", 600 * MIB, "and hands it out"),
+        ("ASYNC_OVER_RC", 2, "another 600 MiB does not fit"),
+        ("FREE_RC", 0, "cuMemFreeAsync"),
+        (
+            "RESERVED_2",
+            600 * MIB,
+            "the pool keeps it until synchronisation",
+        ),
+        ("USED_2", 0, "nothing handed out"),
+        ("SYNC_RC", 0, "cuCtxSynchronize"),
+        ("REUSE_RC", 0, "600 MiB again fits, from the pool"),
+        ("RESERVED_4", 600 * MIB, "without growing past 600 MiB"),
+        ("TRIM_RC", 0, "cuMemPoolTrimTo 0"),
+        ("RESERVED_5", 0, "trimmed"),
+        ("ALLOC_AFTER_TRIM_RC", 0, "the memory is usable again"),
+        ("MEMINFO_TOTAL", GIB, "cuMemGetInfo total"),
+        (
+            "MEMINFO_FREE",
+            424 * MIB,
+            "cuMemGetInfo free after the last 600 MiB",
+        ),
+    ];
+    if keep {
+        rows.extend([
+            ("THRESHOLD_RC", 0, "release threshold UINT64_MAX"),
+            (
+                "RESERVED_3",
+                600 * MIB,
+                "the pool keeps 600 MiB after synchronisation",
+            ),
+            ("MEMINFO_FREE_3", 424 * MIB, "and it counts as used"),
+            ("ALLOC_OVER_RC", 2, "so cuMemAlloc_v2 600 MiB is refused"),
+        ]);
+    } else {
+        rows.extend([
+            (
+                "RESERVED_3",
+                0,
+                "release threshold 0: released at synchronisation",
+            ),
+            ("MEMINFO_FREE_3", GIB, "nothing counted any more"),
+            ("ALLOC_OVER_RC", 0, "cuMemAlloc_v2 600 MiB fits"),
+        ]);
+    }
+    rows
+}

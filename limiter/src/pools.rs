@@ -1,0 +1,177 @@
+//! Stream-ordered memory pools the limiter watches: each pool's CUDA ordinal and the reserved
+//! size last charged for it. A pool's memory is counted as the pool's reserved size (what it
+//! holds on the device), not as the sizes of the allocations made from it.
+//!
+//! Lookups scan a fixed table with atomic loads (no lock). Adding and removing a pool take a
+//! small mutex that is never held across a driver call.
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+/// Pools watched at once; allocations from further pools are counted by request size.
+pub const MAX_POOLS: usize = 64;
+/// `ord` of a pool whose memory is not device memory (not counted).
+pub const NOT_DEVICE: u32 = u32::MAX;
+
+/// One watched pool.
+pub struct Entry {
+    handle: AtomicUsize,
+    ord: AtomicU32,
+    charged: AtomicU64,
+}
+
+/// A change of a pool's charged size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delta {
+    Grew(u64),
+    Shrank(u64),
+}
+
+impl Entry {
+    const fn new() -> Entry {
+        Entry {
+            handle: AtomicUsize::new(0),
+            ord: AtomicU32::new(NOT_DEVICE),
+            charged: AtomicU64::new(0),
+        }
+    }
+
+    /// CUDA ordinal of the pool's device; `None` for host pools.
+    pub fn ord(&self) -> Option<usize> {
+        let o = self.ord.load(Ordering::Acquire);
+        (o != NOT_DEVICE).then_some(o as usize)
+    }
+
+    /// Records `reserved` (a fresh reading of the pool's reserved size) as charged and returns
+    /// the change to apply. Concurrent readings may be applied out of order; the changes always
+    /// add up to the last recorded reading, so nothing leaks and the next reading corrects it.
+    pub fn update(&self, reserved: u64) -> Delta {
+        let old = self.charged.swap(reserved, Ordering::AcqRel);
+        if reserved >= old {
+            Delta::Grew(reserved - old)
+        } else {
+            Delta::Shrank(old - reserved)
+        }
+    }
+}
+
+/// The table of watched pools.
+pub struct Pools {
+    entries: [Entry; MAX_POOLS],
+    edit: Mutex<()>,
+}
+
+/// The process's watched pools.
+pub static POOLS: Pools = Pools::new();
+
+impl Default for Pools {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pools {
+    pub const fn new() -> Pools {
+        Pools {
+            entries: [const { Entry::new() }; MAX_POOLS],
+            edit: Mutex::new(()),
+        }
+    }
+
+    /// The entry of `handle`, if watched.
+    pub fn find(&self, handle: usize) -> Option<&Entry> {
+        if handle == 0 {
+            return None;
+        }
+        self.entries
+            .iter()
+            .find(|e| e.handle.load(Ordering::Acquire) == handle)
+    }
+
+    /// Watches `handle` on CUDA ordinal `ord` ([`NOT_DEVICE`]: a host pool), charged 0 so far.
+    /// Returns the existing entry if already watched; `None` when the table is full.
+    pub fn register(&self, handle: usize, ord: u32) -> Option<&Entry> {
+        if handle == 0 {
+            return None;
+        }
+        let _g = self.edit.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = self.find(handle) {
+            return Some(e);
+        }
+        let e = self
+            .entries
+            .iter()
+            .find(|e| e.handle.load(Ordering::Acquire) == 0)?;
+        e.ord.store(ord, Ordering::Release);
+        e.charged.store(0, Ordering::Release);
+        e.handle.store(handle, Ordering::Release);
+        Some(e)
+    }
+
+    /// Stops watching `handle`; returns its ordinal and what it had charged.
+    pub fn remove(&self, handle: usize) -> Option<(Option<usize>, u64)> {
+        let _g = self.edit.lock().unwrap_or_else(|e| e.into_inner());
+        let e = self.find(handle)?;
+        e.handle.store(0, Ordering::Release);
+        Some((e.ord(), e.charged.swap(0, Ordering::AcqRel)))
+    }
+
+    /// Every watched pool with its handle.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &Entry)> {
+        self.entries.iter().filter_map(|e| {
+            let h = e.handle.load(Ordering::Acquire);
+            (h != 0).then_some((h, e))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_reports_growth_and_shrinkage_that_add_up() {
+        let p = Pools::new();
+        let e = p.register(0x10, 1).unwrap();
+        let rows: &[(&str, u64, Delta)] = &[
+            ("first reading charges everything", 6, Delta::Grew(6)),
+            ("same size, no change", 6, Delta::Grew(0)),
+            ("growth", 10, Delta::Grew(4)),
+            ("trim", 2, Delta::Shrank(8)),
+        ];
+        for (what, reserved, want) in rows {
+            assert_eq!(e.update(*reserved), *want, "{what}");
+        }
+        assert_eq!(e.ord(), Some(1));
+    }
+
+    #[test]
+    fn register_find_remove_and_full_table() {
+        let p = Pools::new();
+        assert!(p.find(0x10).is_none(), "unknown pool");
+        assert!(p.register(0, 0).is_none(), "null handle is never watched");
+        let e = p.register(0x10, 0).unwrap();
+        e.update(5);
+        assert!(
+            std::ptr::eq(p.register(0x10, 3).unwrap(), e),
+            "registering again returns the same entry"
+        );
+        assert_eq!(
+            p.register(0x20, NOT_DEVICE).unwrap().ord(),
+            None,
+            "host pool"
+        );
+        assert_eq!(p.iter().count(), 2);
+        assert_eq!(
+            p.remove(0x10),
+            Some((Some(0), 5)),
+            "removal returns the charge"
+        );
+        assert!(p.find(0x10).is_none());
+        for h in 1..MAX_POOLS {
+            assert!(p.register(0x1000 + h, 0).is_some(), "room for {h}");
+        }
+        assert!(p.register(0x9999, 0).is_none(), "table full");
+    }
+}
