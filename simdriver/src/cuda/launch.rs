@@ -1,0 +1,231 @@
+//! TEST-ONLY: simulated CUDA modules, streams and graphs (opaque tokens) and kernel launches,
+//! which queue simulated busy time that NVML reports as per-process SM utilisation.
+
+use super::contexts::sync_and_release;
+use super::{
+    current_dev, enter, put, record, token, CuResult, Opaque, INVALID_HANDLE, INVALID_VALUE,
+    SUCCESS,
+};
+use crate::config::config;
+use crate::state;
+use std::ffi::{c_char, c_uint, c_void};
+use std::sync::atomic::Ordering;
+
+/// Most simulated work that may be queued before a launch blocks.
+const QUEUE_NS: u64 = 20_000_000;
+
+/// # Safety
+/// `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadData(out: *mut Opaque, _image: *const c_void) -> CuResult {
+    tri!(enter("cuModuleLoadData"));
+    // SAFETY: forwarded caller contract.
+    unsafe { put(out, token()) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuModuleUnload(_m: Opaque) -> CuResult {
+    tri!(enter("cuModuleUnload"));
+    SUCCESS
+}
+
+/// # Safety
+/// `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    out: *mut Opaque,
+    m: Opaque,
+    _name: *const c_char,
+) -> CuResult {
+    tri!(enter("cuModuleGetFunction"));
+    if m.is_null() {
+        return INVALID_HANDLE;
+    }
+    // SAFETY: forwarded caller contract.
+    unsafe { put(out, token()) }
+}
+
+/// # Safety
+/// `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamCreate(out: *mut Opaque, _flags: c_uint) -> CuResult {
+    tri!(enter("cuStreamCreate"));
+    tri!(current_dev());
+    // SAFETY: forwarded caller contract.
+    unsafe { put(out, token()) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamDestroy_v2(_s: Opaque) -> CuResult {
+    tri!(enter("cuStreamDestroy_v2"));
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamSynchronize(_s: Opaque) -> CuResult {
+    tri!(enter("cuStreamSynchronize"));
+    sync_and_release(tri!(current_dev()));
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuStreamSynchronize_ptsz(_s: Opaque) -> CuResult {
+    tri!(enter("cuStreamSynchronize_ptsz"));
+    sync_and_release(tri!(current_dev()));
+    SUCCESS
+}
+
+/// # Safety
+/// `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphCreate(out: *mut Opaque, _flags: c_uint) -> CuResult {
+    tri!(enter("cuGraphCreate"));
+    // SAFETY: forwarded caller contract.
+    unsafe { put(out, token()) }
+}
+
+/// # Safety
+/// `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    out: *mut Opaque,
+    graph: Opaque,
+    _flags: u64,
+) -> CuResult {
+    tri!(enter("cuGraphInstantiateWithFlags"));
+    if graph.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: forwarded caller contract.
+    unsafe { put(out, token()) }
+}
+
+// ---- launches ----
+
+/// Queues one simulated kernel on the current context's device.
+fn launch(name: &str, f: Opaque) -> CuResult {
+    tri!(enter(name));
+    if f.is_null() {
+        return INVALID_HANDLE;
+    }
+    let dev = tri!(current_dev());
+    let Some(r) = record(dev) else {
+        return SUCCESS;
+    };
+    let d = config().kernel_ns;
+    if d == 0 {
+        return SUCCESS;
+    }
+    let now = state::now_ns();
+    let until = r.busy_until.load(Ordering::Acquire);
+    if until > now + QUEUE_NS {
+        std::thread::sleep(std::time::Duration::from_nanos(until - now - QUEUE_NS));
+    }
+    let now = state::now_ns();
+    let start = r.busy_until.load(Ordering::Acquire).max(now);
+    r.busy_until.store(start + d, Ordering::Release);
+    state::add_busy(r, start, start + d);
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuLaunchKernel(
+    f: Opaque,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shmem: c_uint,
+    _stream: Opaque,
+    _params: *mut Opaque,
+    _extra: *mut Opaque,
+) -> CuResult {
+    launch("cuLaunchKernel", f)
+}
+
+#[no_mangle]
+pub extern "C" fn cuLaunchKernel_ptsz(
+    f: Opaque,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shmem: c_uint,
+    _stream: Opaque,
+    _params: *mut Opaque,
+    _extra: *mut Opaque,
+) -> CuResult {
+    launch("cuLaunchKernel_ptsz", f)
+}
+
+#[no_mangle]
+pub extern "C" fn cuLaunchCooperativeKernel(
+    f: Opaque,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shmem: c_uint,
+    _stream: Opaque,
+    _params: *mut Opaque,
+) -> CuResult {
+    launch("cuLaunchCooperativeKernel", f)
+}
+
+#[no_mangle]
+pub extern "C" fn cuLaunchCooperativeKernel_ptsz(
+    f: Opaque,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shmem: c_uint,
+    _stream: Opaque,
+    _params: *mut Opaque,
+) -> CuResult {
+    launch("cuLaunchCooperativeKernel_ptsz", f)
+}
+
+#[no_mangle]
+pub extern "C" fn cuLaunchKernelEx(
+    _config: *const c_void,
+    f: Opaque,
+    _params: *mut Opaque,
+    _extra: *mut Opaque,
+) -> CuResult {
+    if _config.is_null() {
+        return INVALID_VALUE;
+    }
+    launch("cuLaunchKernelEx", f)
+}
+
+#[no_mangle]
+pub extern "C" fn cuLaunchKernelEx_ptsz(
+    _config: *const c_void,
+    f: Opaque,
+    _params: *mut Opaque,
+    _extra: *mut Opaque,
+) -> CuResult {
+    if _config.is_null() {
+        return INVALID_VALUE;
+    }
+    launch("cuLaunchKernelEx_ptsz", f)
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphLaunch(exec: Opaque, _stream: Opaque) -> CuResult {
+    launch("cuGraphLaunch", exec)
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphLaunch_ptsz(exec: Opaque, _stream: Opaque) -> CuResult {
+    launch("cuGraphLaunch_ptsz", exec)
+}

@@ -1,0 +1,272 @@
+//! TEST-ONLY: simulated CUDA entry-point lookup: error strings, `cuGetExportTable` and
+//! `cuGetProcAddress` with its symbol table.
+
+use super::contexts::*;
+use super::devices::*;
+use super::launch::*;
+use super::memory::*;
+use super::pools::*;
+use super::{
+    put, CuResult, INVALID_CONTEXT, INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, NOT_FOUND,
+    NOT_INITIALIZED, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS, UNKNOWN,
+};
+use crate::config;
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+/// # Safety
+/// `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorString(e: CuResult, out: *mut *const c_char) -> CuResult {
+    let s: &'static CStr = match e {
+        SUCCESS => c"no error",
+        INVALID_VALUE => c"invalid argument",
+        OUT_OF_MEMORY => c"out of memory",
+        NOT_INITIALIZED => c"initialization error",
+        INVALID_DEVICE => c"invalid device ordinal",
+        INVALID_CONTEXT => c"invalid device context",
+        INVALID_HANDLE => c"invalid resource handle",
+        NOT_FOUND => c"named symbol not found",
+        NOT_SUPPORTED => c"operation not supported",
+        UNKNOWN => c"unknown error",
+        _ => return INVALID_VALUE,
+    };
+    // SAFETY: forwarded caller contract.
+    unsafe { put(out, s.as_ptr()) }
+}
+
+/// # Safety
+/// `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetErrorName(e: CuResult, out: *mut *const c_char) -> CuResult {
+    let s: &'static CStr = match e {
+        SUCCESS => c"CUDA_SUCCESS",
+        INVALID_VALUE => c"CUDA_ERROR_INVALID_VALUE",
+        OUT_OF_MEMORY => c"CUDA_ERROR_OUT_OF_MEMORY",
+        NOT_INITIALIZED => c"CUDA_ERROR_NOT_INITIALIZED",
+        INVALID_DEVICE => c"CUDA_ERROR_INVALID_DEVICE",
+        INVALID_CONTEXT => c"CUDA_ERROR_INVALID_CONTEXT",
+        INVALID_HANDLE => c"CUDA_ERROR_INVALID_HANDLE",
+        NOT_FOUND => c"CUDA_ERROR_NOT_FOUND",
+        NOT_SUPPORTED => c"CUDA_ERROR_NOT_SUPPORTED",
+        UNKNOWN => c"CUDA_ERROR_UNKNOWN",
+        _ => return INVALID_VALUE,
+    };
+    // SAFETY: forwarded caller contract.
+    unsafe { put(out, s.as_ptr()) }
+}
+
+/// The CUDA runtime's private export tables are not simulated.
+#[no_mangle]
+pub extern "C" fn cuGetExportTable(_out: *mut *const c_void, _id: *const c_void) -> CuResult {
+    NOT_SUPPORTED
+}
+
+/// Symbols whose default form got a `_v2` (or later) at a given CUDA version.
+const VERSIONED: &[(&str, c_int, &str)] = &[
+    ("cuMemAlloc", 3020, "cuMemAlloc_v2"),
+    ("cuMemAllocPitch", 3020, "cuMemAllocPitch_v2"),
+    ("cuMemFree", 3020, "cuMemFree_v2"),
+    ("cuMemGetInfo", 3020, "cuMemGetInfo_v2"),
+    ("cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"),
+    ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
+    ("cuCtxDestroy", 4000, "cuCtxDestroy_v2"),
+    ("cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"),
+    ("cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"),
+    ("cuStreamDestroy", 4000, "cuStreamDestroy_v2"),
+    (
+        "cuDevicePrimaryCtxRelease",
+        11000,
+        "cuDevicePrimaryCtxRelease_v2",
+    ),
+    (
+        "cuDevicePrimaryCtxReset",
+        11000,
+        "cuDevicePrimaryCtxReset_v2",
+    ),
+    (
+        "cuDevicePrimaryCtxSetFlags",
+        11000,
+        "cuDevicePrimaryCtxSetFlags_v2",
+    ),
+    ("cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2"),
+    ("cuGetProcAddress", 12000, "cuGetProcAddress_v2"),
+];
+
+macro_rules! table {
+    ($($f:ident),* $(,)?) => {
+        &[$((stringify!($f), $f as *const c_void)),*]
+    };
+}
+
+fn exports() -> &'static [(&'static str, *const c_void)] {
+    struct Table(&'static [(&'static str, *const c_void)]);
+    // SAFETY: function pointers are immutable and valid from any thread.
+    unsafe impl Sync for Table {}
+    static TABLE: Table = Table(table![
+        cuInit,
+        cuDriverGetVersion,
+        cuDeviceGetCount,
+        cuDeviceGet,
+        cuDeviceGetName,
+        cuDeviceGetUuid,
+        cuDeviceGetUuid_v2,
+        cuDeviceGetPCIBusId,
+        cuDeviceTotalMem_v2,
+        cuDeviceGetAttribute,
+        cuCtxCreate_v2,
+        cuCtxDestroy_v2,
+        cuCtxGetCurrent,
+        cuCtxSetCurrent,
+        cuCtxPushCurrent_v2,
+        cuCtxPopCurrent_v2,
+        cuCtxGetDevice,
+        cuCtxSynchronize,
+        cuDevicePrimaryCtxRetain,
+        cuDevicePrimaryCtxRelease_v2,
+        cuDevicePrimaryCtxReset_v2,
+        cuDevicePrimaryCtxGetState,
+        cuDevicePrimaryCtxSetFlags_v2,
+        cuMemAlloc_v2,
+        cuMemAllocPitch_v2,
+        cuMemAllocManaged,
+        cuMemAllocAsync,
+        cuMemAllocAsync_ptsz,
+        cuMemAllocFromPoolAsync,
+        cuMemAllocFromPoolAsync_ptsz,
+        cuMemFree_v2,
+        cuMemFreeAsync,
+        cuMemFreeAsync_ptsz,
+        cuMemCreate,
+        cuMemRelease,
+        cuMemGetInfo_v2,
+        cuDeviceGetDefaultMemPool,
+        cuDeviceGetMemPool,
+        cuDeviceSetMemPool,
+        cuMemPoolCreate,
+        cuMemPoolDestroy,
+        cuMemPoolTrimTo,
+        cuMemPoolSetAttribute,
+        cuMemPoolGetAttribute,
+        cuModuleLoadData,
+        cuModuleUnload,
+        cuModuleGetFunction,
+        cuStreamCreate,
+        cuStreamDestroy_v2,
+        cuStreamSynchronize,
+        cuStreamSynchronize_ptsz,
+        cuGraphCreate,
+        cuGraphInstantiateWithFlags,
+        cuLaunchKernel,
+        cuLaunchKernel_ptsz,
+        cuLaunchCooperativeKernel,
+        cuLaunchCooperativeKernel_ptsz,
+        cuLaunchKernelEx,
+        cuLaunchKernelEx_ptsz,
+        cuGraphLaunch,
+        cuGraphLaunch_ptsz,
+        cuGetErrorString,
+        cuGetErrorName,
+        cuGetExportTable,
+        cuGetProcAddress,
+        cuGetProcAddress_v2,
+    ]);
+    TABLE.0
+}
+
+fn lookup(name: &str) -> Option<*const c_void> {
+    exports().iter().find(|(n, _)| *n == name).map(|&(_, p)| p)
+}
+
+/// Resolves `symbol` the way the real driver does: the `_ptsz` form when per-thread default
+/// stream is asked for (flag 2), the newest versioned form the requested version allows.
+/// Returns the pointer, or the `CUdriverProcAddressQueryResult` (1 not found, 2 version too low).
+fn resolve(symbol: &str, version: c_int, flags: u64) -> Result<*const c_void, c_int> {
+    if flags & 2 != 0 {
+        if let Some(p) = lookup(&format!("{symbol}_ptsz")) {
+            return Ok(p);
+        }
+    }
+    let mut too_low = false;
+    for &(base, min, concrete) in VERSIONED.iter().rev() {
+        if base == symbol {
+            if version >= min {
+                return lookup(concrete).ok_or(1);
+            }
+            too_low = true;
+        }
+    }
+    match lookup(symbol) {
+        Some(p) if !symbol.ends_with("_v2") && !symbol.ends_with("_ptsz") => Ok(p),
+        _ if too_low => Err(2),
+        _ => Err(1),
+    }
+}
+
+/// # Safety
+/// `symbol` NUL-terminated; `pfn` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *const c_void,
+    version: c_int,
+    flags: u64,
+) -> CuResult {
+    // SAFETY: forwarded caller contract.
+    unsafe {
+        get_proc(
+            "cuGetProcAddress",
+            symbol,
+            pfn,
+            version,
+            flags,
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// # Safety
+/// `symbol` NUL-terminated; `pfn` null or writable; `status` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *const c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CuResult {
+    // SAFETY: forwarded caller contract.
+    unsafe { get_proc("cuGetProcAddress_v2", symbol, pfn, version, flags, status) }
+}
+
+/// # Safety
+/// See `cuGetProcAddress_v2`.
+unsafe fn get_proc(
+    name: &str,
+    symbol: *const c_char,
+    pfn: *mut *const c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CuResult {
+    if config::fails(name) {
+        return UNKNOWN;
+    }
+    if symbol.is_null() || pfn.is_null() {
+        return INVALID_VALUE;
+    }
+    // SAFETY: non-null, NUL-terminated per the caller.
+    let sym = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+    let r = resolve(sym, version, flags);
+    // SAFETY: `pfn` checked non-null; `status` null or writable per the caller.
+    unsafe {
+        pfn.write(*r.as_ref().unwrap_or(&std::ptr::null()));
+        if !status.is_null() {
+            status.write(r.err().unwrap_or(0));
+        }
+    }
+    if r.is_ok() {
+        SUCCESS
+    } else {
+        NOT_FOUND
+    }
+}
