@@ -62,3 +62,16 @@ check_mps_output "$T/out6" no
 podman_ rm "${NAME}b" >/dev/null
 wait_until 10 daemon_gone || fail "daemon still running after the last container"
 ok "daemon gone after the last container"
+
+echo "== an image from podman's storage (podman import), hooks + precreate, mps and limit"
+tar -C "$T/rootfs" -cf "$T/rootfs.tar" .
+podman_ import "$T/rootfs.tar" gpushare-test/busybox:latest >/dev/null || fail "podman import"
+mark_shm_when_ready
+run_in --hooks-dir "$T/hooks/oci" --hooks-dir "$T/hooks/podman-precreate" -- --annotation gpu.share=mps \
+    gpushare-test/busybox:latest sh -c "$INSIDE_MPS" >"$T/out7" 2>"$T/err7" || { cat "$T/err7"; fail "podman run (image, mps) failed"; }
+check_mps_output "$T/out7" yes
+run_in --hooks-dir "$T/hooks/oci" --hooks-dir "$T/hooks/podman-precreate" -- --annotation gpu.share=limit --annotation gpu.share.memory=1Gi --annotation gpu.share.cores=30 \
+    gpushare-test/busybox:latest sh -c "$INSIDE_LIMIT" >"$T/out8" 2>"$T/err8" || { cat "$T/err8"; fail "podman run (image, limit) failed"; }
+check_limit_output "$T/out8" yes
+ok "an image from podman's storage (overlay rootfs) gets the same injection"
+wait_until 10 daemon_gone || fail "daemon still running after the image containers"
