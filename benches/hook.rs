@@ -34,6 +34,21 @@ fn main() {
         .tempdir()
         .unwrap();
     let d = dir.path();
+    // The state dir on tmpfs, as the default /run/gpushare is on a real node.
+    std::fs::create_dir_all(d.join("state")).unwrap();
+    let tmpfs = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "mode=0700", "gpushare-bench"])
+        .arg(d.join("state"))
+        .status()
+        .is_ok_and(|s| s.success());
+    println!(
+        "state dir on {}",
+        if tmpfs {
+            "tmpfs (as /run/gpushare)"
+        } else {
+            "the temp dir's file system (tmpfs mount failed)"
+        }
+    );
     std::fs::write(
         d.join("config.toml"),
         format!(
@@ -211,6 +226,12 @@ fn main() {
     let _ = client.kill();
     let _ = holder.wait();
     let _ = client.wait();
+    if tmpfs {
+        let _ = Command::new("umount")
+            .args(["-l"])
+            .arg(d.join("state"))
+            .status();
+    }
 }
 
 fn ms(d: Duration) -> f64 {
