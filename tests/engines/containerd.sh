@@ -17,6 +17,8 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [ttrpc]
   address = "$C/sock.ttrpc"
 EOF2
+# Runs last: the namespace's parent cgroups that runc leaves behind (empty by then).
+on_exit "rmdir /sys/fs/cgroup/*/gpushare-test /sys/fs/cgroup/gpushare-test"
 containerd --config "$C/config.toml" >"$C/log" 2>&1 &
 CPID=$!
 on_exit "kill $CPID; wait $CPID"
