@@ -264,22 +264,18 @@ impl Config {
 }
 
 fn read_capped(path: &Path) -> Result<String, ConfigError> {
-    use std::io::Read;
     let read_err = |source| ConfigError::Read {
         path: path.to_owned(),
         source,
     };
     let f = std::fs::File::open(path).map_err(read_err)?;
-    let mut text = String::new();
-    f.take(MAX_CONFIG_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(read_err)?;
-    if text.len() as u64 > MAX_CONFIG_BYTES {
-        return Err(ConfigError::TooLarge {
+    let bytes = crate::input::read_capped(f, MAX_CONFIG_BYTES)
+        .map_err(read_err)?
+        .ok_or_else(|| ConfigError::TooLarge {
             path: path.to_owned(),
-        });
-    }
-    Ok(text)
+        })?;
+    String::from_utf8(bytes)
+        .map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 #[cfg(test)]

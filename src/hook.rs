@@ -73,9 +73,7 @@ pub(crate) fn plan_for(
         annotations: &spec.annotations,
         env: &spec.process.env,
     };
-    if !request::wants_share(&src, cfg.policy.env_fallback)
-        && !spec.annotations.keys().any(|k| k.starts_with("gpu.share."))
-    {
+    if !request::wants_share(&src, cfg.policy.env_fallback) {
         return Ok(None);
     }
     let Some(req) = request::parse(&src, cfg)? else {

@@ -82,7 +82,10 @@ pub struct RootView {
 }
 
 /// Reads at most `cap` bytes; `None` when the input is larger.
-fn read_capped(r: impl Read, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
+///
+/// # Errors
+/// Any read error.
+pub fn read_capped(r: impl Read, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
     let mut buf = Vec::new();
     r.take(cap + 1).read_to_end(&mut buf)?;
     Ok((buf.len() as u64 <= cap).then_some(buf))

@@ -139,21 +139,14 @@ pub fn precreate(
     config_path: Option<PathBuf>,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, Error>,
 ) -> Result<Vec<u8>, Error> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    stdin
-        .take(crate::input::MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)
+    let bytes = crate::input::read_capped(stdin, crate::input::MAX_CONFIG_BYTES)
         .map_err(|source| crate::input::InputError::ReadConfig {
             path: "<stdin>".into(),
             source,
-        })?;
-    if bytes.len() as u64 > crate::input::MAX_CONFIG_BYTES {
-        return Err(crate::input::InputError::ConfigTooLarge {
+        })?
+        .ok_or(crate::input::InputError::ConfigTooLarge {
             path: "<stdin>".into(),
-        }
-        .into());
-    }
+        })?;
     let ctx = Context {
         config_path,
         ..Context::default()

@@ -172,7 +172,6 @@ pub fn open_root(path: &CStr) -> nix::Result<OwnedFd> {
 /// # Errors
 /// An I/O error naming what was wrong.
 pub fn read_image_file(rootfs: &Path, path: &str) -> std::io::Result<Option<Vec<u8>>> {
-    use std::io::Read;
     use std::os::unix::ffi::OsStrExt;
     let root_c = CString::new(rootfs.as_os_str().as_bytes())?;
     let root = open_root(&root_c)?;
@@ -189,15 +188,9 @@ pub fn read_image_file(rootfs: &Path, path: &str) -> std::io::Result<Option<Vec<
         ));
     }
     let f = std::fs::File::open(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))?;
-    let mut buf = Vec::new();
-    f.take(MAX_IMAGE_FILE + 1).read_to_end(&mut buf)?;
-    if buf.len() as u64 > MAX_IMAGE_FILE {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "larger than 64 KiB",
-        ));
-    }
-    Ok(Some(buf))
+    crate::input::read_capped(f, MAX_IMAGE_FILE)?
+        .map(Some)
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "larger than 64 KiB"))
 }
 
 #[cfg(test)]
