@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::quantity::{self, QuantityError};
-use crate::request::Mode;
+use crate::vocab::quantity::{self, QuantityError};
+use crate::vocab::Mode;
 
 /// Default location of the policy file.
 pub const DEFAULT_PATH: &str = "/etc/gpushare/config.toml";
@@ -197,28 +197,31 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Loads the policy from `explicit`, else `$GPUSHARE_CONFIG`, else the default path.
-    /// A missing default file means all defaults; a missing explicit file is an error.
+    /// Loads the policy from where [`Source::resolve`] says. A missing default file means all
+    /// defaults; a missing explicit file is an error.
     ///
     /// # Errors
     /// [`ConfigError`] when the file cannot be read or is invalid.
     pub fn load(explicit: Option<&Path>) -> Result<Self, ConfigError> {
-        let from_env = std::env::var_os(ENV_PATH).filter(|v| !v.is_empty());
-        let (path, required) = match (explicit, from_env) {
-            (Some(p), _) => (p.to_owned(), true),
-            (None, Some(p)) => (PathBuf::from(p), true),
-            (None, None) => (PathBuf::from(DEFAULT_PATH), false),
-        };
-        let text = match read_capped(&path) {
+        Self::load_from(&Source::resolve(explicit))
+    }
+
+    /// Loads the policy from `source`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when the file cannot be read or is invalid.
+    pub fn load_from(source: &Source) -> Result<Self, ConfigError> {
+        let path = source.path();
+        let text = match read_capped(path) {
             Ok(t) => t,
-            Err(ConfigError::Read { source, .. })
-                if !required && source.kind() == std::io::ErrorKind::NotFound =>
+            Err(ConfigError::Read { source: e, .. })
+                if !source.required() && e.kind() == std::io::ErrorKind::NotFound =>
             {
                 return Ok(Self::default())
             }
             Err(e) => return Err(e),
         };
-        Self::parse(&text, &path)
+        Self::parse(&text, path)
     }
 
     /// Maximum per-GPU memory a container may ask for, in bytes.
@@ -269,13 +272,76 @@ fn read_capped(path: &Path) -> Result<String, ConfigError> {
         source,
     };
     let f = std::fs::File::open(path).map_err(read_err)?;
-    let bytes = crate::input::read_capped(f, MAX_CONFIG_BYTES)
+    let bytes = crate::vocab::read_capped(f, MAX_CONFIG_BYTES)
         .map_err(read_err)?
         .ok_or_else(|| ConfigError::TooLarge {
             path: path.to_owned(),
         })?;
     String::from_utf8(bytes)
         .map_err(|e| read_err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+}
+
+/// Where the policy file comes from: the one place that resolves `--config`,
+/// `$GPUSHARE_CONFIG` and the default path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `--config PATH`.
+    Flag(PathBuf),
+    /// `$GPUSHARE_CONFIG`.
+    Env(PathBuf),
+    /// The default path; a missing file there means all defaults.
+    Default,
+}
+
+impl Source {
+    /// `explicit`, else `$GPUSHARE_CONFIG` (when set and not empty), else the default.
+    pub fn resolve(explicit: Option<&Path>) -> Self {
+        Self::pick(explicit, std::env::var_os(ENV_PATH).as_deref())
+    }
+
+    /// [`Source::resolve`] with the environment passed in (pure).
+    pub fn pick(explicit: Option<&Path>, env: Option<&std::ffi::OsStr>) -> Self {
+        match (explicit, env.filter(|v| !v.is_empty())) {
+            (Some(p), _) => Source::Flag(p.to_owned()),
+            (None, Some(v)) => Source::Env(PathBuf::from(v)),
+            (None, None) => Source::Default,
+        }
+    }
+
+    /// The file to read.
+    pub fn path(&self) -> &Path {
+        match self {
+            Source::Flag(p) | Source::Env(p) => p,
+            Source::Default => Path::new(DEFAULT_PATH),
+        }
+    }
+
+    /// Whether a missing file is an error (it is, unless it is the default).
+    pub fn required(&self) -> bool {
+        !matches!(self, Source::Default)
+    }
+
+    /// The path to hand on to hook entries and wrappers as `GPUSHARE_CONFIG`: absolute, and
+    /// `None` for the default (which needs no handing on).
+    pub fn to_hand_on(&self) -> Option<PathBuf> {
+        match self {
+            Source::Flag(p) | Source::Env(p) => Some(std::path::absolute(p).unwrap_or(p.clone())),
+            Source::Default => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Flag(p) => write!(f, "{} (--config)", p.display()),
+            Source::Env(p) => write!(f, "{} (${ENV_PATH})", p.display()),
+            Source::Default if Path::new(DEFAULT_PATH).exists() => {
+                write!(f, "{DEFAULT_PATH} (default)")
+            }
+            Source::Default => write!(f, "defaults (no policy file at {DEFAULT_PATH})"),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,38 +1,33 @@
 //! gpushare: share NVIDIA GPUs between OCI containers.
 //!
 //! The library owns everything; the binaries in `src/bin` only parse arguments, set up
-//! logging, call one function here and map the result to an exit code. Deciding (pure:
-//! [`request`], [`devices`], [`plan`]) is kept apart from doing ([`state`], [`mps`],
-//! [`acquire`], [`sys`]).
+//! logging, call one function here and map the result to an exit code.
+//!
+//! Layers, lowest first; a module only uses modules of its own or a lower layer:
+//! - [`vocab`]: the shared words (modes, GPUs and compute modes, safe names, sizes);
+//! - [`config`]: the admin policy file;
+//! - [`decide`]: pure deciding, spec + policy + GPU list in, a [`decide::plan::Plan`] out;
+//! - [`host`]: doing on the host (state, locks, compute modes, MPS daemons, acquire/release);
+//! - [`container`]: getting the share into the container (hook stages, spec edit, wrapper);
+//! - [`admin`]: the admin commands;
+//! - [`cli`] and [`commands`]: the command line and one function per command, for the binaries.
+//!
+//! `sys` holds the crate's `unsafe` code and is private to the crate.
 #![deny(unsafe_code)]
 
-pub mod acquire;
 pub mod admin;
+pub mod cli;
+pub mod commands;
 pub mod config;
-pub mod configure;
-pub mod devices;
-pub mod doctor;
-pub mod error;
+pub mod container;
+pub mod decide;
 pub mod failpoint;
-pub mod hook;
-pub mod inject;
-pub mod input;
-pub mod inventory;
+pub mod host;
 pub mod logging;
-pub mod mps;
-pub mod plan;
-pub mod prepare;
-pub mod procinfo;
-pub mod quantity;
-pub mod release;
-pub mod request;
-pub mod runtime;
-pub mod spec_edit;
-pub mod state;
-pub mod sys;
-pub mod timeslice;
+pub(crate) mod sys;
+pub mod vocab;
 
-pub use error::Error;
+pub use container::error::Error;
 
 /// Version string printed by `gpushare-hook version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -64,18 +64,6 @@ fn close_inherited_on_exec() {
     }
 }
 
-/// Arranges for `cmd` to start in a new session with inherited descriptors closed on exec.
-pub fn detached(cmd: &mut Command) {
-    // SAFETY: runs between fork and exec, makes only async-signal-safe system calls.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid()?;
-            close_inherited_on_exec();
-            Ok(())
-        });
-    }
-}
-
 /// Mount attribute: read-only (`MOUNT_ATTR_RDONLY`).
 pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
 /// Mount attribute: no set-uid (`MOUNT_ATTR_NOSUID`).
@@ -169,16 +157,18 @@ pub fn move_mount_onto(
 /// namespace) and returns the code it ends with: `Ok(())` for 0, `Err(code)` otherwise (a
 /// child killed by a signal gives `Err(-signal)`).
 ///
-/// `work` must be async-signal-safe: it runs after `fork` in a possibly multi-threaded program,
-/// so it must not allocate, lock or log — only make system calls on data prepared before.
-///
 /// # Errors
 /// `fork` or `waitpid` failing, as an errno.
-pub fn in_forked_child(work: impl FnOnce() -> i32) -> nix::Result<Result<(), i32>> {
+///
+/// # Safety
+/// `work` must be async-signal-safe: it runs after `fork` in a possibly multi-threaded program,
+/// so it must not allocate, lock or log — only make system calls on data prepared before.
+pub unsafe fn in_forked_child(work: impl FnOnce() -> i32) -> nix::Result<Result<(), i32>> {
     use nix::sys::wait::{waitpid, WaitStatus};
     use nix::unistd::{fork, ForkResult};
-    // SAFETY: the child only runs `work`, which the caller guarantees is async-signal-safe,
-    // and then leaves with `_exit`, running no destructors or atexit handlers.
+    // SAFETY: the child only runs `work`, which the caller guarantees is async-signal-safe
+    // (this function's safety contract), and then leaves with `_exit`, running no destructors
+    // or atexit handlers.
     match unsafe { fork() }? {
         ForkResult::Child => {
             let code = work();

@@ -6,10 +6,11 @@ mod common;
 use std::path::Path;
 
 use gpushare::config::Config;
-use gpushare::input::parse_spec;
-use gpushare::inventory::Gpu;
-use gpushare::plan::{decide, Plan, PlannedGpu};
-use gpushare::request::{self, Mode, Sources};
+use gpushare::decide::input::parse_spec;
+use gpushare::decide::plan::{decide, Plan, PlannedGpu};
+use gpushare::decide::request::{self, Sources};
+use gpushare::vocab::Gpu;
+use gpushare::vocab::Mode;
 
 fn inventory() -> Vec<Gpu> {
     (0..2)

@@ -1,0 +1,8 @@
+//! The admin commands: `status`, `gc`, `doctor` and `configure`, each returning a typed report
+//! that [`report::render`] turns into text or JSON.
+
+pub mod configure;
+pub mod doctor;
+pub mod gc;
+pub mod report;
+pub mod status;

@@ -1,0 +1,149 @@
+//! `gpushare-hook status`: GPUs, modes, daemons, clients and limits, from a lock-free snapshot
+//! of the state.
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::host::mps::{Control, MpsDirs};
+use crate::host::state::StateDir;
+use crate::vocab::Inventory;
+use crate::vocab::Mode;
+
+use super::report::Report;
+
+/// One client in `status`.
+#[derive(Debug, Serialize)]
+pub struct ClientStatus {
+    pub id: String,
+    pub mode: Mode,
+    pub pid: Option<i32>,
+    pub alive: bool,
+    pub cores: u8,
+    pub memory: Option<u64>,
+}
+
+/// One MPS daemon in `status`.
+#[derive(Debug, Serialize)]
+pub struct DaemonStatus {
+    pub pid: i32,
+    pub alive: bool,
+    pub answers: bool,
+    pub pipe: String,
+}
+
+/// One GPU in `status`.
+#[derive(Debug, Serialize)]
+pub struct GpuStatus {
+    pub uuid: String,
+    pub index: u32,
+    pub mode: Option<Mode>,
+    pub compute_mode: Option<String>,
+    pub daemon: Option<DaemonStatus>,
+    pub clients: Vec<ClientStatus>,
+    pub error: Option<String>,
+}
+
+/// The whole `status` answer.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub version: &'static str,
+    pub state_dir: String,
+    pub gpus: Vec<GpuStatus>,
+}
+
+/// Reads the state (without locks: a snapshot) and asks NVML for compute modes when given.
+pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
+    let sd = StateDir::new(&cfg.state_dir);
+    let control = Control::new(&cfg.mps.control).ok();
+    let mut gpus = Vec::new();
+    for (uuid, rec) in sd.list_records() {
+        let rec = match rec {
+            Ok(r) => r,
+            Err(e) => {
+                gpus.push(GpuStatus {
+                    uuid,
+                    index: 0,
+                    mode: None,
+                    compute_mode: None,
+                    daemon: None,
+                    clients: Vec::new(),
+                    error: Some(crate::vocab::chain(&e)),
+                });
+                continue;
+            }
+        };
+        let pipe = MpsDirs::new(sd.mps_dir(&uuid)).pipe;
+        gpus.push(GpuStatus {
+            mode: rec.serving(),
+            compute_mode: inventory
+                .and_then(|i| i.compute_mode(rec.index).ok())
+                .map(|m| m.to_string()),
+            daemon: rec.daemon.as_ref().map(|d| DaemonStatus {
+                pid: d.process.pid,
+                alive: d.process.is_alive(),
+                answers: control.as_ref().is_some_and(|c| c.answers(&pipe)),
+                pipe: pipe.display().to_string(),
+            }),
+            clients: rec
+                .clients
+                .iter()
+                .map(|(id, c)| ClientStatus {
+                    id: id.clone(),
+                    mode: c.mode,
+                    pid: c.process.map(|p| p.pid),
+                    alive: c.process.is_none_or(|p| p.is_alive()),
+                    cores: c.cores,
+                    memory: c.memory,
+                })
+                .collect(),
+            error: None,
+            index: rec.index,
+            uuid,
+        });
+    }
+    Status {
+        version: crate::VERSION,
+        state_dir: cfg.state_dir.display().to_string(),
+        gpus,
+    }
+}
+
+impl Report for Status {
+    fn human(&self) -> String {
+        let mut out = format!("gpushare {}  state {}\n", self.version, self.state_dir);
+        if self.gpus.is_empty() {
+            out.push_str("no GPU is shared\n");
+        }
+        for g in &self.gpus {
+            out.push_str(&format!(
+                "GPU {} {}  mode {}  compute {}\n",
+                g.index,
+                g.uuid,
+                g.mode.map_or("-".into(), |m| m.to_string()),
+                g.compute_mode.as_deref().unwrap_or("?"),
+            ));
+            if let Some(e) = &g.error {
+                out.push_str(&format!("  error: {e}\n"));
+            }
+            if let Some(d) = &g.daemon {
+                out.push_str(&format!(
+                    "  mps daemon pid {} {}{}\n",
+                    d.pid,
+                    if d.alive { "running" } else { "DEAD" },
+                    if d.answers { "" } else { ", not answering" }
+                ));
+            }
+            for c in &g.clients {
+                out.push_str(&format!(
+                    "  client {}  pid {}{}  cores {}%  memory {}\n",
+                    c.id,
+                    c.pid.map_or("-".into(), |p| p.to_string()),
+                    if c.alive { "" } else { " (gone)" },
+                    c.cores,
+                    c.memory.map_or("-".into(), |m| format!("{}Mi", m >> 20)),
+                ));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,164 @@
+//! The OCI hook stages: `createRuntime`/`prestart` (acquire) and `poststop` (release).
+//!
+//! Failure policy (DESIGN "Hook stages"): a container that asks for nothing costs almost
+//! nothing (no NVML, no lock, no state write) and exits 0; a bad request is refused with one
+//! line saying what to change; poststop never fails a delete because of our state.
+
+use std::collections::HashMap;
+use std::io::Read;
+
+use crate::config::Config;
+use crate::container::error::Error;
+use crate::decide::front::{may_ask, plan_for, RESERVATION_ENV};
+use crate::decide::input::{self, SpecView};
+use crate::decide::plan::Plan;
+use crate::host::acquire::Host;
+use crate::host::procinfo::ProcId;
+use crate::host::state::StateDir;
+use crate::vocab::{Inventory, InventoryError};
+
+/// What a createRuntime call decided.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The container asked for nothing.
+    Nothing,
+    /// The plan that was carried out (or, with `dry_run`, only made).
+    Done(Plan),
+}
+
+/// The container's spec with the state's annotations merged in (the spec's win).
+struct Container {
+    id: String,
+    pid: Option<i32>,
+    spec: SpecView,
+}
+
+fn container_from(state: &oci_spec::runtime::State, bytes: &[u8]) -> Result<Container, Error> {
+    let mut spec = input::parse_spec(bytes, &state.bundle().join("config.json"))?;
+    if let Some(extra) = state.annotations() {
+        for (k, v) in extra {
+            spec.annotations
+                .entry(k.clone())
+                .or_insert_with(|| v.clone());
+        }
+    }
+    Ok(Container {
+        id: state.id().to_owned(),
+        pid: *state.pid(),
+        spec,
+    })
+}
+
+/// `createRuntime` / `prestart`: decide from the state on stdin and the bundle's config, then
+/// acquire the GPUs. With `dry_run`, only decide.
+///
+/// # Errors
+/// [`Error`] for bad input, a refused request, or a failed acquire (which undid itself).
+pub fn create_runtime(
+    stdin: impl Read,
+    cfg: &Config,
+    dry_run: bool,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
+) -> Result<Outcome, Error> {
+    let state = input::read_state(stdin)?;
+    let bytes = input::read_config_bytes(state.bundle())?;
+    let empty = HashMap::new();
+    if !may_ask(&bytes, state.annotations().as_ref().unwrap_or(&empty)) {
+        return Ok(Outcome::Nothing);
+    }
+    let c = container_from(&state, &bytes)?;
+    let Some((plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory)? else {
+        return Ok(Outcome::Nothing);
+    };
+    if dry_run {
+        return Ok(Outcome::Done(plan));
+    }
+    require_sys_admin(&plan)?;
+    let process = match c.pid {
+        Some(pid) if pid > 0 => Some(ProcId::of(pid).ok_or(input::InputError::BadPid(pid.into()))?),
+        Some(pid) => return Err(input::InputError::BadPid(pid.into()).into()),
+        None => None,
+    };
+    let host = Host::new(cfg, inventory.as_ref());
+    // Set by the spec edit in this hook's own entry, never by the container.
+    let reservation = std::env::var(RESERVATION_ENV)
+        .ok()
+        .filter(|k| crate::vocab::is_safe_name(k));
+    host.acquire(&plan, process, reservation.as_deref())?;
+    // Make the share usable inside the container (mounts into its rootfs), unless a spec edit
+    // already added them; undo the acquire if that fails.
+    if let Err(e) = crate::container::inject::created::inject(
+        &plan,
+        cfg,
+        &bytes,
+        &c.spec,
+        state.bundle(),
+        c.pid,
+    ) {
+        let _ = host.release(&plan.container);
+        crate::container::inject::remove_container_files(cfg, &plan.container);
+        return Err(e.into());
+    }
+    Ok(Outcome::Done(plan))
+}
+
+/// Checks up front for the capability the plan's mounts need, so that a hook run without it
+/// says so instead of failing half-way.
+fn require_sys_admin(plan: &Plan) -> Result<(), Error> {
+    let what = match plan.mode {
+        crate::vocab::Mode::Mps => "mount the MPS daemon's shm and pipe directories",
+        crate::vocab::Mode::Limit => "mount the limiter into the container",
+        crate::vocab::Mode::Timeslice => return Ok(()),
+    };
+    match caps::has_cap(
+        None,
+        caps::CapSet::Effective,
+        caps::Capability::CAP_SYS_ADMIN,
+    ) {
+        Ok(true) => Ok(()),
+        _ => Err(Error::NoSysAdmin(what)),
+    }
+}
+
+/// `poststop`: release the container from every GPU. Returns warnings; never fails because of
+/// gpushare's own state.
+///
+/// # Errors
+/// Only for unreadable input (no container id to release).
+pub fn poststop(
+    stdin: impl Read,
+    cfg: &Config,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
+) -> Result<Vec<String>, Error> {
+    let state = input::read_state(stdin)?;
+    crate::container::inject::remove_container_files(cfg, state.id());
+    let sd = StateDir::new(&cfg.state_dir);
+    // Cheap check first: a container that holds nothing needs no NVML.
+    let holds = sd.list_records().iter().any(|(_, r)| {
+        r.as_ref()
+            .map_or(true, |r| r.clients.contains_key(state.id()))
+    });
+    if !holds {
+        return Ok(Vec::new());
+    }
+    let inventory = match open_inventory() {
+        Ok(i) => i,
+        Err(e) => {
+            // Without NVML compute modes cannot be restored, but records still must be.
+            return Ok(release_without_nvml(cfg, state.id(), &e));
+        }
+    };
+    let host = Host::new(cfg, inventory.as_ref());
+    Ok(host.release(state.id()))
+}
+
+fn release_without_nvml(cfg: &Config, id: &str, why: &InventoryError) -> Vec<String> {
+    let inv = crate::host::inventory::Unavailable(crate::vocab::chain(why));
+    let host = Host::new(cfg, &inv);
+    let mut w = host.release(id);
+    w.push(format!(
+        "NVML unavailable, compute modes not restored: {}",
+        crate::vocab::chain(why)
+    ));
+    w
+}

@@ -1,0 +1,357 @@
+//! Making a shared GPU usable inside the container: what is bound where ([`bindings`], pure),
+//! the host-side files those binds need ([`prepare_host`]), and the hook-only way of binding
+//! them into a created container's mount namespace ([`into_container`]).
+//!
+//! DESIGN "What the container sees": every path inside the rootfs is resolved inside the rootfs
+//! (openat2 `RESOLVE_IN_ROOT`), never by joining strings; targets are created the same way;
+//! mounts go onto an fd; the work happens in a forked single-threaded child that entered the
+//! container's mount namespace; nothing from the image is ever a mount source.
+
+pub mod created;
+pub mod host;
+pub mod rootfs;
+
+pub use host::{preload_text, prepare_host, remove_container_files};
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::sched::{setns, CloneFlags};
+use thiserror::Error;
+
+use crate::config::Config;
+use crate::decide::plan::{Plan, MPS_PIPE_IN_CONTAINER};
+use crate::host::mps::{MpsDirs, MpsError};
+use crate::host::state::StateDir;
+use crate::sys;
+use crate::vocab::Mode;
+use rootfs::{Kind, Step, Target};
+
+/// Where the limiter, its limits file and its shared directory appear in the container.
+pub const LIMIT_DIR_IN_CONTAINER: &str = "/usr/local/gpushare";
+/// The limits file (KEY=VALUE lines with the limiter's env names).
+pub const LIMITS_IN_CONTAINER: &str = "/usr/local/gpushare/limits";
+/// The per-container writable directory for the shared accounting region.
+pub const SHARED_IN_CONTAINER: &str = "/usr/local/gpushare/shared";
+/// The shared accounting file the limiter uses.
+pub const SHARED_CACHE_IN_CONTAINER: &str = "/usr/local/gpushare/shared/cache";
+/// The dynamic loader's preload list.
+pub const PRELOAD_IN_CONTAINER: &str = "/etc/ld.so.preload";
+
+/// Injection that failed; the caller undoes the acquire.
+#[derive(Debug, Error)]
+pub enum InjectError {
+    #[error(transparent)]
+    Mps(#[from] MpsError),
+    #[error("cannot write {path}")]
+    Host {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("limiter library {0} is not a file; install gpushare's limiter or set [limit] library in the config")]
+    NoLimiter(PathBuf),
+    #[error("cannot read {what} in the image; fix or remove it in the image")]
+    Image {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open {path} for a bind mount")]
+    Source {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot enter the mount namespace of container process {pid}")]
+    Namespace {
+        pid: i32,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot {step} {target} inside the container's rootfs {rootfs}; the image has a symlink or a file of the wrong type on that path: fix the image")]
+    Target {
+        step: &'static str,
+        target: String,
+        rootfs: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("the helper that mounts into the container failed ({0})")]
+    Child(String),
+}
+
+/// One host path bound to one path inside the container.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Binding {
+    /// Host path: always under the state dir or the configured limiter, never in the image.
+    pub source: PathBuf,
+    /// Absolute path inside the container.
+    pub target: String,
+    pub dir: bool,
+    pub readonly: bool,
+}
+
+/// The limiter's path inside the container.
+pub fn limiter_in_container(cfg: &Config) -> String {
+    let name = cfg
+        .limit
+        .library
+        .file_name()
+        .map_or_else(|| "libgpushare_limiter.so".into(), |n| n.to_string_lossy());
+    format!("{LIMIT_DIR_IN_CONTAINER}/{name}")
+}
+
+/// What the container gets bound for `plan` (DESIGN "What the container sees"); `key` names the
+/// per-container directory (the container id, or a pending name).
+pub fn bindings(plan: &Plan, cfg: &Config, key: &str) -> Vec<Binding> {
+    let sd = StateDir::new(&cfg.state_dir);
+    match plan.mode {
+        Mode::Mps => {
+            let Some(gpu) = plan.gpus.first() else {
+                return Vec::new();
+            };
+            let dirs = MpsDirs::new(sd.mps_dir(&gpu.uuid));
+            vec![
+                Binding {
+                    source: dirs.pipe,
+                    target: MPS_PIPE_IN_CONTAINER.into(),
+                    dir: true,
+                    readonly: false,
+                },
+                Binding {
+                    source: dirs.shm,
+                    target: "/dev/shm".into(),
+                    dir: true,
+                    readonly: false,
+                },
+            ]
+        }
+        Mode::Limit => {
+            let dir = sd.container_dir(key);
+            vec![
+                Binding {
+                    source: cfg.limit.library.clone(),
+                    target: limiter_in_container(cfg),
+                    dir: false,
+                    readonly: true,
+                },
+                Binding {
+                    source: dir.join("limits"),
+                    target: LIMITS_IN_CONTAINER.into(),
+                    dir: false,
+                    readonly: true,
+                },
+                Binding {
+                    source: dir.join("shared"),
+                    target: SHARED_IN_CONTAINER.into(),
+                    dir: true,
+                    readonly: false,
+                },
+                Binding {
+                    source: dir.join("ld.so.preload"),
+                    target: PRELOAD_IN_CONTAINER.into(),
+                    dir: false,
+                    readonly: true,
+                },
+            ]
+        }
+        Mode::Timeslice => Vec::new(),
+    }
+}
+
+/// The env the container gets: the plan's, plus the limiter's shared cache in limit mode.
+/// (`LD_PRELOAD` is appended separately by the spec edit.)
+pub fn container_env(plan: &Plan) -> Vec<(String, String)> {
+    let mut env = plan.container_env();
+    if plan.mode == Mode::Limit {
+        env.push((
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+            SHARED_CACHE_IN_CONTAINER.into(),
+        ));
+    }
+    env
+}
+
+/// Binds `list` into the container whose init process is `pid` and whose rootfs (as the
+/// engine gave it, a host path) is `rootfs`. Sources are cloned as detached mount trees on the
+/// host first; a forked child then enters the container's mount namespace, resolves each
+/// target inside the rootfs (creating it if missing) and moves the clone onto it.
+///
+/// # Errors
+/// [`InjectError`]; the mounts already made live only in the container's namespace, which the
+/// runtime tears down when the hook fails.
+pub fn into_container(pid: i32, rootfs: &Path, list: &[Binding]) -> Result<(), InjectError> {
+    if list.is_empty() {
+        return Ok(());
+    }
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+        .map_err(|source| InjectError::Namespace { pid, source })?;
+    let root_c = CString::new(rootfs.as_os_str().as_bytes()).map_err(|_| InjectError::Target {
+        step: "open",
+        target: "/".into(),
+        rootfs: rootfs.to_owned(),
+        source: Errno::EINVAL,
+    })?;
+    let mut prepared: Vec<(OwnedFd, Target)> = Vec::with_capacity(list.len());
+    for b in list {
+        let src =
+            CString::new(b.source.as_os_str().as_bytes()).map_err(|_| InjectError::Source {
+                path: b.source.clone(),
+                source: Errno::EINVAL,
+            })?;
+        let mut attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+        if b.readonly {
+            attrs |= sys::MOUNT_ATTR_RDONLY;
+        }
+        let tree = sys::clone_tree(&src, attrs).map_err(|source| InjectError::Source {
+            path: b.source.clone(),
+            source,
+        })?;
+        let kind = if b.dir { Kind::Dir } else { Kind::File };
+        prepared.push((tree, Target::new(&b.target, kind)));
+    }
+    let (rd, wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| InjectError::Child(e.to_string()))?;
+    // SAFETY: the closure is async-signal-safe: it only makes system calls (setns, openat2,
+    // mkdirat, move_mount, write) on descriptors and buffers prepared above, and reports
+    // through a fixed-size stack buffer; it neither allocates, locks nor logs.
+    #[allow(unsafe_code)]
+    let outcome = unsafe {
+        sys::in_forked_child(|| {
+            let report = |idx: usize, step: u8, e: Errno| {
+                let mut msg = [0u8; 9];
+                msg[..4].copy_from_slice(&(idx as u32).to_le_bytes());
+                msg[4] = step;
+                msg[5..].copy_from_slice(&(e as i32).to_le_bytes());
+                let _ = nix::unistd::write(&wr, &msg);
+                1
+            };
+            if let Err(e) = setns(ns.as_fd(), CloneFlags::CLONE_NEWNS) {
+                return report(0, 0, e);
+            }
+            let root = match rootfs::open_root(&root_c) {
+                Ok(r) => r,
+                Err(e) => return report(0, 1, e),
+            };
+            for (i, (tree, target)) in prepared.iter().enumerate() {
+                let fd = match rootfs::ensure_target(&root, target) {
+                    Ok(fd) => fd,
+                    Err((Step::Resolve, e)) => return report(i, 2, e),
+                    Err((Step::Create, e)) => return report(i, 3, e),
+                    Err((Step::Kind, e)) => return report(i, 4, e),
+                };
+                match sys::move_mount_onto(tree.as_fd(), fd.as_fd()) {
+                    Ok(()) => {}
+                    // The target is a mount over a removed directory (a spec mount of a daemon
+                    // directory that was replaced since): detach it and bind onto what is below.
+                    Err(Errno::ENOENT) => {
+                        if let Err(e) = sys::umount_fd_detach(fd.as_fd()) {
+                            return report(i, 5, e);
+                        }
+                        drop(fd);
+                        let fd = match rootfs::ensure_target(&root, target) {
+                            Ok(fd) => fd,
+                            Err((_, e)) => return report(i, 2, e),
+                        };
+                        if let Err(e) = sys::move_mount_onto(tree.as_fd(), fd.as_fd()) {
+                            return report(i, 5, e);
+                        }
+                    }
+                    Err(e) => return report(i, 5, e),
+                }
+            }
+            0
+        })
+    }
+    .map_err(|e| InjectError::Child(e.to_string()))?;
+    drop(wr);
+    if outcome.is_ok() {
+        return Ok(());
+    }
+    let mut msg = [0u8; 9];
+    let got = nix::unistd::read(&rd, &mut msg).unwrap_or(0);
+    if got != msg.len() {
+        return Err(InjectError::Child(format!("exit {outcome:?}")));
+    }
+    let idx = u32::from_le_bytes(msg[..4].try_into().expect("4 bytes")) as usize;
+    let errno = Errno::from_raw(i32::from_le_bytes(msg[5..].try_into().expect("4 bytes")));
+    if msg[4] == 0 {
+        return Err(InjectError::Namespace {
+            pid,
+            source: std::io::Error::from(errno),
+        });
+    }
+    let step = match msg[4] {
+        1 => "open",
+        2 => "resolve",
+        3 => "create",
+        4 => "use (wrong file type)",
+        _ => "bind-mount onto",
+    };
+    let target = if msg[4] == 1 {
+        "/".to_owned()
+    } else {
+        list.get(idx).map_or_else(String::new, |b| b.target.clone())
+    };
+    Err(InjectError::Target {
+        step,
+        target,
+        rootfs: rootfs.to_owned(),
+        source: errno,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::plan::PlannedGpu;
+
+    fn plan(mode: Mode) -> Plan {
+        Plan {
+            container: "c1".into(),
+            mode,
+            gpus: vec![PlannedGpu {
+                index: 0,
+                uuid: "GPU-0".into(),
+                ordinal: 0,
+            }],
+            memory: Some(1 << 30),
+            cores: 50,
+            timeslice: None,
+        }
+    }
+
+    #[test]
+    fn bindings_per_mode() {
+        let mut cfg = Config {
+            state_dir: "/s".into(),
+            ..Config::default()
+        };
+        cfg.limit.library = "/lib/libx.so".into();
+        let mps = bindings(&plan(Mode::Mps), &cfg, "c1");
+        assert_eq!(mps[0].source, Path::new("/s/mps/GPU-0/pipe"));
+        assert_eq!(mps[0].target, "/tmp/nvidia-mps");
+        assert_eq!(mps[1].source, Path::new("/s/mps/GPU-0/shm"));
+        assert_eq!(mps[1].target, "/dev/shm");
+        let lim = bindings(&plan(Mode::Limit), &cfg, "c1");
+        let t: Vec<_> = lim
+            .iter()
+            .map(|b| (b.target.as_str(), b.readonly))
+            .collect();
+        assert_eq!(
+            t,
+            vec![
+                ("/usr/local/gpushare/libx.so", true),
+                ("/usr/local/gpushare/limits", true),
+                ("/usr/local/gpushare/shared", false),
+                ("/etc/ld.so.preload", true),
+            ]
+        );
+        assert!(lim[2].source.starts_with("/s/containers/c1"));
+        assert!(bindings(&plan(Mode::Timeslice), &cfg, "c1").is_empty());
+    }
+}

@@ -1,0 +1,318 @@
+//! The spec edit: one pure function that changes a raw `config.json` value so that env
+//! injection works (DESIGN "Why env needs the spec edit"). Its two callers are
+//! `gpushare-hook precreate` and `gpushare-runtime`, through [`crate::container::prepare`].
+//!
+//! Works on the raw [`serde_json::Value`] so that unknown fields are preserved; applying the same
+//! edit twice gives the same value.
+
+use std::path::PathBuf;
+
+use serde_json::{json, Map, Value};
+use thiserror::Error;
+
+use crate::container::inject::Binding;
+
+/// A `config.json` this edit cannot work on.
+#[derive(Debug, Error)]
+pub enum SpecEditError {
+    #[error("config.json: {0} is not of the type the OCI runtime spec gives it")]
+    Shape(&'static str),
+}
+
+/// The hook entries added for `createRuntime` and `poststop`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookCall {
+    pub path: PathBuf,
+    /// The hook's whole environment (explicit and minimal).
+    pub env: Vec<String>,
+}
+
+/// Everything the edit adds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Edit {
+    /// Set (replacing a same-named entry) in `process.env`.
+    pub env: Vec<(String, String)>,
+    /// Appended to `LD_PRELOAD` unless already listed.
+    pub preload: Option<String>,
+    /// Added to `mounts` as bind mounts, after the existing ones (so they win).
+    pub mounts: Vec<Binding>,
+    /// gpushare's state dir: an existing mount onto one of `mounts`' targets whose source is
+    /// under it but is not ours (a bundle reused under another id) is dropped.
+    pub owned: Option<PathBuf>,
+    pub hook: Option<HookCall>,
+}
+
+fn object<'a>(
+    parent: &'a mut Map<String, Value>,
+    key: &str,
+    what: &'static str,
+) -> Result<&'a mut Map<String, Value>, SpecEditError> {
+    parent
+        .entry(key.to_owned())
+        .or_insert_with(|| Value::Object(Map::new()))
+        .as_object_mut()
+        .ok_or(SpecEditError::Shape(what))
+}
+
+fn array<'a>(
+    parent: &'a mut Map<String, Value>,
+    key: &str,
+    what: &'static str,
+) -> Result<&'a mut Vec<Value>, SpecEditError> {
+    parent
+        .entry(key.to_owned())
+        .or_insert_with(|| Value::Array(Vec::new()))
+        .as_array_mut()
+        .ok_or(SpecEditError::Shape(what))
+}
+
+fn set_env(env: &mut Vec<Value>, key: &str, value: &str) -> Result<(), SpecEditError> {
+    let want = format!("{key}={value}");
+    let prefix = format!("{key}=");
+    for e in env.iter_mut() {
+        let s = e.as_str().ok_or(SpecEditError::Shape("process.env"))?;
+        if s.starts_with(&prefix) {
+            if s != want {
+                *e = Value::String(want);
+            }
+            return Ok(());
+        }
+    }
+    env.push(Value::String(want));
+    Ok(())
+}
+
+fn append_preload(env: &mut Vec<Value>, lib: &str) -> Result<(), SpecEditError> {
+    for e in env.iter_mut() {
+        let s = e.as_str().ok_or(SpecEditError::Shape("process.env"))?;
+        if let Some(old) = s.strip_prefix("LD_PRELOAD=") {
+            if old
+                .split(|c: char| c == ':' || c.is_ascii_whitespace())
+                .any(|p| p == lib)
+            {
+                return Ok(());
+            }
+            *e = Value::String(if old.trim().is_empty() {
+                format!("LD_PRELOAD={lib}")
+            } else {
+                format!("LD_PRELOAD={old}:{lib}")
+            });
+            return Ok(());
+        }
+    }
+    env.push(Value::String(format!("LD_PRELOAD={lib}")));
+    Ok(())
+}
+
+fn mount_value(b: &Binding) -> Value {
+    let mut options = vec!["rbind", "nosuid", "nodev"];
+    options.push(if b.readonly { "ro" } else { "rw" });
+    json!({
+        "destination": b.target,
+        "type": "bind",
+        "source": b.source,
+        "options": options,
+    })
+}
+
+/// Whether `mounts` already binds `b.source` at `b.target`.
+pub fn has_mount(mounts: &[Value], b: &Binding) -> bool {
+    mounts.iter().any(|m| {
+        m.get("destination").and_then(Value::as_str) == Some(b.target.as_str())
+            && m.get("source").and_then(Value::as_str) == b.source.to_str()
+    })
+}
+
+fn add_hook(hooks: &mut Vec<Value>, call: &HookCall, stage: &str) {
+    let path = call.path.to_string_lossy();
+    let present = hooks.iter().any(|h| {
+        h.get("path").and_then(Value::as_str) == Some(path.as_ref())
+            && h.get("args")
+                .and_then(Value::as_array)
+                .and_then(|a| a.get(1))
+                .and_then(Value::as_str)
+                == Some(stage)
+    });
+    if !present {
+        hooks.push(json!({
+            "path": path,
+            "args": ["gpushare-hook", stage],
+            "env": call.env,
+        }));
+    }
+}
+
+/// Applies `edit` to the raw config `spec`. Unknown fields are preserved; applying the same edit
+/// again changes nothing; an empty edit changes nothing.
+///
+/// # Errors
+/// [`SpecEditError`] when a part the edit touches has the wrong JSON type.
+pub fn apply(spec: &mut Value, edit: &Edit) -> Result<(), SpecEditError> {
+    if *edit == Edit::default() {
+        return Ok(());
+    }
+    let root = spec
+        .as_object_mut()
+        .ok_or(SpecEditError::Shape("the document"))?;
+    if !edit.env.is_empty() || edit.preload.is_some() {
+        let process = object(root, "process", "process")?;
+        let env = array(process, "env", "process.env")?;
+        for (k, v) in &edit.env {
+            set_env(env, k, v)?;
+        }
+        if let Some(lib) = &edit.preload {
+            append_preload(env, lib)?;
+        }
+    }
+    if !edit.mounts.is_empty() {
+        let mounts = array(root, "mounts", "mounts")?;
+        if let Some(owned) = &edit.owned {
+            mounts.retain(|m| {
+                let dest = m.get("destination").and_then(Value::as_str);
+                let src = m
+                    .get("source")
+                    .and_then(Value::as_str)
+                    .map(std::path::Path::new);
+                let stale = edit.mounts.iter().any(|b| {
+                    dest == Some(b.target.as_str())
+                        && src.is_some_and(|s| s.starts_with(owned) && s != b.source)
+                });
+                !stale
+            });
+        }
+        for b in &edit.mounts {
+            if !has_mount(mounts, b) {
+                mounts.push(mount_value(b));
+            }
+        }
+    }
+    if let Some(call) = &edit.hook {
+        let hooks = object(root, "hooks", "hooks")?;
+        add_hook(
+            array(hooks, "createRuntime", "hooks.createRuntime")?,
+            call,
+            "createRuntime",
+        );
+        add_hook(
+            array(hooks, "poststop", "hooks.poststop")?,
+            call,
+            "poststop",
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edit() -> Edit {
+        Edit {
+            env: vec![
+                ("CUDA_MPS_PIPE_DIRECTORY".into(), "/tmp/nvidia-mps".into()),
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "30".into()),
+            ],
+            preload: Some("/usr/local/gpushare/l.so".into()),
+            mounts: vec![Binding {
+                source: "/run/gpushare/mps/GPU-0/pipe".into(),
+                target: "/tmp/nvidia-mps".into(),
+                dir: true,
+                readonly: false,
+            }],
+            hook: Some(HookCall {
+                path: "/usr/bin/gpushare-hook".into(),
+                env: vec!["PATH=/usr/bin:/bin".into()],
+            }),
+            owned: None,
+        }
+    }
+
+    #[test]
+    fn edits_env_mounts_and_hooks_keeping_the_rest() {
+        let mut v: Value = serde_json::from_str(
+            r#"{"ociVersion":"1.0.2","x-unknown":{"keep":[1,2]},
+                "process":{"args":["sh"],"env":["PATH=/bin","LD_PRELOAD=/a.so","CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=99"],"user":{"uid":0}},
+                "mounts":[{"destination":"/proc","type":"proc","source":"proc"}],
+                "hooks":{"prestart":[{"path":"/x"}]}}"#,
+        )
+        .unwrap();
+        apply(&mut v, &edit()).unwrap();
+        assert_eq!(v["x-unknown"], json!({"keep":[1,2]}));
+        assert_eq!(v["process"]["user"], json!({"uid":0}));
+        assert_eq!(
+            v["process"]["env"],
+            json!([
+                "PATH=/bin",
+                "LD_PRELOAD=/a.so:/usr/local/gpushare/l.so",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
+                "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
+            ])
+        );
+        assert_eq!(v["mounts"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            v["mounts"][1]["options"],
+            json!(["rbind", "nosuid", "nodev", "rw"])
+        );
+        assert_eq!(v["hooks"]["prestart"], json!([{"path":"/x"}]));
+        assert_eq!(
+            v["hooks"]["createRuntime"],
+            json!([{"path":"/usr/bin/gpushare-hook","args":["gpushare-hook","createRuntime"],"env":["PATH=/usr/bin:/bin"]}])
+        );
+        assert_eq!(v["hooks"]["poststop"][0]["args"][1], "poststop");
+        // The same bundle edited for another container: the stale mount is replaced.
+        let mut other = edit();
+        other.owned = Some("/run/gpushare".into());
+        other.mounts[0].source = "/run/gpushare/mps/GPU-1/pipe".into();
+        apply(&mut v, &other).unwrap();
+        assert_eq!(v["mounts"].as_array().unwrap().len(), 2);
+        assert_eq!(v["mounts"][1]["source"], "/run/gpushare/mps/GPU-1/pipe");
+        // Key order of the original document is kept (preserve_order).
+        let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(
+            keys,
+            ["ociVersion", "x-unknown", "process", "mounts", "hooks"]
+        );
+    }
+
+    #[test]
+    fn idempotent_and_empty_edit_is_a_no_op() {
+        let rows: &[(&str, &str)] = &[
+            ("minimal", r#"{"process":{"args":["sh"]}}"#),
+            ("no process", r#"{"ociVersion":"1.0.2"}"#),
+            ("empty LD_PRELOAD", r#"{"process":{"env":["LD_PRELOAD="]}}"#),
+        ];
+        for (what, text) in rows {
+            let mut once: Value = serde_json::from_str(text).unwrap();
+            apply(&mut once, &edit()).unwrap();
+            let mut twice = once.clone();
+            apply(&mut twice, &edit()).unwrap();
+            assert_eq!(
+                serde_json::to_string(&once).unwrap(),
+                serde_json::to_string(&twice).unwrap(),
+                "{what}"
+            );
+            let mut untouched: Value = serde_json::from_str(text).unwrap();
+            apply(&mut untouched, &Edit::default()).unwrap();
+            assert_eq!(
+                untouched,
+                serde_json::from_str::<Value>(text).unwrap(),
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn wrong_shapes_are_errors() {
+        let rows: &[(&str, &str)] = &[
+            ("not an object", "[1]"),
+            ("env not an array", r#"{"process":{"env":"A=1"}}"#),
+            ("env entry not a string", r#"{"process":{"env":[1]}}"#),
+            ("mounts not an array", r#"{"mounts":{}}"#),
+            ("hooks not an object", r#"{"hooks":[]}"#),
+        ];
+        for (what, text) in rows {
+            let mut v: Value = serde_json::from_str(text).unwrap();
+            assert!(apply(&mut v, &edit()).is_err(), "{what}");
+        }
+    }
+}

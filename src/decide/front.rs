@@ -1,0 +1,63 @@
+//! The front half every entry point shares (createRuntime, precreate, the runtime wrapper): a
+//! cheap test on the raw config, then request -> devices -> [`Plan`].
+
+use std::collections::HashMap;
+
+use thiserror::Error;
+
+use crate::config::Config;
+use crate::decide::devices::DeviceError;
+use crate::decide::input::SpecView;
+use crate::decide::plan::{self, Plan};
+use crate::decide::request::{self, RequestError, Sources};
+use crate::vocab::{Inventory, InventoryError};
+
+/// Why no plan could be made.
+#[derive(Debug, Error)]
+pub enum DecideError {
+    #[error("invalid share request")]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Devices(#[from] DeviceError),
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+}
+
+/// Cheap test on the raw config bytes: can this container possibly ask for sharing?
+pub(crate) fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>) -> bool {
+    let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    state_annotations
+        .keys()
+        .any(|k| k.starts_with(request::ANNOTATION))
+        || has(b"gpu.share")
+        || has(b"GPU_SHARE")
+}
+
+/// A plan and the inventory it was made from.
+pub(crate) type Planned = (Plan, Box<dyn Inventory>);
+
+/// Parses the request and makes the plan; `None` when the container asks for nothing.
+pub(crate) fn plan_for(
+    id: &str,
+    spec: &SpecView,
+    cfg: &Config,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
+) -> Result<Option<Planned>, DecideError> {
+    let src = Sources {
+        annotations: &spec.annotations,
+        env: &spec.process.env,
+    };
+    if !request::wants_share(&src, cfg.policy.env_fallback) {
+        return Ok(None);
+    }
+    let Some(req) = request::parse(&src, cfg)? else {
+        return Ok(None);
+    };
+    let inventory = open_inventory()?;
+    let gpus = inventory.gpus()?;
+    let plan = plan::decide(id, &req, spec, &gpus)?;
+    Ok(Some((plan, inventory)))
+}
+
+/// Hook-entry env naming the spec edit's reservation of the MPS directories.
+pub const RESERVATION_ENV: &str = "GPUSHARE_RESERVATION";

@@ -1,0 +1,8 @@
+//! Deciding, pure: the container's spec and the admin policy in, a [`plan::Plan`] out. Nothing
+//! here touches the host; tests compare plans as data and `--dry-run` prints them.
+
+pub mod devices;
+pub mod front;
+pub mod input;
+pub mod plan;
+pub mod request;

@@ -1,0 +1,199 @@
+//! The decision: a [`Plan`] made from (container, request, assignment, inventory). Pure data that
+//! tests compare and `--dry-run` prints; [`crate::host::acquire`] carries it out.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use crate::decide::devices::{self, DeviceError};
+use crate::decide::input::SpecView;
+use crate::decide::request::{env_lookup, Request};
+use crate::vocab::quantity::to_mib;
+use crate::vocab::Gpu;
+use crate::vocab::{Mode, Timeslice};
+
+/// One GPU the container will share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PlannedGpu {
+    pub index: u32,
+    pub uuid: String,
+    /// CUDA ordinal inside the container (its position among the container's GPUs).
+    pub ordinal: u32,
+}
+
+/// What the hook will do for one container.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub container: String,
+    pub mode: Mode,
+    pub gpus: Vec<PlannedGpu>,
+    /// Per-GPU device-memory cap in bytes.
+    pub memory: Option<u64>,
+    /// SM share in percent (100: no cap).
+    pub cores: u8,
+    pub timeslice: Option<Timeslice>,
+}
+
+/// Makes the plan for a container that asked for `req`.
+///
+/// # Errors
+/// [`DeviceError`] when the container's GPUs do not fit the request.
+pub fn decide(
+    container: &str,
+    req: &Request,
+    spec: &SpecView,
+    inventory: &[Gpu],
+) -> Result<Plan, DeviceError> {
+    let devs: Vec<String> = spec.linux.devices.iter().map(|d| d.path.clone()).collect();
+    let visible = env_lookup(&spec.process.env, "NVIDIA_VISIBLE_DEVICES");
+    let mut given = devices::assigned(visible, &devs, inventory)?;
+    given.sort_by_key(|g| g.index);
+    let chosen = devices::select(&given, req.devices.as_deref(), req.mode, inventory)?;
+    let gpus = chosen
+        .into_iter()
+        .map(|g| PlannedGpu {
+            ordinal: given.iter().position(|a| a.index == g.index).unwrap_or(0) as u32,
+            index: g.index,
+            uuid: g.uuid,
+        })
+        .collect();
+    Ok(Plan {
+        container: container.to_owned(),
+        mode: req.mode,
+        gpus,
+        memory: req.memory,
+        cores: req.cores,
+        timeslice: req.timeslice,
+    })
+}
+
+/// Where the container finds the MPS control pipe.
+pub const MPS_PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
+
+impl Plan {
+    /// The environment the container gets where env can be injected (DESIGN: "What the
+    /// container sees"). `LD_PRELOAD` is not included: it is appended by the spec editor.
+    pub fn container_env(&self) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        match self.mode {
+            Mode::Mps => {
+                env.push((
+                    "CUDA_MPS_PIPE_DIRECTORY".into(),
+                    MPS_PIPE_IN_CONTAINER.into(),
+                ));
+                env.push((
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+                    self.cores.to_string(),
+                ));
+                if let Some(m) = self.memory {
+                    let limits: Vec<String> = self
+                        .gpus
+                        .iter()
+                        .map(|g| format!("{}={}M", g.ordinal, to_mib(m)))
+                        .collect();
+                    env.push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), limits.join(",")));
+                }
+            }
+            Mode::Limit => {
+                if let Some(m) = self.memory {
+                    for g in &self.gpus {
+                        env.push((
+                            format!("CUDA_DEVICE_MEMORY_LIMIT_{}", g.ordinal),
+                            m.to_string(),
+                        ));
+                    }
+                }
+                if self.cores < 100 {
+                    env.push(("CUDA_DEVICE_SM_LIMIT".into(), self.cores.to_string()));
+                }
+            }
+            Mode::Timeslice => {}
+        }
+        env
+    }
+
+    /// Path of the per-GPU directory under the state dir.
+    pub fn gpu_dir(state_dir: &std::path::Path, uuid: &str) -> PathBuf {
+        state_dir.join("mps").join(uuid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::input::parse_spec;
+
+    fn inv() -> Vec<Gpu> {
+        (0..4)
+            .map(|i| Gpu {
+                index: i,
+                uuid: format!("GPU-{i:08x}"),
+                minor: i,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn mps_plan_and_env() {
+        let spec = parse_spec(
+            br#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=2"]}}"#,
+            std::path::Path::new("c"),
+        )
+        .unwrap();
+        let req = Request {
+            mode: Mode::Mps,
+            devices: None,
+            memory: Some(4 << 30),
+            cores: 30,
+            timeslice: None,
+        };
+        let plan = decide("c1", &req, &spec, &inv()).unwrap();
+        assert_eq!(
+            plan.gpus,
+            vec![PlannedGpu {
+                index: 2,
+                uuid: "GPU-00000002".into(),
+                ordinal: 0
+            }]
+        );
+        assert_eq!(
+            plan.container_env(),
+            vec![
+                (
+                    "CUDA_MPS_PIPE_DIRECTORY".to_string(),
+                    "/tmp/nvidia-mps".to_string()
+                ),
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "30".into()),
+                ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), "0=4096M".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn limit_plan_uses_container_ordinals() {
+        let spec = parse_spec(
+            br#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=3,1"]}}"#,
+            std::path::Path::new("c"),
+        )
+        .unwrap();
+        let req = Request {
+            mode: Mode::Limit,
+            devices: Some(vec![crate::decide::request::Selector::Index(3)]),
+            memory: Some(1 << 30),
+            cores: 50,
+            timeslice: None,
+        };
+        let plan = decide("c1", &req, &spec, &inv()).unwrap();
+        assert_eq!(plan.gpus[0].ordinal, 1);
+        assert_eq!(
+            plan.container_env(),
+            vec![
+                (
+                    "CUDA_DEVICE_MEMORY_LIMIT_1".to_string(),
+                    (1u64 << 30).to_string()
+                ),
+                ("CUDA_DEVICE_SM_LIMIT".into(), "50".into()),
+            ]
+        );
+    }
+}

@@ -1,0 +1,603 @@
+//! What a container asked for: the `gpu.share*` annotations, with `GPU_SHARE*` env fallbacks.
+//!
+//! Pure: annotations, env and the admin policy in, a validated [`Request`] (or none) out.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::config::Config;
+use crate::vocab::quantity::{self, QuantityError};
+use crate::vocab::{Mode, Timeslice};
+
+/// The annotation that turns sharing on.
+pub const ANNOTATION: &str = "gpu.share";
+const PREFIX: &str = "gpu.share.";
+/// Largest annotation or env value read.
+const MAX_VALUE_LEN: usize = 4096;
+
+/// One entry of `gpu.share.devices`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum Selector {
+    Index(u32),
+    Uuid(String),
+}
+
+/// A validated share request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Request {
+    pub mode: Mode,
+    /// Subset of the container's GPUs; `None` means all of them.
+    pub devices: Option<Vec<Selector>>,
+    /// Per-GPU device-memory cap in bytes.
+    pub memory: Option<u64>,
+    /// SM share in percent.
+    pub cores: u8,
+    pub timeslice: Option<Timeslice>,
+}
+
+/// A request that cannot be served as written.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RequestError {
+    #[error("{key}: unknown mode {value:?}; valid modes are mps, timeslice, limit, none")]
+    UnknownMode { key: &'static str, value: String },
+    #[error("{key}: mode {mode} is not allowed on this node; allowed: {allowed}")]
+    ModeNotAllowed {
+        key: &'static str,
+        mode: Mode,
+        allowed: String,
+    },
+    #[error("unknown annotation {0:?}; valid keys are gpu.share, gpu.share.devices, gpu.share.memory, gpu.share.cores, gpu.share.timeslice")]
+    UnknownKey(String),
+    #[error("{key}: value is longer than 4096 bytes")]
+    TooLong { key: String },
+    #[error("{key}")]
+    Quantity {
+        key: &'static str,
+        #[source]
+        source: QuantityError,
+    },
+    #[error("{key}: {requested} bytes is above this node's maximum of {max} bytes; ask for less")]
+    MemoryAboveMax {
+        key: &'static str,
+        requested: u64,
+        max: u64,
+    },
+    #[error("{key}: {requested}% is above this node's maximum of {max}%; ask for less")]
+    CoresAboveMax {
+        key: &'static str,
+        requested: u8,
+        max: u8,
+    },
+    #[error("{key}: unknown time slice {value:?}; valid values are default, short, medium, long")]
+    Timeslice { key: &'static str, value: String },
+    #[error("{key}: {value:?} is not a GPU index or GPU-… UUID; give a comma list like 0,1")]
+    Devices { key: &'static str, value: String },
+    #[error("{key} only applies to {applies}; remove it or use gpu.share={applies}")]
+    NotForMode {
+        key: &'static str,
+        applies: &'static str,
+    },
+}
+
+/// One request field: its annotation name and env fallback.
+struct Field {
+    annotation: &'static str,
+    env: &'static str,
+}
+
+const MODE: Field = Field {
+    annotation: "gpu.share",
+    env: "GPU_SHARE",
+};
+const DEVICES: Field = Field {
+    annotation: "gpu.share.devices",
+    env: "GPU_SHARE_DEVICES",
+};
+const MEMORY: Field = Field {
+    annotation: "gpu.share.memory",
+    env: "GPU_SHARE_MEMORY",
+};
+const CORES: Field = Field {
+    annotation: "gpu.share.cores",
+    env: "GPU_SHARE_CORES",
+};
+const TIMESLICE: Field = Field {
+    annotation: "gpu.share.timeslice",
+    env: "GPU_SHARE_TIMESLICE",
+};
+const FIELDS: [&Field; 5] = [&MODE, &DEVICES, &MEMORY, &CORES, &TIMESLICE];
+
+/// The two sources of a request: the spec's annotations and its `process.env`.
+pub struct Sources<'a> {
+    pub annotations: &'a HashMap<String, String>,
+    pub env: &'a [String],
+}
+
+impl Sources<'_> {
+    /// The value of `field` and the key it came from; annotations win over env.
+    fn get(
+        &self,
+        field: &Field,
+        env_fallback: bool,
+    ) -> Result<Option<(&'static str, String)>, RequestError> {
+        let found = if let Some(v) = self.annotations.get(field.annotation) {
+            Some((field.annotation, v.as_str()))
+        } else if env_fallback {
+            env_lookup(self.env, field.env).map(|v| (field.env, v))
+        } else {
+            None
+        };
+        match found {
+            Some((key, v)) if v.len() > MAX_VALUE_LEN => Err(RequestError::TooLong {
+                key: key.to_owned(),
+            }),
+            Some((key, v)) => Ok(Some((key, v.trim().to_owned()))),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Finds `NAME=value` in a `process.env` list; the last occurrence wins, as in execve.
+pub fn env_lookup<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
+    env.iter().rev().find_map(|kv| {
+        kv.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('='))
+    })
+}
+
+/// Quick check, without validation, whether a container asks for sharing at all. Used on the
+/// fast path so that containers which ask for nothing cost almost nothing.
+pub fn wants_share(src: &Sources<'_>, env_fallback: bool) -> bool {
+    let v = src
+        .annotations
+        .get(ANNOTATION)
+        .map(String::as_str)
+        .or_else(|| {
+            env_fallback
+                .then(|| env_lookup(src.env, MODE.env))
+                .flatten()
+        });
+    let any_sub = src.annotations.keys().any(|k| k.starts_with(PREFIX));
+    match v {
+        Some(v) => !v.trim().is_empty() && v.trim() != "none" || any_sub,
+        None => any_sub,
+    }
+}
+
+/// Parses and validates the request against the admin policy. `Ok(None)`: nothing asked.
+///
+/// # Errors
+/// [`RequestError`] naming the offending key and what to write instead.
+pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, RequestError> {
+    for k in src.annotations.keys() {
+        if k.starts_with(PREFIX) && !FIELDS.iter().any(|f| f.annotation == k) {
+            return Err(RequestError::UnknownKey(k.clone()));
+        }
+    }
+    let fb = cfg.policy.env_fallback;
+    let Some((mode_key, mode_str)) = src.get(&MODE, fb)? else {
+        return reject_orphans(src);
+    };
+    let mode = match mode_str.as_str() {
+        "none" | "" => return reject_orphans(src),
+        "mps" => Mode::Mps,
+        "timeslice" | "time-slicing" | "timeslicing" => Mode::Timeslice,
+        "limit" | "preload" | "preload-limit" => Mode::Limit,
+        _ => {
+            return Err(RequestError::UnknownMode {
+                key: mode_key,
+                value: mode_str,
+            })
+        }
+    };
+    if !cfg.policy.modes.contains(&mode) {
+        let allowed: Vec<_> = cfg.policy.modes.iter().map(|m| m.as_str()).collect();
+        return Err(RequestError::ModeNotAllowed {
+            key: mode_key,
+            mode,
+            allowed: if allowed.is_empty() {
+                "none".into()
+            } else {
+                allowed.join(", ")
+            },
+        });
+    }
+
+    let devices = match src.get(&DEVICES, fb)? {
+        Some((key, v)) => Some(parse_selectors(key, &v)?),
+        None => None,
+    };
+
+    let memory = match src.get(&MEMORY, fb)? {
+        Some((key, v)) => {
+            not_for_timeslice(mode, key)?;
+            let bytes = quantity::parse_memory(&v)
+                .map_err(|source| RequestError::Quantity { key, source })?;
+            if let Some(max) = cfg.max_memory_bytes() {
+                if bytes > max {
+                    return Err(RequestError::MemoryAboveMax {
+                        key,
+                        requested: bytes,
+                        max,
+                    });
+                }
+            }
+            Some(bytes)
+        }
+        None => None,
+    };
+
+    let cores = match src.get(&CORES, fb)? {
+        Some((key, v)) => {
+            not_for_timeslice(mode, key)?;
+            let c = quantity::parse_cores(&v)
+                .map_err(|source| RequestError::Quantity { key, source })?;
+            if c > cfg.policy.max_cores {
+                return Err(RequestError::CoresAboveMax {
+                    key,
+                    requested: c,
+                    max: cfg.policy.max_cores,
+                });
+            }
+            c
+        }
+        None => cfg.policy.default_cores,
+    };
+
+    let timeslice = match src.get(&TIMESLICE, fb)? {
+        Some((key, v)) => {
+            if mode != Mode::Timeslice {
+                return Err(RequestError::NotForMode {
+                    key,
+                    applies: "timeslice",
+                });
+            }
+            Some(match v.as_str() {
+                "default" => Timeslice::Default,
+                "short" => Timeslice::Short,
+                "medium" => Timeslice::Medium,
+                "long" => Timeslice::Long,
+                _ => return Err(RequestError::Timeslice { key, value: v }),
+            })
+        }
+        None => None,
+    };
+
+    Ok(Some(Request {
+        mode,
+        devices,
+        memory,
+        cores,
+        timeslice,
+    }))
+}
+
+/// Memory and cores caps mean nothing to plain time-slicing.
+fn not_for_timeslice(mode: Mode, key: &'static str) -> Result<(), RequestError> {
+    if mode == Mode::Timeslice {
+        return Err(RequestError::NotForMode {
+            key,
+            applies: "mps or limit",
+        });
+    }
+    Ok(())
+}
+
+/// With no mode (or `none`), any other `gpu.share.*` annotation is a mistake worth reporting.
+fn reject_orphans(src: &Sources<'_>) -> Result<Option<Request>, RequestError> {
+    for f in &FIELDS[1..] {
+        if src.annotations.contains_key(f.annotation) {
+            return Err(RequestError::NotForMode {
+                key: f.annotation,
+                applies: "mps, timeslice or limit",
+            });
+        }
+    }
+    Ok(None)
+}
+
+/// Parses `0,1` or `GPU-…` UUIDs (mixed allowed, at most 64 entries, duplicates removed).
+fn parse_selectors(key: &'static str, v: &str) -> Result<Vec<Selector>, RequestError> {
+    let bad = |value: &str| RequestError::Devices {
+        key,
+        value: value.to_owned(),
+    };
+    let mut out = Vec::new();
+    for part in v.split(',').map(str::trim) {
+        let sel = parse_selector(part).ok_or_else(|| bad(part))?;
+        if !out.contains(&sel) {
+            out.push(sel);
+        }
+        if out.len() > 64 {
+            return Err(bad(v));
+        }
+    }
+    Ok(out)
+}
+
+/// One device selector: a decimal index below 1024 or a `GPU-`/`MIG-` UUID of safe characters.
+pub fn parse_selector(part: &str) -> Option<Selector> {
+    if !part.is_empty() && part.len() <= 4 && part.bytes().all(|b| b.is_ascii_digit()) {
+        return part
+            .parse::<u32>()
+            .ok()
+            .filter(|n| *n < 1024)
+            .map(Selector::Index);
+    }
+    let ok_uuid = (part.starts_with("GPU-") || part.starts_with("MIG-"))
+        && part.len() <= 96
+        && part.len() > 4
+        && part[4..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'/');
+    ok_uuid.then(|| Selector::Uuid(part.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(
+        ann: &[(&str, &str)],
+        env: &[&str],
+        cfg: &Config,
+    ) -> Result<Option<Request>, RequestError> {
+        let annotations: HashMap<String, String> = ann
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let env: Vec<String> = env.iter().map(|s| s.to_string()).collect();
+        parse(
+            &Sources {
+                annotations: &annotations,
+                env: &env,
+            },
+            cfg,
+        )
+    }
+
+    fn req(mode: Mode) -> Request {
+        Request {
+            mode,
+            devices: None,
+            memory: None,
+            cores: 100,
+            timeslice: None,
+        }
+    }
+
+    #[test]
+    fn accepted_requests() {
+        let cfg = Config::default();
+        type Row<'a> = (
+            &'a str,
+            Vec<(&'a str, &'a str)>,
+            Vec<&'a str>,
+            Option<Request>,
+        );
+        let rows: Vec<Row> = vec![
+            ("nothing", vec![], vec![], None),
+            ("explicit none", vec![("gpu.share", "none")], vec![], None),
+            (
+                "mps",
+                vec![("gpu.share", "mps")],
+                vec![],
+                Some(req(Mode::Mps)),
+            ),
+            (
+                "alias time-slicing",
+                vec![("gpu.share", "time-slicing")],
+                vec![],
+                Some(req(Mode::Timeslice)),
+            ),
+            (
+                "alias preload",
+                vec![("gpu.share", "preload")],
+                vec![],
+                Some(req(Mode::Limit)),
+            ),
+            (
+                "env fallback",
+                vec![],
+                vec!["GPU_SHARE=mps"],
+                Some(req(Mode::Mps)),
+            ),
+            (
+                "annotation wins over env",
+                vec![("gpu.share", "limit")],
+                vec!["GPU_SHARE=mps"],
+                Some(req(Mode::Limit)),
+            ),
+            (
+                "limits",
+                vec![
+                    ("gpu.share", "mps"),
+                    ("gpu.share.memory", "4Gi"),
+                    ("gpu.share.cores", "30"),
+                    ("gpu.share.devices", "0, GPU-abc-1"),
+                ],
+                vec![],
+                Some(Request {
+                    memory: Some(4 << 30),
+                    cores: 30,
+                    devices: Some(vec![Selector::Index(0), Selector::Uuid("GPU-abc-1".into())]),
+                    ..req(Mode::Mps)
+                }),
+            ),
+            (
+                "timeslice length",
+                vec![("gpu.share", "timeslice"), ("gpu.share.timeslice", "long")],
+                vec![],
+                Some(Request {
+                    timeslice: Some(Timeslice::Long),
+                    ..req(Mode::Timeslice)
+                }),
+            ),
+            (
+                "env limits",
+                vec![],
+                vec![
+                    "GPU_SHARE=limit",
+                    "GPU_SHARE_MEMORY=512M",
+                    "GPU_SHARE_CORES=50",
+                ],
+                Some(Request {
+                    memory: Some(512_000_000),
+                    cores: 50,
+                    ..req(Mode::Limit)
+                }),
+            ),
+        ];
+        for (what, ann, env, want) in rows {
+            assert_eq!(run(&ann, &env, &cfg).unwrap(), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn refused_requests() {
+        let mut cfg = Config::default();
+        cfg.policy.max_memory = Some("8Gi".into());
+        cfg.policy.max_cores = 80;
+        cfg.policy.default_cores = 80;
+        type Row<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<&'a str>, &'a str);
+        let rows: Vec<Row> = vec![
+            (
+                "unknown mode",
+                vec![("gpu.share", "turbo")],
+                vec![],
+                "valid modes are mps, timeslice, limit",
+            ),
+            (
+                "unknown key",
+                vec![("gpu.share", "mps"), ("gpu.share.colour", "red")],
+                vec![],
+                "unknown annotation",
+            ),
+            (
+                "bad memory",
+                vec![("gpu.share", "mps"), ("gpu.share.memory", "12XB")],
+                vec![],
+                "gpu.share.memory",
+            ),
+            (
+                "zero memory",
+                vec![("gpu.share", "mps"), ("gpu.share.memory", "0")],
+                vec![],
+                "gpu.share.memory",
+            ),
+            (
+                "memory above max",
+                vec![("gpu.share", "mps"), ("gpu.share.memory", "9Gi")],
+                vec![],
+                "maximum",
+            ),
+            (
+                "cores 0",
+                vec![("gpu.share", "mps"), ("gpu.share.cores", "0")],
+                vec![],
+                "gpu.share.cores",
+            ),
+            (
+                "cores 101",
+                vec![("gpu.share", "mps"), ("gpu.share.cores", "101")],
+                vec![],
+                "gpu.share.cores",
+            ),
+            (
+                "cores above max",
+                vec![("gpu.share", "mps"), ("gpu.share.cores", "90")],
+                vec![],
+                "maximum of 80%",
+            ),
+            (
+                "bad devices",
+                vec![("gpu.share", "mps"), ("gpu.share.devices", "0;rm")],
+                vec![],
+                "not a GPU index",
+            ),
+            (
+                "path in uuid",
+                vec![("gpu.share", "mps"), ("gpu.share.devices", "GPU-../../x")],
+                vec![],
+                "not a GPU index",
+            ),
+            (
+                "timeslice on mps",
+                vec![("gpu.share", "mps"), ("gpu.share.timeslice", "long")],
+                vec![],
+                "only applies to timeslice",
+            ),
+            (
+                "memory on timeslice",
+                vec![("gpu.share", "timeslice"), ("gpu.share.memory", "1Gi")],
+                vec![],
+                "only applies",
+            ),
+            (
+                "bad timeslice",
+                vec![
+                    ("gpu.share", "timeslice"),
+                    ("gpu.share.timeslice", "forever"),
+                ],
+                vec![],
+                "unknown time slice",
+            ),
+            (
+                "orphan key",
+                vec![("gpu.share.memory", "1Gi")],
+                vec![],
+                "only applies",
+            ),
+            (
+                "env unknown mode",
+                vec![],
+                vec!["GPU_SHARE=bogus"],
+                "GPU_SHARE: unknown mode",
+            ),
+        ];
+        for (what, ann, env, want) in rows {
+            let err = run(&ann, &env, &cfg).unwrap_err();
+            let msg = crate::vocab::chain(&err);
+            assert!(msg.contains(want), "{what}: {msg}");
+        }
+    }
+
+    #[test]
+    fn policy_can_forbid_modes_and_env() {
+        let mut cfg = Config::default();
+        cfg.policy.modes = vec![Mode::Timeslice];
+        let err = run(&[("gpu.share", "mps")], &[], &cfg).unwrap_err();
+        assert!(err.to_string().contains("allowed: timeslice"), "{err}");
+        cfg.policy.env_fallback = false;
+        assert_eq!(run(&[], &["GPU_SHARE=timeslice"], &cfg).unwrap(), None);
+    }
+
+    #[test]
+    fn fast_check() {
+        let none = HashMap::new();
+        let env = vec!["GPU_SHARE=mps".to_string()];
+        assert!(wants_share(
+            &Sources {
+                annotations: &none,
+                env: &env
+            },
+            true
+        ));
+        assert!(!wants_share(
+            &Sources {
+                annotations: &none,
+                env: &env
+            },
+            false
+        ));
+        assert!(!wants_share(
+            &Sources {
+                annotations: &none,
+                env: &[]
+            },
+            true
+        ));
+    }
+}

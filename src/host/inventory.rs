@@ -1,0 +1,109 @@
+//! The real [`Inventory`]: NVML, loaded from the configured library; and [`Unavailable`], for
+//! when NVML cannot be loaded but records must still be kept.
+
+use nvml_wrapper::enum_wrappers::device::ComputeMode as NvmlComputeMode;
+use nvml_wrapper::Nvml;
+
+use crate::config::Config;
+use crate::vocab::{is_safe_name, ComputeMode, Gpu, Inventory, InventoryError};
+
+/// The real inventory, from the configured NVML library.
+///
+/// # Errors
+/// [`InventoryError::Load`] when the library cannot be loaded.
+pub fn open(cfg: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
+    Ok(Box::new(NvmlInventory::open(&cfg.nvml.library)?))
+}
+
+/// The real inventory: NVML, loaded from a configured library path.
+pub struct NvmlInventory {
+    nvml: Nvml,
+}
+
+impl NvmlInventory {
+    /// Loads and initialises NVML from `library` (a soname or a path).
+    ///
+    /// # Errors
+    /// [`InventoryError::Load`] when the library is missing or `nvmlInit` fails.
+    pub fn open(library: &str) -> Result<Self, InventoryError> {
+        let nvml = Nvml::builder()
+            .lib_path(std::ffi::OsStr::new(library))
+            .init()
+            .map_err(|source| InventoryError::Load {
+                library: library.to_owned(),
+                source,
+            })?;
+        Ok(Self { nvml })
+    }
+
+    fn call<T>(
+        call: &'static str,
+        r: Result<T, nvml_wrapper::error::NvmlError>,
+    ) -> Result<T, InventoryError> {
+        r.map_err(|source| InventoryError::Call { call, source })
+    }
+}
+
+impl Inventory for NvmlInventory {
+    fn gpus(&self) -> Result<Vec<Gpu>, InventoryError> {
+        let count = Self::call("nvmlDeviceGetCount", self.nvml.device_count())?;
+        let mut out = Vec::with_capacity(count as usize);
+        for index in 0..count.min(1024) {
+            let dev = Self::call(
+                "nvmlDeviceGetHandleByIndex",
+                self.nvml.device_by_index(index),
+            )?;
+            let uuid = Self::call("nvmlDeviceGetUUID", dev.uuid())?;
+            if !is_safe_name(&uuid) {
+                return Err(InventoryError::BadUuid(uuid));
+            }
+            let minor = dev.minor_number().unwrap_or(index);
+            out.push(Gpu { index, uuid, minor });
+        }
+        Ok(out)
+    }
+
+    fn compute_mode(&self, index: u32) -> Result<ComputeMode, InventoryError> {
+        let dev = Self::call(
+            "nvmlDeviceGetHandleByIndex",
+            self.nvml.device_by_index(index),
+        )?;
+        let m = Self::call("nvmlDeviceGetComputeMode", dev.compute_mode())?;
+        Ok(match m {
+            NvmlComputeMode::Default => ComputeMode::Default,
+            NvmlComputeMode::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+            _ => ComputeMode::Prohibited,
+        })
+    }
+
+    fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), InventoryError> {
+        let mut dev = Self::call(
+            "nvmlDeviceGetHandleByIndex",
+            self.nvml.device_by_index(index),
+        )?;
+        let m = match mode {
+            ComputeMode::Default => NvmlComputeMode::Default,
+            ComputeMode::ExclusiveProcess => NvmlComputeMode::ExclusiveProcess,
+            ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
+        };
+        Self::call("nvmlDeviceSetComputeMode", dev.set_compute_mode(m))
+    }
+}
+
+/// An inventory for when NVML cannot be loaded: every call fails with the reason. Lets a
+/// release still clean records up.
+pub struct Unavailable(pub String);
+
+impl Inventory for Unavailable {
+    fn gpus(&self) -> Result<Vec<Gpu>, InventoryError> {
+        Err(InventoryError::Unavailable(self.0.clone()))
+    }
+
+    fn compute_mode(&self, _index: u32) -> Result<ComputeMode, InventoryError> {
+        Err(InventoryError::Unavailable(self.0.clone()))
+    }
+
+    fn set_compute_mode(&self, _index: u32, _mode: ComputeMode) -> Result<(), InventoryError> {
+        Err(InventoryError::Unavailable(self.0.clone()))
+    }
+}

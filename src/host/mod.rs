@@ -1,0 +1,11 @@
+//! Doing on the host: the state directory and its locks, the GPUs' compute modes, MPS daemons,
+//! and the acquire/release/gc that carry a plan out.
+
+pub mod acquire;
+pub mod inventory;
+pub mod mps;
+pub mod pending;
+pub mod procinfo;
+pub mod release;
+pub mod state;
+pub mod timeslice;

@@ -1,0 +1,432 @@
+//! The NVIDIA MPS control daemon: one per GPU, started, probed, configured and stopped here.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use thiserror::Error;
+
+use crate::host::procinfo::ProcId;
+
+/// PATH given to the programs the hook starts.
+pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The daemon could not be started, reached or stopped.
+#[derive(Debug, Error)]
+pub enum MpsError {
+    #[error("MPS control binary {0:?} not found; install nvidia-cuda-mps or set [mps] control in the config")]
+    NotFound(String),
+    #[error("cannot prepare {path}")]
+    Dirs {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot mount the daemon's shm tmpfs on {path}; the hook needs CAP_SYS_ADMIN")]
+    Shm {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("cannot start {binary}")]
+    Spawn {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("MPS daemon for {uuid} did not answer get_server_list within {seconds}s; see {log}")]
+    NotReady {
+        uuid: String,
+        seconds: u64,
+        log: PathBuf,
+    },
+    #[error("{binary} exited during start-up ({status}){hint}; see {log}")]
+    Exited {
+        binary: PathBuf,
+        status: String,
+        hint: &'static str,
+        log: PathBuf,
+    },
+    #[error("MPS control command {command:?} failed: {output}")]
+    Command { command: String, output: String },
+}
+
+/// The directories of one GPU's daemon: `<state>/mps/<uuid>/{pipe,log,shm}`.
+#[derive(Debug, Clone)]
+pub struct MpsDirs {
+    pub dir: PathBuf,
+    pub pipe: PathBuf,
+    pub log: PathBuf,
+    pub shm: PathBuf,
+}
+
+impl MpsDirs {
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            pipe: dir.join("pipe"),
+            log: dir.join("log"),
+            shm: dir.join("shm"),
+            dir,
+        }
+    }
+
+    /// Creates the directories and mounts the shm tmpfs if it is not mounted yet. Idempotent.
+    ///
+    /// # Errors
+    /// [`MpsError`] when a directory or the mount cannot be made.
+    pub fn prepare(&self) -> Result<(), MpsError> {
+        use std::os::unix::fs::DirBuilderExt;
+        for d in [&self.dir, &self.pipe, &self.log, &self.shm] {
+            std::fs::DirBuilder::new()
+                .mode(0o755)
+                .recursive(true)
+                .create(d)
+                .map_err(|source| MpsError::Dirs {
+                    path: d.clone(),
+                    source,
+                })?;
+        }
+        if !is_mount_point(&self.shm) {
+            mount(
+                Some("tmpfs"),
+                &self.shm,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some("mode=1777"),
+            )
+            .map_err(|source| MpsError::Shm {
+                path: self.shm.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Unmounts the shm tmpfs and removes the directory tree. Best effort, idempotent.
+    pub fn remove(&self) {
+        if is_mount_point(&self.shm) {
+            let _ = umount2(&self.shm, MntFlags::MNT_DETACH);
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        // The shared `mps/` parent goes too once no GPU uses it (fails harmlessly otherwise).
+        if let Some(parent) = self.dir.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
+}
+
+/// Whether `path` is a mount point (its device differs from its parent's, or mountinfo says so).
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = path.to_string_lossy();
+    text.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .is_some_and(|mp| unescape_mountinfo(mp) == want)
+    })
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// Finds `name` on the safe PATH (or takes it as a path if it has a `/`).
+pub fn find_binary(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        let p = PathBuf::from(name);
+        return p.is_file().then_some(p);
+    }
+    SAFE_PATH
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+/// A handle on the `nvidia-cuda-mps-control` program.
+#[derive(Debug, Clone)]
+pub struct Control {
+    binary: PathBuf,
+}
+
+impl Control {
+    /// # Errors
+    /// [`MpsError::NotFound`] when the binary is missing.
+    pub fn new(name: &str) -> Result<Self, MpsError> {
+        find_binary(name)
+            .map(|binary| Self { binary })
+            .ok_or_else(|| MpsError::NotFound(name.to_owned()))
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    /// Sends one control command to the daemon behind `pipe`; returns its output.
+    ///
+    /// # Errors
+    /// [`MpsError::Command`] when the client fails, says so, or hangs past `timeout`.
+    pub fn command(
+        &self,
+        pipe: &Path,
+        command: &str,
+        timeout: Duration,
+    ) -> Result<String, MpsError> {
+        let fail = |output: String| MpsError::Command {
+            command: command.to_owned(),
+            output,
+        };
+        let mut child = Command::new(&self.binary)
+            .env_clear()
+            .env("PATH", SAFE_PATH)
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| fail(e.to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(format!("{command}\n").as_bytes());
+        }
+        let status = wait_timeout(&mut child, timeout).map_err(|e| fail(e.to_string()))?;
+        let mut out = String::new();
+        if let Some(mut o) = child.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut out);
+        }
+        match status {
+            Some(s) if s.success() => Ok(out.trim().to_owned()),
+            Some(s) => Err(fail(format!("{} {}", s, out.trim()))),
+            None => Err(fail(format!("no answer within {}s", timeout.as_secs_f32()))),
+        }
+    }
+
+    /// Whether a daemon answers on `pipe`.
+    pub fn answers(&self, pipe: &Path) -> bool {
+        pipe.join("control").exists()
+            && self
+                .command(pipe, "get_server_list", Duration::from_secs(2))
+                .is_ok()
+    }
+
+    /// Starts a daemon for GPU `uuid` in a mount namespace of its own with `dirs.shm` on
+    /// `/dev/shm`, outside the caller's cgroups, and waits until it answers.
+    ///
+    /// # Errors
+    /// [`MpsError`] when it cannot be started or does not become ready; a started daemon that
+    /// never answered is killed before returning.
+    pub fn start(
+        &self,
+        uuid: &str,
+        dirs: &MpsDirs,
+        multiuser: bool,
+        ready_timeout: Duration,
+    ) -> Result<ProcId, MpsError> {
+        dirs.prepare()?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.arg("-f");
+        if multiuser {
+            cmd.arg("-multiuser-server");
+        }
+        cmd.env_clear()
+            .env("PATH", SAFE_PATH)
+            .env("CUDA_VISIBLE_DEVICES", uuid)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        crate::sys::daemon_in_own_mount_ns(&mut cmd, &dirs.shm).map_err(|source| {
+            MpsError::Spawn {
+                binary: self.binary.clone(),
+                source,
+            }
+        })?;
+        let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
+            binary: self.binary.clone(),
+            source,
+        })?;
+        let pid = child.id() as i32;
+        leave_cgroups(pid);
+        let proc = ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 });
+        let deadline = Instant::now() + ready_timeout;
+        loop {
+            if self.answers(&dirs.pipe) {
+                // Not waited for: it outlives this process and is reparented.
+                return Ok(proc);
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(MpsError::Exited {
+                    binary: self.binary.clone(),
+                    status: status.to_string(),
+                    hint: if multiuser {
+                        "; this driver's MPS may not support -multiuser-server: set [mps] multiuser = false"
+                    } else {
+                        ""
+                    },
+                    log: dirs.log.join("control.log"),
+                });
+            }
+            if Instant::now() >= deadline {
+                stop_process(proc, Duration::from_millis(500));
+                return Err(MpsError::NotReady {
+                    uuid: uuid.to_owned(),
+                    seconds: ready_timeout.as_secs(),
+                    log: dirs.log.join("control.log"),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Sets the daemon's defaults for clients that bring no limits of their own.
+    ///
+    /// # Errors
+    /// [`MpsError::Command`] when the daemon refuses.
+    pub fn set_defaults(
+        &self,
+        pipe: &Path,
+        cores: u8,
+        memory_mib: Option<u64>,
+    ) -> Result<(), MpsError> {
+        let t = Duration::from_secs(5);
+        if cores < 100 {
+            self.command(
+                pipe,
+                &format!("set_default_active_thread_percentage {cores}"),
+                t,
+            )?;
+        }
+        if let Some(m) = memory_mib {
+            self.command(
+                pipe,
+                &format!("set_default_device_pinned_mem_limit 0 {m}M"),
+                t,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Stops a daemon: `quit`, then SIGTERM/SIGKILL if it lingers. Idempotent.
+    pub fn stop(&self, pipe: &Path, daemon: Option<ProcId>) {
+        let _ = self.command(pipe, "quit", Duration::from_secs(5));
+        if let Some(p) = daemon {
+            stop_process(p, Duration::from_secs(5));
+        }
+    }
+}
+
+/// Waits for a child up to `timeout`; kills and reaps it on timeout (then `Ok(None)`).
+fn wait_timeout(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> std::io::Result<Option<std::process::ExitStatus>> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(100);
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(Some(s));
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(10));
+    }
+}
+
+/// Waits for `p` to exit; SIGTERM after `grace`, SIGKILL after twice that.
+pub fn stop_process(p: ProcId, grace: Duration) {
+    let start = Instant::now();
+    let mut sent_term = false;
+    while p.is_alive() {
+        let waited = start.elapsed();
+        if waited >= grace * 2 {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGKILL);
+            break;
+        }
+        if waited >= grace && !sent_term {
+            let _ = kill(Pid::from_raw(p.pid), Signal::SIGTERM);
+            sent_term = true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Reap it if it is our child; it usually is not.
+    let _ = nix::sys::wait::waitpid(
+        Pid::from_raw(p.pid),
+        Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+    );
+}
+
+/// Moves `pid` into the root cgroup of every hierarchy this process belongs to, so that a
+/// scope that ends with one container does not take a daemon that others use. Best effort: a
+/// hierarchy we cannot write to is left as it is.
+pub fn leave_cgroups(pid: i32) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    for line in mountinfo.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let fstype = post.split(' ').next().unwrap_or("");
+        if fstype != "cgroup" && fstype != "cgroup2" {
+            continue;
+        }
+        let fields: Vec<&str> = pre.split(' ').collect();
+        // Only the root of each hierarchy (root field "/").
+        if fields.get(3) != Some(&"/") {
+            continue;
+        }
+        if let Some(mp) = fields.get(4) {
+            let procs = Path::new(&unescape_mountinfo(mp)).join("cgroup.procs");
+            let _ = std::fs::write(procs, pid.to_string());
+        }
+    }
+}
+
+/// Finds a running daemon serving `pipe` (its environment names that pipe directory), for
+/// adopting one that is missing from the record.
+pub fn find_daemon(pipe: &Path, binary: &Path) -> Option<ProcId> {
+    let want = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display());
+    let bin_name = binary.file_name()?.to_string_lossy().into_owned();
+    let rd = std::fs::read_dir("/proc").ok()?;
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or(&[]);
+        if !String::from_utf8_lossy(argv0).ends_with(&bin_name) {
+            continue;
+        }
+        // A control client has no `-f`/`-d`: only daemons are adopted.
+        if !cmdline.split(|b| *b == 0).any(|a| a == b"-f" || a == b"-d") {
+            continue;
+        }
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        if env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()) {
+            if let Some(p) = ProcId::of(pid).filter(ProcId::is_alive) {
+                return Some(p);
+            }
+        }
+    }
+    None
+}

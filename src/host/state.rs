@@ -1,0 +1,506 @@
+//! The state directory: per-GPU JSON records, their `flock` locks, atomic writes.
+//!
+//! Layout under `state_dir` (mode 0700):
+//! - `gpus/<uuid>.lock`: the GPU's lock file; its content names the current holder.
+//! - `gpus/<uuid>.json`: the GPU's [`Record`], written to a temp file, fsynced and renamed.
+//! - `mps/<uuid>/{pipe,log,shm}`: the MPS daemon's directories (see [`crate::host::mps`]).
+//! - `containers/<id>/`: per-container files (limit mode).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::host::procinfo::ProcId;
+use crate::vocab::is_safe_name;
+use crate::vocab::Mode;
+
+/// Version of the record layout.
+pub const RECORD_VERSION: u32 = 1;
+/// Largest record read back.
+const MAX_RECORD_BYTES: u64 = 4 << 20;
+
+/// State that cannot be read or written.
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error("cannot create state directory {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("state directory {path} is not a directory owned by this user; remove it or set state_dir elsewhere")]
+    Unsafe { path: PathBuf },
+    #[error("cannot lock {path}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("timed out after {seconds}s waiting for the lock on GPU {uuid} (held by {holder}); retry, or run `gpushare-hook gc` if that holder is gone")]
+    LockTimeout {
+        uuid: String,
+        seconds: u64,
+        holder: String,
+    },
+    #[error("cannot read record {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("record {path} is corrupt; move it away and run `gpushare-hook gc`")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("record {path} has layout version {found}, this gpushare reads {RECORD_VERSION}")]
+    Version { path: PathBuf, found: u32 },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One container using a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Client {
+    pub mode: Mode,
+    /// The container's init process; `None` when the runtime gave no pid (then the client is
+    /// only dropped by poststop).
+    pub process: Option<ProcId>,
+    pub cores: u8,
+    pub memory: Option<u64>,
+}
+
+/// The MPS daemon serving a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Daemon {
+    pub process: ProcId,
+    /// Compute mode to restore when it stops (`None`: leave as is).
+    pub restore_compute_mode: Option<crate::vocab::ComputeMode>,
+}
+
+/// Everything recorded about one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub version: u32,
+    pub uuid: String,
+    pub index: u32,
+    pub daemon: Option<Daemon>,
+    /// Clients by container id; the reference count is their number.
+    pub clients: BTreeMap<String, Client>,
+    /// Spec edits that made the daemon's directories a mount source for a container whose hook
+    /// has not run yet, by key, with the time (seconds since the epoch). While one is fresh the
+    /// directories stay even when the daemon stops, so that container's mounts keep working.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reserved: BTreeMap<String, u64>,
+}
+
+/// How long a spec edit's reservation of a GPU's MPS directories lasts.
+pub const RESERVATION_SECONDS: u64 = 120;
+
+fn fresh(at: u64, now: u64) -> bool {
+    now.saturating_sub(at) < RESERVATION_SECONDS && at <= now + 60
+}
+
+/// Seconds since the epoch.
+pub fn now_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Record {
+    pub fn new(uuid: &str, index: u32) -> Self {
+        Self {
+            version: RECORD_VERSION,
+            uuid: uuid.to_owned(),
+            index,
+            daemon: None,
+            clients: BTreeMap::new(),
+            reserved: BTreeMap::new(),
+        }
+    }
+
+    /// Drops reservations older than [`RESERVATION_SECONDS`] (or from the future).
+    pub fn prune_reservations(&mut self, now: u64) {
+        self.reserved.retain(|_, at| fresh(*at, now));
+    }
+
+    /// Whether a container uses, or is about to mount, the GPU's MPS directories.
+    pub fn dirs_in_use(&self, now: u64) -> bool {
+        !self.clients.is_empty() || self.reserved.values().any(|at| fresh(*at, now))
+    }
+
+    /// The mode the GPU currently serves (that of its clients), if any.
+    pub fn serving(&self) -> Option<Mode> {
+        if self.daemon.is_some() || self.clients.values().any(|c| c.mode == Mode::Mps) {
+            return Some(Mode::Mps);
+        }
+        self.clients.values().next().map(|c| c.mode)
+    }
+
+    /// Drops clients whose process is gone; returns their ids.
+    pub fn drop_stale(&mut self) -> Vec<String> {
+        let stale: Vec<String> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.process.is_some_and(|p| !p.is_alive()))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &stale {
+            self.clients.remove(id);
+        }
+        stale
+    }
+}
+
+/// Paths of the state directory.
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+impl StateDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn gpus_dir(&self) -> PathBuf {
+        self.root.join("gpus")
+    }
+
+    pub fn lock_path(&self, uuid: &str) -> PathBuf {
+        self.gpus_dir().join(format!("{uuid}.lock"))
+    }
+
+    pub fn record_path(&self, uuid: &str) -> PathBuf {
+        self.gpus_dir().join(format!("{uuid}.json"))
+    }
+
+    /// `mps/<uuid>`: the daemon's directories.
+    pub fn mps_dir(&self, uuid: &str) -> PathBuf {
+        self.root.join("mps").join(uuid)
+    }
+
+    /// `containers/<id>`: per-container files.
+    pub fn container_dir(&self, id: &str) -> PathBuf {
+        self.root.join("containers").join(id)
+    }
+
+    /// Creates the directory tree (mode 0700) and checks the root is not a symlink or owned by
+    /// someone else.
+    ///
+    /// # Errors
+    /// [`StateError`] when it cannot be created or is unsafe.
+    pub fn ensure(&self) -> Result<(), StateError> {
+        for dir in [self.root.clone(), self.gpus_dir()] {
+            match fs::DirBuilder::new()
+                .mode(0o700)
+                .recursive(true)
+                .create(&dir)
+            {
+                Ok(()) => {}
+                Err(source) => return Err(StateError::Dir { path: dir, source }),
+            }
+        }
+        use std::os::unix::fs::MetadataExt;
+        let meta = fs::symlink_metadata(&self.root).map_err(|source| StateError::Dir {
+            path: self.root.clone(),
+            source,
+        })?;
+        let me = nix::unistd::geteuid().as_raw();
+        if !meta.is_dir() || meta.uid() != me {
+            return Err(StateError::Unsafe {
+                path: self.root.clone(),
+            });
+        }
+        if meta.mode() & 0o077 != 0 {
+            // Ours, but too open (made by hand, or by an older install): tighten it.
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&self.root, fs::Permissions::from_mode(0o700)).map_err(
+                |source| StateError::Dir {
+                    path: self.root.clone(),
+                    source,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// All GPU records present (unlocked read, for listing and poststop's first pass).
+    pub fn list_records(&self) -> Vec<(String, Result<Record, StateError>)> {
+        let mut out = Vec::new();
+        let Ok(rd) = fs::read_dir(self.gpus_dir()) else {
+            return out;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(uuid) = name.strip_suffix(".json") {
+                if is_safe_name(uuid) {
+                    out.push((
+                        uuid.to_owned(),
+                        self.load(uuid)
+                            .map(|r| r.unwrap_or_else(|| Record::new(uuid, 0))),
+                    ));
+                }
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Loads a GPU's record; `None` when there is none.
+    ///
+    /// # Errors
+    /// [`StateError`] when it cannot be read or parsed.
+    pub fn load(&self, uuid: &str) -> Result<Option<Record>, StateError> {
+        let path = self.record_path(uuid);
+        let f = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(StateError::Read { path, source }),
+        };
+        let mut buf = Vec::new();
+        f.take(MAX_RECORD_BYTES)
+            .read_to_end(&mut buf)
+            .map_err(|source| StateError::Read {
+                path: path.clone(),
+                source,
+            })?;
+        let rec: Record = serde_json::from_slice(&buf).map_err(|source| StateError::Corrupt {
+            path: path.clone(),
+            source,
+        })?;
+        if rec.version != RECORD_VERSION {
+            return Err(StateError::Version {
+                path,
+                found: rec.version,
+            });
+        }
+        Ok(Some(rec))
+    }
+
+    /// Saves a record atomically; a record with no clients and no daemon is removed instead.
+    ///
+    /// # Errors
+    /// [`StateError::Write`] when it cannot be written.
+    pub fn save(&self, rec: &Record) -> Result<(), StateError> {
+        let path = self.record_path(&rec.uuid);
+        if rec.clients.is_empty() && rec.daemon.is_none() && rec.reserved.is_empty() {
+            return match fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(StateError::Write { path, source: e })
+                }
+                _ => Ok(()),
+            };
+        }
+        let bytes = serde_json::to_vec_pretty(rec).expect("record serialises");
+        write_atomic(&path, &bytes, 0o600).map_err(|source| StateError::Write { path, source })
+    }
+
+    /// Takes the GPU's lock, waiting up to `timeout`. The lock is released when the guard drops
+    /// (or the process dies).
+    ///
+    /// # Errors
+    /// [`StateError::LockTimeout`] naming the holder, or [`StateError::Lock`].
+    pub fn lock(&self, uuid: &str, timeout: Duration, holder: &str) -> Result<GpuLock, StateError> {
+        let path = self.lock_path(uuid);
+        let lock_err = |source| StateError::Lock {
+            path: path.clone(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(lock_err)?;
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_micros(200);
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    if Instant::now() >= deadline {
+                        let mut who = String::new();
+                        let _ = (&file).take(256).read_to_string(&mut who);
+                        let who = who.trim();
+                        return Err(StateError::LockTimeout {
+                            uuid: uuid.to_owned(),
+                            seconds: timeout.as_secs(),
+                            holder: if who.is_empty() {
+                                "unknown".into()
+                            } else {
+                                who.to_owned()
+                            },
+                        });
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(lock_err(e)),
+            }
+        }
+        // Name the holder for whoever times out waiting; best effort.
+        let _ = file.set_len(0);
+        let _ = file.rewind();
+        let _ = writeln!(file, "pid {} ({holder})", std::process::id());
+        Ok(GpuLock { _file: file })
+    }
+}
+
+/// A held GPU lock.
+#[derive(Debug)]
+pub struct GpuLock {
+    _file: File,
+}
+
+/// Writes `bytes` to `path` through a temp file in the same directory, fsync, rename, and an
+/// fsync of the directory.
+///
+/// # Errors
+/// Any I/O error; the temp file is removed on failure.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let res = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if res.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_names() {
+        for ok in [
+            "abc",
+            "a-b_c.d",
+            "GPU-5a1e0000-0000-4000-8000-000000000000",
+            "k8s:pod",
+        ] {
+            assert!(is_safe_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "a b",
+            "a\0b",
+            &"x".repeat(129),
+            "é",
+        ] {
+            assert!(!is_safe_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn save_load_remove_roundtrip() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path().join("s"));
+        sd.ensure().unwrap();
+        let mut r = Record::new("GPU-1", 0);
+        r.clients.insert(
+            "c1".into(),
+            Client {
+                mode: Mode::Mps,
+                process: None,
+                cores: 100,
+                memory: None,
+            },
+        );
+        sd.save(&r).unwrap();
+        assert_eq!(sd.load("GPU-1").unwrap(), Some(r.clone()));
+        r.clients.clear();
+        sd.save(&r).unwrap();
+        assert_eq!(sd.load("GPU-1").unwrap(), None);
+    }
+
+    #[test]
+    fn corrupt_and_wrong_version_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        fs::write(sd.record_path("G"), b"{not json").unwrap();
+        assert!(matches!(sd.load("G"), Err(StateError::Corrupt { .. })));
+        let mut r = Record::new("G", 0);
+        r.version = 99;
+        fs::write(sd.record_path("G"), serde_json::to_vec(&r).unwrap()).unwrap();
+        assert!(matches!(
+            sd.load("G"),
+            Err(StateError::Version { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn state_dir_is_made_private_and_symlinks_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o755)).unwrap();
+        StateDir::new(&open).ensure().unwrap();
+        assert_eq!(
+            fs::metadata(&open).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&open, &link).unwrap();
+        assert!(matches!(
+            StateDir::new(&link).ensure(),
+            Err(StateError::Unsafe { .. })
+        ));
+    }
+
+    #[test]
+    fn lock_timeout_names_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        let _held = sd
+            .lock("G", Duration::from_secs(1), "container first")
+            .unwrap();
+        // A second open file description conflicts with the first, even in one process.
+        let err = sd
+            .lock("G", Duration::from_millis(100), "container second")
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("container first"), "{msg}");
+        assert!(msg.contains("timed out"), "{msg}");
+    }
+}

@@ -1,0 +1,75 @@
+//! GPUs, compute modes and the narrow [`Inventory`] trait through which the host asks and sets
+//! them (NVML implements it in [`crate::host::inventory`]).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// One physical GPU as NVML names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    /// Minor number of `/dev/nvidia<N>`.
+    pub minor: u32,
+}
+
+/// Compute modes the hook sets and reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ComputeMode {
+    Default,
+    ExclusiveProcess,
+    Prohibited,
+}
+
+impl fmt::Display for ComputeMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ComputeMode::Default => "DEFAULT",
+            ComputeMode::ExclusiveProcess => "EXCLUSIVE_PROCESS",
+            ComputeMode::Prohibited => "PROHIBITED",
+        })
+    }
+}
+
+/// NVML could not answer.
+#[derive(Debug, Error)]
+pub enum InventoryError {
+    #[error("cannot load NVML from {library}; install the NVIDIA driver (libnvidia-ml.so.1) or set [nvml] library in the config")]
+    Load {
+        library: String,
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("NVML {call} failed")]
+    Call {
+        call: &'static str,
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("NVML unavailable: {0}")]
+    Unavailable(String),
+    #[error("NVML reports a GPU UUID {0:?} that is not a safe name")]
+    BadUuid(String),
+}
+
+/// What the hook needs to know about, and do to, the GPUs.
+pub trait Inventory {
+    /// All GPUs, in index order.
+    ///
+    /// # Errors
+    /// When the driver cannot be asked.
+    fn gpus(&self) -> Result<Vec<Gpu>, InventoryError>;
+    /// Current compute mode of GPU `index`.
+    ///
+    /// # Errors
+    /// When the driver cannot be asked.
+    fn compute_mode(&self, index: u32) -> Result<ComputeMode, InventoryError>;
+    /// Sets the compute mode of GPU `index`.
+    ///
+    /// # Errors
+    /// When the driver refuses.
+    fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), InventoryError>;
+}

@@ -1,0 +1,15 @@
+//! The shared vocabulary: words every layer uses and that do nothing themselves (modes,
+//! GPUs and compute modes, safe names, sizes, capped reading, error chains).
+
+pub mod chain;
+pub mod gpu;
+pub mod mode;
+pub mod names;
+pub mod quantity;
+pub mod read;
+
+pub use chain::chain;
+pub use gpu::{ComputeMode, Gpu, Inventory, InventoryError};
+pub use mode::{Mode, Timeslice};
+pub use names::is_safe_name;
+pub use read::read_capped;
