@@ -1,12 +1,14 @@
 //! The admin policy file (`/etc/gpushare/config.toml`): paths, allowed modes, defaults, maxima.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use thiserror::Error;
 
 use crate::vocab::quantity::{self, QuantityError};
-use crate::vocab::Mode;
+use crate::vocab::domain::is_group_name;
+use crate::vocab::{Isolation, Limits, Mode};
 
 /// Default location of the policy file.
 pub const DEFAULT_PATH: &str = "/etc/gpushare/config.toml";
@@ -75,6 +77,21 @@ pub struct MpsConfig {
     pub multiuser: bool,
     /// How long to wait for a new daemon to answer `get_server_list`.
     pub start_timeout_seconds: u64,
+    /// Which containers share one MPS control daemon on a GPU.
+    pub isolation: Isolation,
+    /// Admin-defined groups and the limits their domain enforces.
+    pub groups: BTreeMap<String, GroupConfig>,
+}
+
+/// `[mps.groups.<name>]`: an admin-defined isolation domain and its enforced limits.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GroupConfig {
+    /// Active thread percentage the group's daemon enforces (default: `[policy] default_cores`).
+    pub cores: Option<u8>,
+    /// Pinned device memory per client the group's daemon enforces (default: `[policy]
+    /// max_memory`).
+    pub memory: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -142,6 +159,8 @@ impl Default for MpsConfig {
             exclusive_compute_mode: true,
             multiuser: false,
             start_timeout_seconds: 10,
+            isolation: Isolation::Gpu,
+            groups: BTreeMap::new(),
         }
     }
 }
@@ -224,6 +243,28 @@ impl Config {
         Self::parse(&text, path)
     }
 
+    /// The limits the domain of admin-defined group `name` enforces, if the admin defined it.
+    pub fn group_limits(&self, name: &str) -> Option<Limits> {
+        let g = self.mps.groups.get(name)?;
+        Some(Limits {
+            cores: g.cores.unwrap_or(self.policy.default_cores),
+            memory_mib: g
+                .memory
+                .as_deref()
+                .and_then(|m| quantity::parse_memory(m).ok())
+                .or(self.max_memory_bytes())
+                .map(quantity::to_mib),
+        })
+    }
+
+    /// The limits of the one domain per GPU under `isolation = "gpu"`: the policy's defaults.
+    pub fn gpu_domain_limits(&self) -> Limits {
+        Limits {
+            cores: self.policy.default_cores,
+            memory_mib: self.max_memory_bytes().map(quantity::to_mib),
+        }
+    }
+
     /// Maximum per-GPU memory a container may ask for, in bytes.
     pub fn max_memory_bytes(&self) -> Option<u64> {
         // Validated in `validate`, so parsing cannot fail here.
@@ -258,6 +299,25 @@ impl Config {
         }
         if !self.state_dir.is_absolute() {
             return Err(invalid("state_dir must be an absolute path"));
+        }
+        for (name, g) in &self.mps.groups {
+            if !is_group_name(name) {
+                return Err(invalid(&format!(
+                    "[mps.groups.{name}]: a group name is [a-z0-9][a-z0-9._-]{{0,62}}"
+                )));
+            }
+            if let Some(c) = g.cores {
+                if !(1..=100).contains(&c) {
+                    return Err(invalid(&format!("[mps.groups.{name}] cores must be 1 to 100")));
+                }
+            }
+            if let Some(m) = &g.memory {
+                quantity::parse_memory(m).map_err(|_| {
+                    invalid(&format!(
+                        "[mps.groups.{name}] memory {m:?} is not a size like 4Gi or 512Mi"
+                    ))
+                })?;
+            }
         }
         if self.runtime.next.is_empty() {
             return Err(invalid("[runtime] next must name at least one runtime"));

@@ -55,7 +55,7 @@ fn parallel_acquire_release(gpus: usize) {
     assert_eq!(gpus_st.len(), gpus);
     for g in gpus_st {
         assert_eq!(g["clients"].as_array().unwrap().len(), N / gpus, "{g}");
-        assert_eq!(g["daemon"]["answers"], true);
+        assert_eq!(g["domains"][0]["daemon"]["answers"], true);
     }
     assert_eq!(
         daemons_under(&sb.state_dir()).len(),
@@ -109,7 +109,7 @@ fn assert_consistent(sb: &Sandbox, live: &[&str]) {
             ids.push(c["id"].as_str().unwrap().to_owned());
         }
         assert_eq!(
-            g["daemon"].is_null(),
+            g["domains"][0]["daemon"].is_null(),
             g["clients"].as_array().unwrap().is_empty(),
             "{g}"
         );
@@ -121,7 +121,7 @@ fn assert_consistent(sb: &Sandbox, live: &[&str]) {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|g| !g["daemon"].is_null())
+        .filter(|g| !g["domains"][0]["daemon"].is_null())
         .count();
     assert_eq!(
         daemons.len(),

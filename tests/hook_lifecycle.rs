@@ -53,7 +53,7 @@ fn two_mps_containers_share_one_daemon() {
     let st = sb.status();
     assert_eq!(st["gpus"].as_array().unwrap().len(), 1);
     assert_eq!(clients(&st, 0), vec!["ca", "cb"]);
-    assert_eq!(st["gpus"][0]["daemon"]["answers"], true);
+    assert_eq!(st["gpus"][0]["domains"][0]["daemon"]["answers"], true);
     assert_eq!(st["gpus"][0]["clients"][0]["cores"], 40);
     assert_eq!(
         daemons_under(&sb.state_dir()).len(),
@@ -61,7 +61,7 @@ fn two_mps_containers_share_one_daemon() {
         "exactly one daemon"
     );
     let mps_dir = sb.state_dir().join("mps").join(Sandbox::uuid(0));
-    assert!(mps_dir.join("pipe/control").exists());
+    assert!(mps_dir.join("gpu/pipe/control").exists());
     assert!(
         common::mounts_under(&mps_dir)
             .iter()
@@ -73,7 +73,7 @@ fn two_mps_containers_share_one_daemon() {
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &b)));
     let st = sb.status();
     assert_eq!(clients(&st, 0), vec!["cb"]);
-    assert_eq!(st["gpus"][0]["daemon"]["answers"], true);
+    assert_eq!(st["gpus"][0]["domains"][0]["daemon"]["answers"], true);
 
     // The last leaves: daemon, directories and mounts are gone, compute mode restored.
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("cb", 0, &b)));
@@ -190,7 +190,7 @@ fn stale_clients_are_dropped_and_dead_daemons_restarted() {
     ));
     let st = sb.status();
     assert_eq!(clients(&st, 0), vec!["live"], "stale client dropped");
-    assert_eq!(st["gpus"][0]["daemon"]["answers"], true, "daemon restarted");
+    assert_eq!(st["gpus"][0]["domains"][0]["daemon"]["answers"], true, "daemon restarted");
     let now = daemons_under(&sb.state_dir());
     assert_eq!(now.len(), 1);
     assert_ne!(now[0], d[0]);
@@ -214,14 +214,18 @@ fn unrecorded_daemon_is_adopted_not_duplicated() {
     assert_eq!(out.status.code(), None, "killed by the failpoint");
     let orphan = daemons_under(&sb.state_dir());
     assert_eq!(orphan.len(), 1);
-    assert!(
-        sb.status()["gpus"].as_array().unwrap().is_empty(),
-        "record was never saved"
-    );
+    // Only the write-ahead part was saved: the compute mode to restore, no daemon, no client.
+    let st = sb.status();
+    for g in st["gpus"].as_array().unwrap() {
+        assert!(g["clients"].as_array().unwrap().is_empty(), "{st}");
+        for d in g["domains"].as_array().unwrap() {
+            assert!(d["daemon"].is_null(), "daemon never recorded: {st}");
+        }
+    }
 
     ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("cb", c.pid(), &b)));
     let st = sb.status();
-    assert_eq!(st["gpus"][0]["daemon"]["pid"], orphan[0], "adopted");
+    assert_eq!(st["gpus"][0]["domains"][0]["daemon"]["pid"], orphan[0], "adopted");
     assert_eq!(daemons_under(&sb.state_dir()), orphan, "not duplicated");
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("cb", 0, &b)));
     assert!(daemons_under(&sb.state_dir()).is_empty());
@@ -346,7 +350,7 @@ fn daemon_leaves_the_callers_cgroup() {
     );
     // The scope can end (it is empty) while the daemon goes on.
     std::fs::remove_dir(&scope).expect("scope empty after the hook exits");
-    assert_eq!(sb.status()["gpus"][0]["daemon"]["answers"], true);
+    assert_eq!(sb.status()["gpus"][0]["domains"][0]["daemon"]["answers"], true);
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &b)));
 }
 
@@ -355,6 +359,7 @@ fn mps_query(sb: &Sandbox, cmd: &str) -> String {
         .state_dir()
         .join("mps")
         .join(Sandbox::uuid(0))
+        .join("gpu")
         .join("pipe");
     let mut c = std::process::Command::new("nvidia-cuda-mps-control")
         .env_clear()
@@ -419,6 +424,7 @@ fn daemon_settings_follow_the_policy() {
         .state_dir()
         .join("mps")
         .join(Sandbox::uuid(0))
+        .join("gpu")
         .join("shm");
     std::fs::write(shm.join("marker"), "from-host").unwrap();
     let seen = std::fs::read_to_string(format!("/proc/{pid}/root/dev/shm/marker")).unwrap();
@@ -529,12 +535,12 @@ fn spec_edit_reservation_keeps_mount_sources_across_a_last_release() {
         .join(format!("{}.json", Sandbox::uuid(0)));
     let rec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
-    assert!(rec["reserved"][&key].is_u64(), "{rec}");
+    assert!(rec["domains"]["gpu"]["reserved"][&key].is_u64(), "{rec}");
 
     // A, the last client, leaves before B's hook runs: the daemon stops, its directories stay.
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &ba)));
     assert!(daemons_under(&sb.state_dir()).is_empty());
-    let dir = sb.state_dir().join("mps").join(Sandbox::uuid(0));
+    let dir = sb.state_dir().join("mps").join(Sandbox::uuid(0)).join("gpu");
     assert!(dir.join("pipe").is_dir(), "pipe dir kept for B's mount");
     assert!(
         common::mounts_under(&dir)
@@ -552,7 +558,7 @@ fn spec_edit_reservation_keeps_mount_sources_across_a_last_release() {
         &[("GPUSHARE_RESERVATION", &key)],
     ));
     let st = sb.status();
-    assert_eq!(st["gpus"][0]["daemon"]["answers"], true);
+    assert_eq!(st["gpus"][0]["domains"][0]["daemon"]["answers"], true);
     let rec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
     assert!(rec.get("reserved").is_none(), "reservation consumed: {rec}");

@@ -56,7 +56,10 @@ fn plans_from_captured_engine_configs() {
                 gpus: gpu0(),
                 memory: Some(4 << 30),
                 cores: 100,
+                cores_explicit: false,
                 timeslice: None,
+                domain: None,
+                uid: 0,
             },
         ),
         (
@@ -68,7 +71,10 @@ fn plans_from_captured_engine_configs() {
                 gpus: gpu0(),
                 memory: None,
                 cores: 100,
+                cores_explicit: false,
                 timeslice: None,
+                domain: None,
+                uid: 0,
             },
         ),
         (
@@ -80,7 +86,10 @@ fn plans_from_captured_engine_configs() {
                 gpus: gpu0(),
                 memory: None,
                 cores: 30,
+                cores_explicit: true,
                 timeslice: None,
+                domain: None,
+                uid: 0,
             },
         ),
     ];

@@ -85,7 +85,7 @@ fn two_runc_containers_share_gpu0_through_one_daemon() {
         .map(|c| c["id"].as_str().unwrap())
         .collect();
     assert_eq!(clients, vec![a.id.as_str(), b.id.as_str()], "{st}");
-    assert_eq!(st["gpus"][0]["daemon"]["answers"], true);
+    assert_eq!(st["gpus"][0]["domains"][0]["daemon"]["answers"], true);
     assert_eq!(daemons_under(&sb.state_dir()).len(), 1);
 
     stop(&a);
@@ -96,7 +96,7 @@ fn two_runc_containers_share_gpu0_through_one_daemon() {
         "{st}"
     );
     assert_eq!(
-        st["gpus"][0]["daemon"]["answers"], true,
+        st["gpus"][0]["domains"][0]["daemon"]["answers"], true,
         "daemon outlives the first container"
     );
 

@@ -7,7 +7,7 @@ use crate::config::Config;
 use crate::host::mps::{Control, MpsDirs};
 use crate::host::state::StateDir;
 use crate::vocab::Inventory;
-use crate::vocab::Mode;
+use crate::vocab::{Isolation, Limits, Mode};
 
 use super::report::Report;
 
@@ -16,6 +16,8 @@ use super::report::Report;
 pub struct ClientStatus {
     pub id: String,
     pub mode: Mode,
+    /// `mps`: its isolation domain.
+    pub domain: Option<String>,
     pub pid: Option<i32>,
     pub alive: bool,
     pub cores: u8,
@@ -31,6 +33,22 @@ pub struct DaemonStatus {
     pub pipe: String,
 }
 
+/// One MPS isolation domain in `status`.
+#[derive(Debug, Serialize)]
+pub struct DomainStatus {
+    pub key: String,
+    pub daemon: Option<DaemonStatus>,
+    /// The limits gpushare set as the daemon's defaults: what it enforces.
+    pub enforced: Limits,
+    /// The daemon's defaults as it reports them now.
+    pub current: Option<Limits>,
+    /// The daemon's defaults differ from what gpushare set (a tenant changed them); the next
+    /// acquire in the domain puts them back.
+    pub drift: bool,
+    pub clients: Vec<String>,
+    pub reserved: Vec<String>,
+}
+
 /// One GPU in `status`.
 #[derive(Debug, Serialize)]
 pub struct GpuStatus {
@@ -38,7 +56,9 @@ pub struct GpuStatus {
     pub index: u32,
     pub mode: Option<Mode>,
     pub compute_mode: Option<String>,
-    pub daemon: Option<DaemonStatus>,
+    /// The compute mode gpushare puts back when its last daemon on the GPU stops.
+    pub restore_compute_mode: Option<String>,
+    pub domains: Vec<DomainStatus>,
     pub clients: Vec<ClientStatus>,
     pub error: Option<String>,
 }
@@ -48,6 +68,7 @@ pub struct GpuStatus {
 pub struct Status {
     pub version: &'static str,
     pub state_dir: String,
+    pub isolation: Isolation,
     pub gpus: Vec<GpuStatus>,
 }
 
@@ -65,31 +86,55 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
                     index: 0,
                     mode: None,
                     compute_mode: None,
-                    daemon: None,
+                    restore_compute_mode: None,
+                    domains: Vec::new(),
                     clients: Vec::new(),
                     error: Some(crate::vocab::chain(&e)),
                 });
                 continue;
             }
         };
-        let pipe = MpsDirs::new(sd.mps_dir(&uuid)).pipe;
+        let domains = rec
+            .domains
+            .iter()
+            .map(|(key, d)| {
+                let pipe = MpsDirs::new(sd.mps_dir(&uuid, key)).pipe;
+                let current = d
+                    .daemon
+                    .as_ref()
+                    .and(control.as_ref())
+                    .and_then(|c| c.defaults(&pipe).ok());
+                DomainStatus {
+                    key: key.clone(),
+                    daemon: d.daemon.as_ref().map(|dm| DaemonStatus {
+                        pid: dm.process.pid,
+                        alive: dm.process.is_alive(),
+                        answers: current.is_some()
+                            || control.as_ref().is_some_and(|c| c.answers(&pipe)),
+                        pipe: pipe.display().to_string(),
+                    }),
+                    enforced: d.limits,
+                    drift: current.is_some_and(|c| c != d.limits),
+                    current,
+                    clients: rec.domain_clients(key),
+                    reserved: d.reserved.keys().cloned().collect(),
+                }
+            })
+            .collect();
         gpus.push(GpuStatus {
             mode: rec.serving(),
             compute_mode: inventory
                 .and_then(|i| i.compute_mode(rec.index).ok())
                 .map(|m| m.to_string()),
-            daemon: rec.daemon.as_ref().map(|d| DaemonStatus {
-                pid: d.process.pid,
-                alive: d.process.is_alive(),
-                answers: control.as_ref().is_some_and(|c| c.answers(&pipe)),
-                pipe: pipe.display().to_string(),
-            }),
+            restore_compute_mode: rec.restore_compute_mode.map(|m| m.to_string()),
+            domains,
             clients: rec
                 .clients
                 .iter()
                 .map(|(id, c)| ClientStatus {
                     id: id.clone(),
                     mode: c.mode,
+                    domain: c.domain.clone(),
                     pid: c.process.map(|p| p.pid),
                     alive: c.process.is_none_or(|p| p.is_alive()),
                     cores: c.cores,
@@ -104,6 +149,7 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
     Status {
         version: crate::VERSION,
         state_dir: cfg.state_dir.display().to_string(),
+        isolation: cfg.mps.isolation,
         gpus,
     }
 }
@@ -125,12 +171,28 @@ impl Report for Status {
             if let Some(e) = &g.error {
                 out.push_str(&format!("  error: {e}\n"));
             }
-            if let Some(d) = &g.daemon {
+            for d in &g.domains {
+                let daemon = match &d.daemon {
+                    Some(dm) => format!(
+                        "daemon pid {} {}{}",
+                        dm.pid,
+                        if dm.alive { "running" } else { "DEAD" },
+                        if dm.answers { "" } else { ", not answering" }
+                    ),
+                    None => "no daemon".into(),
+                };
                 out.push_str(&format!(
-                    "  mps daemon pid {} {}{}\n",
-                    d.pid,
-                    if d.alive { "running" } else { "DEAD" },
-                    if d.answers { "" } else { ", not answering" }
+                    "  mps domain {}  {daemon}  enforces {}{}\n",
+                    d.key,
+                    d.enforced,
+                    if d.drift {
+                        format!(
+                            "  DRIFT: daemon has {} (put back at the next acquire)",
+                            d.current.map_or("?".into(), |c| c.to_string())
+                        )
+                    } else {
+                        String::new()
+                    }
                 ));
             }
             for c in &g.clients {

@@ -92,8 +92,10 @@ pub fn edit_config(
     // client before this container's hook runs does not remove them.
     if plan.mode == Mode::Mps {
         let host = crate::host::acquire::Host::new(cfg, inventory.as_ref());
-        for gpu in &plan.gpus {
-            host.reserve(gpu, &key)?;
+        if let Some(domain) = &plan.domain {
+            for gpu in &plan.gpus {
+                host.reserve(gpu, domain, &key)?;
+            }
         }
     }
     let rootfs = rootfs_of(&spec, ctx.bundle);
@@ -149,7 +151,10 @@ mod tests {
             }],
             memory: None,
             cores: 100,
+            cores_explicit: false,
             timeslice: None,
+            domain: None,
+            uid: 0,
         };
         let cfg = Config::default();
         let e = edit_for(&plan, &cfg, "c", Some(Path::new("/etc/g.toml")));

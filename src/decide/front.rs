@@ -7,10 +7,11 @@ use thiserror::Error;
 
 use crate::config::Config;
 use crate::decide::devices::DeviceError;
+use crate::decide::domain::{self, DomainError};
 use crate::decide::input::SpecView;
 use crate::decide::plan::{self, Plan};
 use crate::decide::request::{self, RequestError, Sources};
-use crate::vocab::{Inventory, InventoryError};
+use crate::vocab::{Inventory, InventoryError, Mode};
 
 /// Why no plan could be made.
 #[derive(Debug, Error)]
@@ -21,6 +22,8 @@ pub enum DecideError {
     Devices(#[from] DeviceError),
     #[error(transparent)]
     Inventory(#[from] InventoryError),
+    #[error(transparent)]
+    Domain(#[from] DomainError),
 }
 
 /// Cheap test on the raw config bytes: can this container possibly ask for sharing?
@@ -55,7 +58,14 @@ pub(crate) fn plan_for(
     };
     let inventory = open_inventory()?;
     let gpus = inventory.gpus()?;
-    let plan = plan::decide(id, &req, spec, &gpus)?;
+    let mut plan = plan::decide(id, &req, spec, &gpus)?;
+    if plan.mode == Mode::Mps {
+        let d = domain::choose(id, &req, cfg)?;
+        if !req.cores_explicit {
+            plan.cores = d.limits.cores;
+        }
+        plan.domain = Some(d);
+    }
     Ok(Some((plan, inventory)))
 }
 

@@ -63,6 +63,13 @@ pub struct SpecView {
 #[serde(default)]
 pub struct ProcessView {
     pub env: Vec<String>,
+    pub user: UserView,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct UserView {
+    pub uid: u32,
 }
 
 #[derive(Debug, Default, Deserialize)]

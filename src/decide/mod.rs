@@ -2,6 +2,7 @@
 //! here touches the host; tests compare plans as data and `--dry-run` prints them.
 
 pub mod devices;
+pub mod domain;
 pub mod front;
 pub mod input;
 pub mod plan;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::decide::devices::{self, DeviceError};
+use crate::decide::domain::PlannedDomain;
 use crate::decide::input::SpecView;
 use crate::decide::request::{env_lookup, Request};
 use crate::vocab::quantity::to_mib;
@@ -31,7 +32,14 @@ pub struct Plan {
     pub memory: Option<u64>,
     /// SM share in percent (100: no cap).
     pub cores: u8,
+    /// Whether the container named its cores (otherwise they are its domain's or the policy's).
+    pub cores_explicit: bool,
     pub timeslice: Option<Timeslice>,
+    /// `mps`: the isolation domain the container joins (set by [`crate::decide::front`]).
+    pub domain: Option<PlannedDomain>,
+    /// The uid the container's process runs as (MPS serves one uid per daemon unless the
+    /// driver has a multi-user server).
+    pub uid: u32,
 }
 
 /// Makes the plan for a container that asked for `req`.
@@ -63,7 +71,10 @@ pub fn decide(
         gpus,
         memory: req.memory,
         cores: req.cores,
+        cores_explicit: req.cores_explicit,
         timeslice: req.timeslice,
+        domain: None,
+        uid: spec.process.user.uid,
     })
 }
 
@@ -112,6 +123,13 @@ impl Plan {
         env
     }
 
+    /// The key of the MPS isolation domain (`gpu` for plans made before domains existed).
+    pub fn domain_key(&self) -> &str {
+        self.domain
+            .as_ref()
+            .map_or(crate::vocab::domain::GPU_DOMAIN, |d| d.key.as_str())
+    }
+
     /// Path of the per-GPU directory under the state dir.
     pub fn gpu_dir(state_dir: &std::path::Path, uuid: &str) -> PathBuf {
         state_dir.join("mps").join(uuid)
@@ -145,7 +163,9 @@ mod tests {
             devices: None,
             memory: Some(4 << 30),
             cores: 30,
+            cores_explicit: true,
             timeslice: None,
+            group: None,
         };
         let plan = decide("c1", &req, &spec, &inv()).unwrap();
         assert_eq!(
@@ -181,7 +201,9 @@ mod tests {
             devices: Some(vec![crate::decide::request::Selector::Index(3)]),
             memory: Some(1 << 30),
             cores: 50,
+            cores_explicit: true,
             timeslice: None,
+            group: None,
         };
         let plan = decide("c1", &req, &spec, &inv()).unwrap();
         assert_eq!(plan.gpus[0].ordinal, 1);

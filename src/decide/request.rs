@@ -9,6 +9,7 @@ use thiserror::Error;
 
 use crate::config::Config;
 use crate::vocab::quantity::{self, QuantityError};
+use crate::vocab::domain::is_group_name;
 use crate::vocab::{Mode, Timeslice};
 
 /// The annotation that turns sharing on.
@@ -34,7 +35,11 @@ pub struct Request {
     pub memory: Option<u64>,
     /// SM share in percent.
     pub cores: u8,
+    /// Whether the container named `cores` itself (otherwise it is the policy's default).
+    pub cores_explicit: bool,
     pub timeslice: Option<Timeslice>,
+    /// The MPS isolation domain (`gpu.share.group`) the container asks to join.
+    pub group: Option<String>,
 }
 
 /// A request that cannot be served as written.
@@ -48,7 +53,7 @@ pub enum RequestError {
         mode: Mode,
         allowed: String,
     },
-    #[error("unknown annotation {0:?}; valid keys are gpu.share, gpu.share.devices, gpu.share.memory, gpu.share.cores, gpu.share.timeslice")]
+    #[error("unknown annotation {0:?}; valid keys are gpu.share, gpu.share.devices, gpu.share.memory, gpu.share.cores, gpu.share.timeslice, gpu.share.group")]
     UnknownKey(String),
     #[error("{key}: value is longer than 4096 bytes")]
     TooLong { key: String },
@@ -70,6 +75,8 @@ pub enum RequestError {
         requested: u8,
         max: u8,
     },
+    #[error("{key}: {value:?} is not a group name; use 1 to 63 of a-z 0-9 . _ - starting with a letter or digit")]
+    Group { key: &'static str, value: String },
     #[error("{key}: unknown time slice {value:?}; valid values are default, short, medium, long")]
     Timeslice { key: &'static str, value: String },
     #[error("{key}: {value:?} is not a GPU index or GPU-… UUID; give a comma list like 0,1")]
@@ -107,7 +114,11 @@ const TIMESLICE: Field = Field {
     annotation: "gpu.share.timeslice",
     env: "GPU_SHARE_TIMESLICE",
 };
-const FIELDS: [&Field; 5] = [&MODE, &DEVICES, &MEMORY, &CORES, &TIMESLICE];
+const GROUP: Field = Field {
+    annotation: "gpu.share.group",
+    env: "GPU_SHARE_GROUP",
+};
+const FIELDS: [&Field; 6] = [&MODE, &DEVICES, &MEMORY, &CORES, &TIMESLICE, &GROUP];
 
 /// The two sources of a request: the spec's annotations and its `process.env`.
 pub struct Sources<'a> {
@@ -229,6 +240,7 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
         None => None,
     };
 
+    let cores_explicit = src.get(&CORES, fb)?.is_some();
     let cores = match src.get(&CORES, fb)? {
         Some((key, v)) => {
             not_for_timeslice(mode, key)?;
@@ -265,12 +277,30 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
         None => None,
     };
 
+    let group = match src.get(&GROUP, fb)? {
+        Some((key, v)) => {
+            if mode != Mode::Mps {
+                return Err(RequestError::NotForMode {
+                    key,
+                    applies: "mps",
+                });
+            }
+            if !is_group_name(&v) {
+                return Err(RequestError::Group { key, value: v });
+            }
+            Some(v)
+        }
+        None => None,
+    };
+
     Ok(Some(Request {
         mode,
         devices,
         memory,
         cores,
+        cores_explicit,
         timeslice,
+        group,
     }))
 }
 
@@ -364,7 +394,9 @@ mod tests {
             devices: None,
             memory: None,
             cores: 100,
+            cores_explicit: false,
             timeslice: None,
+            group: None,
         }
     }
 
@@ -422,6 +454,7 @@ mod tests {
                 Some(Request {
                     memory: Some(4 << 30),
                     cores: 30,
+                    cores_explicit: true,
                     devices: Some(vec![Selector::Index(0), Selector::Uuid("GPU-abc-1".into())]),
                     ..req(Mode::Mps)
                 }),
@@ -446,6 +479,7 @@ mod tests {
                 Some(Request {
                     memory: Some(512_000_000),
                     cores: 50,
+                    cores_explicit: true,
                     ..req(Mode::Limit)
                 }),
             ),

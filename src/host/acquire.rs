@@ -1,19 +1,20 @@
-//! Doing: carries a [`Plan`] out on the GPUs (locks, records, MPS daemons, compute modes).
-//! Every acquire undoes its own changes on failure. The reverse is in [`crate::host::release`].
+//! Doing: carries a [`Plan`] out on the GPUs (locks, records, MPS daemons of isolation
+//! domains, compute modes). Every acquire undoes its own changes on failure. The reverse is in
+//! [`crate::host::release`].
 
 use std::time::Duration;
 
 use thiserror::Error;
 
 use crate::config::Config;
+use crate::decide::domain::{self, DomainError, PlannedDomain};
 use crate::decide::plan::{Plan, PlannedGpu};
-use crate::host::mps::{find_daemon, Control, MpsDirs, MpsError};
+use crate::host::mps::{Control, MpsControl, MpsDirs, MpsError};
 use crate::host::procinfo::ProcId;
-use crate::host::state::{now_seconds, Client, Daemon, Record, StateDir, StateError};
+use crate::host::state::{now_seconds, Client, Daemon, Domain, Record, StateDir, StateError};
 use crate::host::timeslice::{self, TimesliceError};
 use crate::vocab::quantity::to_mib;
-use crate::vocab::Mode;
-use crate::vocab::{ComputeMode, Inventory, InventoryError};
+use crate::vocab::{ComputeMode, Inventory, InventoryError, Isolation, Mode};
 
 /// An acquire that could not be done; nothing it changed is left behind.
 #[derive(Debug, Error)]
@@ -26,6 +27,8 @@ pub enum AcquireError {
     Inventory(#[from] InventoryError),
     #[error(transparent)]
     Timeslice(#[from] TimesliceError),
+    #[error(transparent)]
+    Domain(#[from] DomainError),
     #[error("GPU {index} ({uuid}) serves {serving} to {users}; {wanted} cannot share it with them. Wait for them to stop, or ask for gpu.share={serving}")]
     Busy {
         index: u32,
@@ -34,31 +37,56 @@ pub enum AcquireError {
         wanted: Mode,
         users: String,
     },
+    #[error("an mps plan without an isolation domain")]
+    NoDomain,
 }
 
-/// What the doing layer works with: the policy, the state directory and the GPUs.
+/// What the doing layer works with: the policy, the state directory, the GPUs and the MPS
+/// control program. Built with [`Host::new`] (the real ones) or [`Host::with_control`].
 pub struct Host<'a> {
     pub cfg: &'a Config,
     pub state: StateDir,
     pub inventory: &'a dyn Inventory,
+    control: Result<Box<dyn MpsControl + 'a>, String>,
 }
 
 /// What one acquire changed on one GPU, for rollback.
 struct Done {
     gpu: PlannedGpu,
     before: Option<Record>,
-    started: Option<(ProcId, Option<ComputeMode>)>,
-    /// The compute mode a non-MPS acquire changed away from.
+    /// The daemon this acquire started, and its domain.
+    started: Option<(String, ProcId)>,
+    /// The domain whose directories this acquire may have made.
+    domain: Option<String>,
+    /// The compute mode this acquire changed away from.
     compute_mode_before: Option<ComputeMode>,
 }
 
 impl<'a> Host<'a> {
-    /// The doing layer over the state directory `cfg` names.
+    /// The doing layer over the state directory `cfg` names, with NVIDIA's control program.
     pub fn new(cfg: &'a Config, inventory: &'a dyn Inventory) -> Self {
+        let control = Control::new(&cfg.mps.control)
+            .map(|c| Box::new(c) as Box<dyn MpsControl>)
+            .map_err(|_| cfg.mps.control.clone());
         Host {
             cfg,
             state: StateDir::new(&cfg.state_dir),
             inventory,
+            control,
+        }
+    }
+
+    /// The doing layer with another MPS control (a fake in tests).
+    pub fn with_control(
+        cfg: &'a Config,
+        inventory: &'a dyn Inventory,
+        control: Box<dyn MpsControl + 'a>,
+    ) -> Self {
+        Host {
+            cfg,
+            state: StateDir::new(&cfg.state_dir),
+            inventory,
+            control: Ok(control),
         }
     }
 
@@ -66,12 +94,32 @@ impl<'a> Host<'a> {
         Duration::from_secs(self.cfg.lock_timeout_seconds)
     }
 
-    pub(crate) fn control(&self) -> Result<Control, MpsError> {
-        Control::new(&self.cfg.mps.control)
+    /// The MPS control program.
+    ///
+    /// # Errors
+    /// [`MpsError::NotFound`] when the configured binary is missing.
+    pub(crate) fn control(&self) -> Result<&dyn MpsControl, MpsError> {
+        match &self.control {
+            Ok(c) => Ok(c.as_ref()),
+            Err(name) => Err(MpsError::NotFound(name.clone())),
+        }
     }
 
-    pub fn mps_dirs(&self, uuid: &str) -> MpsDirs {
-        MpsDirs::new(self.state.mps_dir(uuid))
+    /// The directories of domain `domain` of GPU `uuid`.
+    pub fn mps_dirs(&self, uuid: &str, domain: &str) -> MpsDirs {
+        MpsDirs::new(self.state.mps_dir(uuid, domain))
+    }
+
+    /// The compute mode a GPU serving MPS under this policy runs in: EXCLUSIVE_PROCESS where
+    /// exactly one daemon can serve it (isolation `gpu`), else DEFAULT (several daemons).
+    fn mps_compute_mode(&self) -> Option<ComputeMode> {
+        match self.cfg.mps.isolation {
+            Isolation::Gpu if self.cfg.mps.exclusive_compute_mode => {
+                Some(ComputeMode::ExclusiveProcess)
+            }
+            Isolation::Gpu => None,
+            Isolation::Group | Isolation::Container => Some(ComputeMode::Default),
+        }
     }
 
     /// Adds the container to every GPU of the plan (in index order, each under its lock),
@@ -90,10 +138,9 @@ impl<'a> Host<'a> {
         reservation: Option<&str>,
     ) -> Result<(), AcquireError> {
         self.state.ensure()?;
-        let control = match plan.mode {
-            Mode::Mps => Some(self.control()?),
-            _ => None,
-        };
+        if plan.mode == Mode::Mps {
+            self.control()?;
+        }
         let mut gpus = plan.gpus.clone();
         gpus.sort_by_key(|g| g.index);
         let holder = format!("container {}", plan.container);
@@ -107,12 +154,12 @@ impl<'a> Host<'a> {
                 .and_then(|lock| {
                     locks.push(lock);
                     crate::failpoint::hit("acquire-locked");
-                    self.acquire_one(plan, gpu, process, reservation, control.as_ref())
+                    self.acquire_one(plan, gpu, process, reservation)
                 });
             match step {
                 Ok(d) => done.push(d),
                 Err(e) => {
-                    self.rollback(done, control.as_ref());
+                    self.rollback(done);
                     return Err(e);
                 }
             }
@@ -126,7 +173,6 @@ impl<'a> Host<'a> {
         gpu: &PlannedGpu,
         process: Option<ProcId>,
         reservation: Option<&str>,
-        control: Option<&Control>,
     ) -> Result<Done, AcquireError> {
         let before = self.state.load(&gpu.uuid)?;
         let mut rec = before
@@ -135,23 +181,19 @@ impl<'a> Host<'a> {
         rec.index = gpu.index;
         rec.drop_stale();
         rec.prune_reservations(now_seconds());
-        rec.reserved.remove(&plan.container);
+        rec.unreserve(&plan.container);
         if let Some(key) = reservation {
-            rec.reserved.remove(key);
+            rec.unreserve(key);
         }
         rec.clients.remove(&plan.container);
         let mut done = Done {
             gpu: gpu.clone(),
             before,
             started: None,
+            domain: plan.domain.as_ref().map(|d| d.key.clone()),
             compute_mode_before: None,
         };
-        let serving = if rec.clients.is_empty() {
-            None
-        } else {
-            rec.serving()
-        };
-        if let Some(serving) = serving {
+        if let Some(serving) = rec.serving().filter(|_| !rec.clients.is_empty()) {
             if (serving == Mode::Mps) != (plan.mode == Mode::Mps) {
                 return Err(AcquireError::Busy {
                     index: gpu.index,
@@ -162,30 +204,16 @@ impl<'a> Host<'a> {
                 });
             }
         }
-        match (plan.mode, control) {
-            (Mode::Mps, Some(control)) => {
-                self.ensure_daemon(&mut rec, control, &mut done)?;
+        let result = match plan.mode {
+            Mode::Mps => {
+                let planned = plan.domain.as_ref().ok_or(AcquireError::NoDomain)?;
+                self.join_domain(&mut rec, plan, planned, &mut done)
             }
-            _ => {
-                if rec.daemon.is_some() {
-                    // A daemon with no clients left behind (e.g. a killed release): stop it.
-                    self.stop_daemon(&mut rec);
-                }
-                let previous = self.inventory.compute_mode(gpu.index)?;
-                if previous != ComputeMode::Default {
-                    self.inventory
-                        .set_compute_mode(gpu.index, ComputeMode::Default)?;
-                    done.compute_mode_before = Some(previous);
-                }
-                if let Some(slice) = plan.timeslice {
-                    if let Err(e) = timeslice::set(&self.cfg.timeslice.smi, gpu.index, slice) {
-                        if let Some(p) = done.compute_mode_before {
-                            let _ = self.inventory.set_compute_mode(gpu.index, p);
-                        }
-                        return Err(e.into());
-                    }
-                }
-            }
+            _ => self.plain_share(&mut rec, plan, &mut done),
+        };
+        if let Err(e) = result {
+            self.rollback(vec![done]);
+            return Err(e);
         }
         rec.clients.insert(
             plan.container.clone(),
@@ -194,134 +222,225 @@ impl<'a> Host<'a> {
                 process,
                 cores: plan.cores,
                 memory: plan.memory,
+                domain: plan.domain.as_ref().map(|d| d.key.clone()),
             },
         );
+        rec.tidy();
         if let Err(e) = self.state.save(&rec) {
-            self.rollback(vec![done], control);
+            self.rollback(vec![done]);
             return Err(e.into());
         }
         crate::failpoint::hit("acquire-saved");
         Ok(done)
     }
 
-    /// Makes sure one live, answering daemon serves the GPU: keeps the recorded one, adopts an
-    /// unrecorded one, or starts a new one.
+    /// `timeslice` / `limit`: stops leftover daemons, puts the GPU in DEFAULT, sets the slice.
+    fn plain_share(
+        &self,
+        rec: &mut Record,
+        plan: &Plan,
+        done: &mut Done,
+    ) -> Result<(), AcquireError> {
+        let keys: Vec<String> = rec.domains.keys().cloned().collect();
+        for key in keys {
+            // Daemons with no clients left behind (e.g. a killed release): stop them.
+            self.stop_daemon(rec, &key);
+        }
+        let previous = self.inventory.compute_mode(rec.index)?;
+        if previous != ComputeMode::Default {
+            self.inventory
+                .set_compute_mode(rec.index, ComputeMode::Default)?;
+            done.compute_mode_before = Some(previous);
+        }
+        if let Some(slice) = plan.timeslice {
+            timeslice::set(&self.cfg.timeslice.smi, rec.index, slice)?;
+        }
+        Ok(())
+    }
+
+    /// `mps`: admits the container to its domain (limits, uid) and makes sure one live,
+    /// answering daemon with the domain's defaults serves it.
+    fn join_domain(
+        &self,
+        rec: &mut Record,
+        plan: &Plan,
+        planned: &PlannedDomain,
+        done: &mut Done,
+    ) -> Result<(), AcquireError> {
+        let key = planned.key.as_str();
+        let occupied =
+            !rec.domain_clients(key).is_empty() || rec.domains.get(key).is_some_and(|d| d.daemon.is_some());
+        let entry = rec
+            .domains
+            .entry(key.to_owned())
+            .or_insert_with(|| Domain::new(planned.limits));
+        if occupied {
+            let cores = plan.cores_explicit.then_some(plan.cores);
+            domain::admit(key, &rec.uuid, &entry.limits, cores, plan.memory.map(to_mib))?;
+            if !self.cfg.mps.multiuser {
+                if let Some(serving) = entry.uid.filter(|u| *u != plan.uid) {
+                    return Err(DomainError::OtherUser {
+                        uid: plan.uid,
+                        serving,
+                        domain: key.to_owned(),
+                        uuid: rec.uuid.clone(),
+                    }
+                    .into());
+                }
+            }
+        } else {
+            // The first container of the domain sets its limits (admin-defined groups and the
+            // per-GPU domain take the policy's).
+            entry.limits = planned.limits;
+        }
+        entry.uid = Some(plan.uid);
+        self.ensure_daemon(rec, key, done)
+    }
+
+    /// Makes sure one live, answering daemon serves domain `key` with its limits as defaults:
+    /// keeps the recorded one (putting back defaults a tenant changed), adopts an unrecorded
+    /// one, or starts a new one.
     fn ensure_daemon(
         &self,
         rec: &mut Record,
-        control: &Control,
+        key: &str,
         done: &mut Done,
     ) -> Result<(), AcquireError> {
-        let dirs = self.mps_dirs(&rec.uuid);
-        if let Some(d) = &rec.daemon {
-            if d.process.is_alive() && control.answers(&dirs.pipe) {
+        let control = self.control()?;
+        let dirs = self.mps_dirs(&rec.uuid, key);
+        let limits = rec.domains[key].limits;
+        if let Some(d) = rec.domains[key].daemon.clone() {
+            if d.process.is_alive() && control.refresh(&dirs.pipe, &limits).is_ok() {
                 return Ok(());
             }
             // Died or hung: stop it and start afresh below, in the same directories, which
             // running containers have mounted.
-            tracing::warn!(uuid = %rec.uuid, pid = d.process.pid, "MPS daemon dead or not answering; restarting it");
-            let restore = d.restore_compute_mode;
+            tracing::warn!(uuid = %rec.uuid, domain = key, pid = d.process.pid, "MPS daemon dead or not answering; restarting it");
             control.stop(&dirs.pipe, Some(d.process));
-            rec.daemon = None;
-            if let Some(m) = restore {
-                let _ = self.inventory.set_compute_mode(rec.index, m);
+            if let Some(dom) = rec.domains.get_mut(key) {
+                dom.daemon = None;
             }
-        } else if let Some(found) = find_daemon(&dirs.pipe, control.binary()) {
-            if control.answers(&dirs.pipe) {
-                tracing::warn!(uuid = %rec.uuid, pid = found.pid, "adopting an MPS daemon missing from the record");
-                let restore = self
-                    .cfg
-                    .mps
-                    .exclusive_compute_mode
-                    .then_some(ComputeMode::Default);
-                rec.daemon = Some(Daemon {
-                    process: found,
-                    restore_compute_mode: restore,
-                });
+        } else if let Some(found) = control.find_daemon(&dirs.pipe) {
+            if control.refresh(&dirs.pipe, &limits).is_ok() {
+                tracing::warn!(uuid = %rec.uuid, domain = key, pid = found.pid, "adopting an MPS daemon missing from the record");
+                if let Some(dom) = rec.domains.get_mut(key) {
+                    dom.daemon = Some(Daemon { process: found });
+                }
                 return Ok(());
             }
             control.stop(&dirs.pipe, Some(found));
         }
-        let previous = if self.cfg.mps.exclusive_compute_mode {
-            let prev = self.inventory.compute_mode(rec.index)?;
-            if prev != ComputeMode::ExclusiveProcess {
-                self.inventory
-                    .set_compute_mode(rec.index, ComputeMode::ExclusiveProcess)?;
-            }
-            Some(prev)
-        } else {
-            None
-        };
-        let undo_mode = |s: &Self| {
-            if let Some(p) = previous {
-                let _ = s.inventory.set_compute_mode(rec.index, p);
-            }
-        };
+        self.set_mps_compute_mode(rec, done)?;
         let timeout = Duration::from_secs(self.cfg.mps.start_timeout_seconds);
-        let proc = match control.start(&rec.uuid, &dirs, self.cfg.mps.multiuser, timeout) {
-            Ok(p) => p,
-            Err(e) => {
-                self.remove_dirs_unless_used(rec);
-                undo_mode(self);
-                return Err(e.into());
-            }
-        };
-        let max_mib = self.cfg.max_memory_bytes().map(to_mib);
-        if let Err(e) = control.set_defaults(&dirs.pipe, self.cfg.policy.default_cores, max_mib) {
-            control.stop(&dirs.pipe, Some(proc));
-            self.remove_dirs_unless_used(rec);
-            undo_mode(self);
-            return Err(e.into());
+        let proc = control.start(&rec.uuid, &dirs, self.cfg.mps.multiuser, timeout)?;
+        done.started = Some((key.to_owned(), proc));
+        if let Some(dom) = rec.domains.get_mut(key) {
+            dom.daemon = Some(Daemon { process: proc });
         }
-        rec.daemon = Some(Daemon {
-            process: proc,
-            restore_compute_mode: previous,
-        });
-        done.started = Some((proc, previous));
+        control.set_defaults(&dirs.pipe, &limits)?;
+        tracing::info!(uuid = %rec.uuid, domain = key, pid = proc.pid, "MPS daemon started");
         crate::failpoint::hit("acquire-daemon-started");
         Ok(())
     }
 
-    /// Stops the record's daemon, removes its directories and restores the compute mode.
-    pub(crate) fn stop_daemon(&self, rec: &mut Record) {
-        let Some(d) = rec.daemon.take() else {
+    /// Restarts the daemon of domain `key` for the clients it still has (gc).
+    ///
+    /// # Errors
+    /// [`AcquireError`] when it cannot be started.
+    pub(crate) fn restart(&self, rec: &mut Record, key: &str) -> Result<(), AcquireError> {
+        let mut done = Done {
+            gpu: PlannedGpu {
+                index: rec.index,
+                uuid: rec.uuid.clone(),
+                ordinal: 0,
+            },
+            before: None,
+            started: None,
+            domain: None,
+            compute_mode_before: None,
+        };
+        self.ensure_daemon(rec, key, &mut done)
+    }
+
+    /// Puts the GPU in the compute mode MPS needs under this policy, recording (and saving)
+    /// the mode to restore first.
+    fn set_mps_compute_mode(&self, rec: &mut Record, done: &mut Done) -> Result<(), AcquireError> {
+        let Some(wanted) = self.mps_compute_mode() else {
+            return Ok(());
+        };
+        let current = self.inventory.compute_mode(rec.index)?;
+        if current == wanted {
+            return Ok(());
+        }
+        if rec.restore_compute_mode.is_none() {
+            rec.restore_compute_mode = Some(current);
+            // Write-ahead: a hook killed after the change leaves a record that says what to
+            // restore.
+            self.state.save(rec)?;
+            crate::failpoint::hit("acquire-mode-recorded");
+        }
+        self.inventory.set_compute_mode(rec.index, wanted)?;
+        done.compute_mode_before = Some(current);
+        Ok(())
+    }
+
+    /// Stops the daemon of domain `key`, removes its directories unless a container uses them,
+    /// and restores the GPU's compute mode once no daemon is left on it.
+    pub(crate) fn stop_daemon(&self, rec: &mut Record, key: &str) {
+        let dirs = self.mps_dirs(&rec.uuid, key);
+        let recorded = rec.domains.get_mut(key).and_then(|d| d.daemon.take());
+        // A daemon missing from the record (a hook killed between start and save) goes too.
+        let found = recorded
+            .map(|d| d.process)
+            .or_else(|| self.control().ok()?.find_daemon(&dirs.pipe));
+        if let Some(p) = found {
+            match self.control() {
+                Ok(c) => c.stop(&dirs.pipe, Some(p)),
+                Err(_) => crate::host::mps::stop_process(p, Duration::from_secs(2)),
+            }
+            tracing::info!(uuid = %rec.uuid, domain = key, pid = p.pid, "MPS daemon stopped");
+        }
+        if !rec.dirs_in_use(key, now_seconds()) {
+            dirs.remove();
+        }
+        rec.tidy();
+        self.restore_compute_mode(rec);
+    }
+
+    /// Puts back the compute mode recorded before gpushare changed it, once no daemon runs.
+    pub(crate) fn restore_compute_mode(&self, rec: &mut Record) {
+        if rec.has_daemon() {
+            return;
+        }
+        let Some(m) = rec.restore_compute_mode else {
             return;
         };
-        let dirs = self.mps_dirs(&rec.uuid);
-        match self.control() {
-            Ok(c) => c.stop(&dirs.pipe, Some(d.process)),
-            Err(_) => crate::host::mps::stop_process(d.process, Duration::from_secs(2)),
-        }
-        self.remove_dirs_unless_used(rec);
-        if let Some(m) = d.restore_compute_mode {
-            if let Err(e) = self.inventory.set_compute_mode(rec.index, m) {
-                tracing::warn!(uuid = %rec.uuid, error = %crate::vocab::chain(&e), "cannot restore compute mode");
+        match self.inventory.set_compute_mode(rec.index, m) {
+            Ok(()) => rec.restore_compute_mode = None,
+            Err(e) => {
+                tracing::warn!(uuid = %rec.uuid, error = %crate::vocab::chain(&e), "cannot restore compute mode")
             }
         }
     }
 
-    /// Unmounts and removes the GPU's MPS directories unless a container uses them or a spec
-    /// edit has just made them a mount source.
-    fn remove_dirs_unless_used(&self, rec: &Record) {
-        if !rec.dirs_in_use(now_seconds()) {
-            self.mps_dirs(&rec.uuid).remove();
-        }
-    }
-
-    fn rollback(&self, done: Vec<Done>, control: Option<&Control>) {
+    fn rollback(&self, done: Vec<Done>) {
         for d in done.into_iter().rev() {
-            if let Some((proc, previous)) = d.started {
-                let dirs = self.mps_dirs(&d.gpu.uuid);
-                if let Some(c) = control {
-                    c.stop(&dirs.pipe, Some(proc));
+            if let Some((key, proc)) = &d.started {
+                if let Ok(c) = self.control() {
+                    c.stop(&self.mps_dirs(&d.gpu.uuid, key).pipe, Some(*proc));
                 }
+            }
+            if let Some(key) = &d.domain {
                 let before = d
                     .before
                     .clone()
                     .unwrap_or_else(|| Record::new(&d.gpu.uuid, d.gpu.index));
-                self.remove_dirs_unless_used(&before);
-                if let Some(p) = previous {
-                    let _ = self.inventory.set_compute_mode(d.gpu.index, p);
+                let had_daemon = before
+                    .domains
+                    .get(key)
+                    .is_some_and(|dom| dom.daemon.is_some());
+                if !had_daemon && !before.dirs_in_use(key, now_seconds()) {
+                    self.mps_dirs(&d.gpu.uuid, key).remove();
                 }
             }
             if let Some(p) = d.compute_mode_before {
@@ -337,13 +456,19 @@ impl<'a> Host<'a> {
         }
     }
 
-    /// Announces that a spec edit made the MPS directories of `gpu` a mount source for the
-    /// container `key` (its id, or a pending key): under the GPU's lock, creates them if needed
-    /// and records the reservation, so that a release in the meantime does not remove them.
+    /// Announces that a spec edit made the MPS directories of `gpu`'s domain `domain` a mount
+    /// source for the container `key` (its id, or a pending key): under the GPU's lock, creates
+    /// them if needed and records the reservation, so that a release in the meantime does not
+    /// remove them.
     ///
     /// # Errors
     /// [`AcquireError`] when the state or the directories cannot be made.
-    pub fn reserve(&self, gpu: &PlannedGpu, key: &str) -> Result<(), AcquireError> {
+    pub fn reserve(
+        &self,
+        gpu: &PlannedGpu,
+        domain: &PlannedDomain,
+        key: &str,
+    ) -> Result<(), AcquireError> {
         self.state.ensure()?;
         let _lock = self.state.lock(
             &gpu.uuid,
@@ -356,8 +481,12 @@ impl<'a> Host<'a> {
             .unwrap_or_else(|| Record::new(&gpu.uuid, gpu.index));
         let now = now_seconds();
         rec.prune_reservations(now);
-        self.mps_dirs(&gpu.uuid).prepare()?;
-        rec.reserved.insert(key.to_owned(), now);
+        self.mps_dirs(&gpu.uuid, &domain.key).prepare()?;
+        rec.domains
+            .entry(domain.key.clone())
+            .or_insert_with(|| Domain::new(domain.limits))
+            .reserved
+            .insert(key.to_owned(), now);
         self.state.save(&rec)?;
         Ok(())
     }

@@ -1,4 +1,5 @@
-//! The NVIDIA MPS control daemon: one per GPU, started, probed, configured and stopped here.
+//! The NVIDIA MPS control daemon: one per isolation domain, started, probed, configured and
+//! stopped here, behind the [`MpsControl`] seam.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use nix::unistd::Pid;
 use thiserror::Error;
 
 use crate::host::procinfo::ProcId;
+use crate::vocab::Limits;
 
 /// PATH given to the programs the hook starts.
 pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -112,8 +114,9 @@ impl MpsDirs {
             let _ = umount2(&self.shm, MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
-        // The shared `mps/` parent goes too once no GPU uses it (fails harmlessly otherwise).
-        if let Some(parent) = self.dir.parent() {
+        // The GPU's directory and the shared `mps/` parent go too once nothing else is in
+        // them (fails harmlessly otherwise).
+        for parent in self.dir.ancestors().skip(1).take(2) {
             let _ = std::fs::remove_dir(parent);
         }
     }
@@ -290,32 +293,45 @@ impl Control {
         }
     }
 
-    /// Sets the daemon's defaults for clients that bring no limits of their own.
+    /// Sets the daemon's defaults, the limits it enforces on every client: the active thread
+    /// percentage and the pinned device memory of device 0 (the only one it sees); `None`
+    /// memory clears that limit. Both are always sent, so that a value a tenant changed is
+    /// put back.
     ///
     /// # Errors
-    /// [`MpsError::Command`] when the daemon refuses.
-    pub fn set_defaults(
-        &self,
-        pipe: &Path,
-        cores: u8,
-        memory_mib: Option<u64>,
-    ) -> Result<(), MpsError> {
-        let t = Duration::from_secs(5);
-        if cores < 100 {
-            self.command(
-                pipe,
-                &format!("set_default_active_thread_percentage {cores}"),
-                t,
-            )?;
+    /// [`MpsError::Command`] when the daemon cannot be reached.
+    pub fn set_defaults(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
+        self.command(pipe, &defaults_commands(limits), Duration::from_secs(5))
+            .map(drop)
+    }
+
+    /// Checks that the daemon answers and puts its defaults back to `limits`, in one round
+    /// trip of the control client.
+    ///
+    /// # Errors
+    /// [`MpsError::Command`] when the daemon does not answer.
+    pub fn refresh(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
+        if !pipe.join("control").exists() {
+            return Err(MpsError::Command {
+                command: "get_server_list".into(),
+                output: "no control socket".into(),
+            });
         }
-        if let Some(m) = memory_mib {
-            self.command(
-                pipe,
-                &format!("set_default_device_pinned_mem_limit 0 {m}M"),
-                t,
-            )?;
-        }
-        Ok(())
+        let cmds = format!("get_server_list\n{}", defaults_commands(limits));
+        self.command(pipe, &cmds, Duration::from_secs(2)).map(drop)
+    }
+
+    /// The daemon's current defaults.
+    ///
+    /// # Errors
+    /// [`MpsError::Command`] when the daemon cannot be reached or answers something else.
+    pub fn defaults(&self, pipe: &Path) -> Result<Limits, MpsError> {
+        let cmd = "get_default_active_thread_percentage\nget_default_device_pinned_mem_limit 0";
+        let out = self.command(pipe, cmd, Duration::from_secs(2))?;
+        parse_defaults(&out).ok_or_else(|| MpsError::Command {
+            command: cmd.replace('\n', "; "),
+            output: out,
+        })
     }
 
     /// Stops a daemon: `quit`, then SIGTERM/SIGKILL if it lingers. Idempotent.
@@ -429,4 +445,114 @@ pub fn find_daemon(pipe: &Path, binary: &Path) -> Option<ProcId> {
         }
     }
     None
+}
+
+/// The control commands that set a domain's defaults to `limits`.
+fn defaults_commands(limits: &Limits) -> String {
+    format!(
+        "set_default_active_thread_percentage {}\nset_default_device_pinned_mem_limit 0 {}M",
+        limits.cores,
+        limits.memory_mib.unwrap_or(0)
+    )
+}
+
+/// Parses the answers to `get_default_active_thread_percentage` (`60.0`) and
+/// `get_default_device_pinned_mem_limit 0` (`2G`, `512M`, or nothing when unset).
+pub fn parse_defaults(out: &str) -> Option<Limits> {
+    let mut lines = out.lines().map(str::trim).filter(|l| !l.is_empty());
+    let pct: f64 = lines.next()?.parse().ok()?;
+    if !(0.0..=100.0).contains(&pct) {
+        return None;
+    }
+    let memory_mib = match lines.next() {
+        None => None,
+        Some(m) => {
+            let (num, unit) = m.split_at(m.find(|c: char| c.is_ascii_alphabetic())?);
+            let n: f64 = num.parse().ok()?;
+            let mib = match unit {
+                "K" => n / 1024.0,
+                "M" => n,
+                "G" => n * 1024.0,
+                "T" => n * 1024.0 * 1024.0,
+                _ => return None,
+            };
+            Some(mib.round() as u64).filter(|m| *m > 0)
+        }
+    };
+    Some(Limits {
+        cores: pct.round() as u8,
+        memory_mib,
+    })
+}
+
+/// What the doing layer needs of an MPS control daemon: a narrow seam, implemented by
+/// [`Control`] over NVIDIA's `nvidia-cuda-mps-control`.
+pub trait MpsControl {
+    /// The control binary (to recognise its daemons among processes).
+    fn binary(&self) -> &Path;
+    /// Starts a daemon in `dirs` for GPU `uuid`; see [`Control::start`].
+    ///
+    /// # Errors
+    /// [`MpsError`] when it cannot be started or does not become ready.
+    fn start(
+        &self,
+        uuid: &str,
+        dirs: &MpsDirs,
+        multiuser: bool,
+        ready_timeout: Duration,
+    ) -> Result<ProcId, MpsError>;
+    /// Whether a daemon answers on `pipe`.
+    fn answers(&self, pipe: &Path) -> bool;
+    /// Liveness plus defaults put back, in one round trip; see [`Control::refresh`].
+    ///
+    /// # Errors
+    /// [`MpsError`] when the daemon does not answer.
+    fn refresh(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError>;
+    /// Sets the defaults; see [`Control::set_defaults`].
+    ///
+    /// # Errors
+    /// [`MpsError`] when the daemon refuses.
+    fn set_defaults(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError>;
+    /// Reads the defaults; see [`Control::defaults`].
+    ///
+    /// # Errors
+    /// [`MpsError`] when the daemon cannot be asked.
+    fn defaults(&self, pipe: &Path) -> Result<Limits, MpsError>;
+    /// Stops the daemon on `pipe` (and `daemon`, if it lingers). Idempotent.
+    fn stop(&self, pipe: &Path, daemon: Option<ProcId>);
+    /// A running daemon serving `pipe`, recorded or not.
+    fn find_daemon(&self, pipe: &Path) -> Option<ProcId>;
+}
+
+impl MpsControl for Control {
+    fn binary(&self) -> &Path {
+        Control::binary(self)
+    }
+    fn start(
+        &self,
+        uuid: &str,
+        dirs: &MpsDirs,
+        multiuser: bool,
+        ready_timeout: Duration,
+    ) -> Result<ProcId, MpsError> {
+        Control::start(self, uuid, dirs, multiuser, ready_timeout)
+    }
+    fn answers(&self, pipe: &Path) -> bool {
+        Control::answers(self, pipe)
+    }
+    fn refresh(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
+        Control::refresh(self, pipe, limits)
+    }
+    fn set_defaults(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
+        Control::set_defaults(self, pipe, limits)
+    }
+    fn defaults(&self, pipe: &Path) -> Result<Limits, MpsError> {
+        Control::defaults(self, pipe)
+    }
+    fn stop(&self, pipe: &Path, daemon: Option<ProcId>) {
+        Control::stop(self, pipe, daemon);
+    }
+    fn find_daemon(&self, pipe: &Path) -> Option<ProcId> {
+        find_daemon(pipe, Control::binary(self))
+    }
 }

@@ -2,12 +2,12 @@
 //! containers and killed hooks left behind.
 
 use crate::host::acquire::Host;
-use crate::host::mps::find_daemon;
 use crate::host::state::{now_seconds, StateError};
 
 impl Host<'_> {
-    /// Removes the container from every GPU that lists it, stopping daemons whose last client
-    /// left. Idempotent; problems are returned as warnings, never as a failure.
+    /// Removes the container from every GPU that lists it, stopping the daemons of domains
+    /// whose last client left. Idempotent; problems are returned as warnings, never as a
+    /// failure.
     pub fn release(&self, container: &str) -> Vec<String> {
         let mut warnings = Vec::new();
         for (uuid, rec) in self.state.list_records() {
@@ -19,99 +19,150 @@ impl Host<'_> {
                     continue;
                 }
             }
-            if let Err(e) = self.release_one(&uuid, Some(container)) {
-                warnings.push(crate::vocab::chain(&e));
+            match self.release_one(&uuid, Some(container), false) {
+                Ok(_) => tracing::info!(container, uuid = %uuid, "released"),
+                Err(e) => warnings.push(crate::vocab::chain(&e)),
             }
         }
         warnings
     }
 
-    /// Under the GPU's lock: drop `container` (if any) and stale clients; stop an unused daemon.
-    fn release_one(&self, uuid: &str, container: Option<&str>) -> Result<(), StateError> {
+    /// Under the GPU's lock: drop `container` (if any) and stale clients; stop the daemons of
+    /// domains nobody uses any more; with `heal` (gc), restart a dead daemon that still has
+    /// clients and put back a compute mode no daemon explains. Returns what it did.
+    fn release_one(
+        &self,
+        uuid: &str,
+        container: Option<&str>,
+        heal: bool,
+    ) -> Result<Vec<String>, StateError> {
         let holder = format!("release of {}", container.unwrap_or("stale clients"));
         let _lock = self.state.lock(uuid, self.lock_timeout(), &holder)?;
         let Some(mut rec) = self.state.load(uuid)? else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let before = rec.clone();
+        let mut did = Vec::new();
         if let Some(c) = container {
             rec.clients.remove(c);
         }
-        rec.drop_stale();
+        for id in rec.drop_stale() {
+            did.push(format!("{uuid}: dropped client {id}, whose process is gone"));
+        }
         rec.prune_reservations(now_seconds());
         crate::failpoint::hit("release-locked");
-        if rec.clients.is_empty() {
-            self.stop_daemon(&mut rec);
-            crate::failpoint::hit("release-daemon-stopped");
-        } else if let Some(d) = &rec.daemon {
-            if !d.process.is_alive() {
-                // Restarted on the next acquire, in the same directories (the remaining
-                // clients have them mounted).
-                let restore = d.restore_compute_mode;
-                rec.daemon = None;
-                if let Some(m) = restore {
-                    let _ = self.inventory.set_compute_mode(rec.index, m);
+        let keys: Vec<String> = rec.domains.keys().cloned().collect();
+        for key in keys {
+            let clients = rec.domain_clients(&key);
+            let daemon = rec.domains.get(&key).and_then(|d| d.daemon.clone());
+            if clients.is_empty() {
+                if let Some(d) = daemon {
+                    did.push(format!(
+                        "{uuid}: stopped the MPS daemon of domain {key} (pid {}), which no container uses",
+                        d.process.pid
+                    ));
                 }
+                self.stop_daemon(&mut rec, &key);
+                crate::failpoint::hit("release-daemon-stopped");
+            } else if heal && daemon.is_some_and(|d| !d.process.is_alive()) {
+                match self.restart(&mut rec, &key) {
+                    Ok(()) => did.push(format!(
+                        "{uuid}: restarted the dead MPS daemon of domain {key} for {} client(s)",
+                        clients.len()
+                    )),
+                    Err(e) => did.push(format!(
+                        "{uuid}: cannot restart the MPS daemon of domain {key}: {}",
+                        crate::vocab::chain(&e)
+                    )),
+                }
+            }
+        }
+        rec.tidy();
+        if heal && rec.restore_compute_mode.is_some() && !rec.has_daemon() {
+            self.restore_compute_mode(&mut rec);
+            if rec.restore_compute_mode.is_none() {
+                did.push(format!(
+                    "{uuid}: put back the compute mode no MPS daemon explains"
+                ));
             }
         }
         if rec != before {
             self.state.save(&rec)?;
         }
-        Ok(())
+        Ok(did)
     }
 
-    /// Drops stale clients everywhere, stops daemons nobody uses (recorded or not) and removes
-    /// leftover directories. Returns a line per thing it did or could not do.
+    /// Drops stale clients everywhere, stops daemons nobody uses (recorded or not), restarts
+    /// dead daemons that still have clients, puts back compute modes no daemon explains and
+    /// removes leftover directories. A record that cannot be read is left alone (and said so):
+    /// nothing it might describe is stopped. Returns a line per thing it did or could not do.
     pub fn gc(&self) -> Vec<String> {
         let mut report = Vec::new();
-        let recorded: Vec<String> = self
-            .state
-            .list_records()
-            .into_iter()
-            .map(|(u, _)| u)
-            .collect();
-        for uuid in &recorded {
-            let before = self.state.load(uuid).ok().flatten();
-            match self.release_one(uuid, None) {
-                Ok(()) => {
-                    let after = self.state.load(uuid).ok().flatten();
-                    if before != after {
-                        report.push(format!("{uuid}: dropped stale clients or an unused daemon"));
-                    }
-                }
+        let mut unreadable = std::collections::BTreeSet::new();
+        for (uuid, rec) in self.state.list_records() {
+            if let Err(e) = rec {
+                report.push(format!(
+                    "{uuid}: record unreadable, left alone with its daemons: {}",
+                    crate::vocab::chain(&e)
+                ));
+                unreadable.insert(uuid);
+                continue;
+            }
+            match self.release_one(&uuid, None, true) {
+                Ok(did) => report.extend(did),
                 Err(e) => report.push(format!("{uuid}: {}", crate::vocab::chain(&e))),
             }
         }
-        // Daemon directories without a record, or without a daemon in their record.
+        // Domain directories without a record, or without a daemon or user in their record.
         if let Ok(rd) = std::fs::read_dir(self.state.root().join("mps")) {
             for e in rd.flatten() {
                 let uuid = e.file_name().to_string_lossy().into_owned();
-                let Ok(_lock) = self.state.lock(&uuid, self.lock_timeout(), "gc") else {
-                    continue;
-                };
-                let rec = self.state.load(&uuid).ok().flatten();
-                if rec
-                    .as_ref()
-                    .is_some_and(|r| r.daemon.is_some() || r.dirs_in_use(now_seconds()))
-                {
+                if unreadable.contains(&uuid) || !crate::vocab::is_safe_name(&uuid) {
                     continue;
                 }
-                let dirs = self.mps_dirs(&uuid);
-                if let Ok(c) = self.control() {
-                    if let Some(p) = find_daemon(&dirs.pipe, c.binary()) {
-                        c.stop(&dirs.pipe, Some(p));
-                        report.push(format!(
-                            "{uuid}: stopped unrecorded MPS daemon pid {}",
-                            p.pid
-                        ));
-                    }
-                }
-                dirs.remove();
-                report.push(format!("{uuid}: removed leftover {}", dirs.dir.display()));
+                self.gc_gpu_dirs(&uuid, &mut report);
             }
         }
         self.gc_container_dirs(&mut report);
         report
+    }
+
+    fn gc_gpu_dirs(&self, uuid: &str, report: &mut Vec<String>) {
+        let Ok(_lock) = self.state.lock(uuid, self.lock_timeout(), "gc") else {
+            return;
+        };
+        let rec = match self.state.load(uuid) {
+            Ok(r) => r,
+            // Unreadable: leave everything it may describe alone.
+            Err(_) => return,
+        };
+        let gpu_dir = self.state.mps_gpu_dir(uuid);
+        let Ok(rd) = std::fs::read_dir(&gpu_dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let key = e.file_name().to_string_lossy().into_owned();
+            if rec.as_ref().is_some_and(|r| {
+                r.domains.get(&key).is_some_and(|d| d.daemon.is_some())
+                    || r.dirs_in_use(&key, now_seconds())
+            }) {
+                continue;
+            }
+            let dirs = self.mps_dirs(uuid, &key);
+            if let Ok(c) = self.control() {
+                if let Some(p) = c.find_daemon(&dirs.pipe) {
+                    c.stop(&dirs.pipe, Some(p));
+                    report.push(format!(
+                        "{uuid}: stopped unrecorded MPS daemon of domain {key} (pid {})",
+                        p.pid
+                    ));
+                }
+            }
+            dirs.remove();
+            report.push(format!("{uuid}: removed leftover {}", dirs.dir.display()));
+        }
+        let _ = std::fs::remove_dir(&gpu_dir);
+        let _ = std::fs::remove_dir(self.state.root().join("mps"));
     }
 
     /// Per-container directories: a precreate's `pending-*` one whose create never reached the

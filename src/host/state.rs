@@ -3,7 +3,8 @@
 //! Layout under `state_dir` (mode 0700):
 //! - `gpus/<uuid>.lock`: the GPU's lock file; its content names the current holder.
 //! - `gpus/<uuid>.json`: the GPU's [`Record`], written to a temp file, fsynced and renamed.
-//! - `mps/<uuid>/{pipe,log,shm}`: the MPS daemon's directories (see [`crate::host::mps`]).
+//! - `mps/<uuid>/<domain>/{pipe,log,shm}`: the directories of one isolation domain's MPS
+//!   daemon (see [`crate::host::mps`]); `<domain>` is `gpu`, `g-<group>` or `c-<container>`.
 //! - `containers/<id>/`: per-container files (limit mode).
 
 use std::collections::BTreeMap;
@@ -18,10 +19,10 @@ use thiserror::Error;
 
 use crate::host::procinfo::ProcId;
 use crate::vocab::is_safe_name;
-use crate::vocab::Mode;
+use crate::vocab::{ComputeMode, Limits, Mode};
 
 /// Version of the record layout.
-pub const RECORD_VERSION: u32 = 1;
+pub const RECORD_VERSION: u32 = 2;
 /// Largest record read back.
 const MAX_RECORD_BYTES: u64 = 4 << 20;
 
@@ -79,14 +80,44 @@ pub struct Client {
     pub process: Option<ProcId>,
     pub cores: u8,
     pub memory: Option<u64>,
+    /// `mps`: the key of the isolation domain it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
 }
 
-/// The MPS daemon serving a GPU.
+/// An MPS control daemon.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Daemon {
     pub process: ProcId,
-    /// Compute mode to restore when it stops (`None`: leave as is).
-    pub restore_compute_mode: Option<crate::vocab::ComputeMode>,
+}
+
+/// One MPS isolation domain on a GPU: its daemon, the limits that daemon enforces, and the
+/// spec edits that reserved its directories.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Domain {
+    pub daemon: Option<Daemon>,
+    /// The daemon's defaults as gpushare set them: the domain's enforced limits.
+    pub limits: Limits,
+    /// The uid its clients run as (one per daemon when the driver has no multi-user server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Spec edits that made the domain's directories a mount source for a container whose
+    /// hook has not run yet, by key, with the time (seconds since the epoch). While one is
+    /// fresh the directories stay even when the daemon stops, so that container's mounts keep
+    /// working.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reserved: BTreeMap<String, u64>,
+}
+
+impl Domain {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            daemon: None,
+            limits,
+            uid: None,
+            reserved: BTreeMap::new(),
+        }
+    }
 }
 
 /// Everything recorded about one GPU.
@@ -95,14 +126,16 @@ pub struct Record {
     pub version: u32,
     pub uuid: String,
     pub index: u32,
-    pub daemon: Option<Daemon>,
-    /// Clients by container id; the reference count is their number.
-    pub clients: BTreeMap<String, Client>,
-    /// Spec edits that made the daemon's directories a mount source for a container whose hook
-    /// has not run yet, by key, with the time (seconds since the epoch). While one is fresh the
-    /// directories stay even when the daemon stops, so that container's mounts keep working.
+    /// The compute mode to put back once no daemon of gpushare's runs on the GPU. Written
+    /// (and saved) before gpushare changes the mode, so a hook killed in between leaves a
+    /// record that says what to restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_compute_mode: Option<ComputeMode>,
+    /// MPS isolation domains by key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub reserved: BTreeMap<String, u64>,
+    pub domains: BTreeMap<String, Domain>,
+    /// Clients by container id; a domain's reference count is the number of its clients.
+    pub clients: BTreeMap<String, Client>,
 }
 
 /// How long a spec edit's reservation of a GPU's MPS directories lasts.
@@ -125,25 +158,52 @@ impl Record {
             version: RECORD_VERSION,
             uuid: uuid.to_owned(),
             index,
-            daemon: None,
+            restore_compute_mode: None,
+            domains: BTreeMap::new(),
             clients: BTreeMap::new(),
-            reserved: BTreeMap::new(),
         }
     }
 
     /// Drops reservations older than [`RESERVATION_SECONDS`] (or from the future).
     pub fn prune_reservations(&mut self, now: u64) {
-        self.reserved.retain(|_, at| fresh(*at, now));
+        for d in self.domains.values_mut() {
+            d.reserved.retain(|_, at| fresh(*at, now));
+        }
     }
 
-    /// Whether a container uses, or is about to mount, the GPU's MPS directories.
-    pub fn dirs_in_use(&self, now: u64) -> bool {
-        !self.clients.is_empty() || self.reserved.values().any(|at| fresh(*at, now))
+    /// Removes `key`'s reservations in every domain.
+    pub fn unreserve(&mut self, key: &str) {
+        for d in self.domains.values_mut() {
+            d.reserved.remove(key);
+        }
+    }
+
+    /// The ids of the clients of domain `key`.
+    pub fn domain_clients(&self, key: &str) -> Vec<String> {
+        self.clients
+            .iter()
+            .filter(|(_, c)| c.domain.as_deref() == Some(key))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Whether a container uses, or is about to mount, the directories of domain `key`.
+    pub fn dirs_in_use(&self, key: &str, now: u64) -> bool {
+        !self.domain_clients(key).is_empty()
+            || self
+                .domains
+                .get(key)
+                .is_some_and(|d| d.reserved.values().any(|at| fresh(*at, now)))
+    }
+
+    /// Whether any domain has a recorded daemon.
+    pub fn has_daemon(&self) -> bool {
+        self.domains.values().any(|d| d.daemon.is_some())
     }
 
     /// The mode the GPU currently serves (that of its clients), if any.
     pub fn serving(&self) -> Option<Mode> {
-        if self.daemon.is_some() || self.clients.values().any(|c| c.mode == Mode::Mps) {
+        if self.has_daemon() || self.clients.values().any(|c| c.mode == Mode::Mps) {
             return Some(Mode::Mps);
         }
         self.clients.values().next().map(|c| c.mode)
@@ -161,6 +221,19 @@ impl Record {
             self.clients.remove(id);
         }
         stale
+    }
+
+    /// Forgets domains with no client, no daemon and no reservation.
+    pub fn tidy(&mut self) {
+        let used: std::collections::BTreeSet<String> =
+            self.clients.values().filter_map(|c| c.domain.clone()).collect();
+        self.domains
+            .retain(|k, d| used.contains(k) || d.daemon.is_some() || !d.reserved.is_empty());
+    }
+
+    /// Whether there is nothing to keep (then the record file is removed).
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty() && self.domains.is_empty() && self.restore_compute_mode.is_none()
     }
 }
 
@@ -191,9 +264,14 @@ impl StateDir {
         self.gpus_dir().join(format!("{uuid}.json"))
     }
 
-    /// `mps/<uuid>`: the daemon's directories.
-    pub fn mps_dir(&self, uuid: &str) -> PathBuf {
+    /// `mps/<uuid>`: the directories of the GPU's isolation domains.
+    pub fn mps_gpu_dir(&self, uuid: &str) -> PathBuf {
         self.root.join("mps").join(uuid)
+    }
+
+    /// `mps/<uuid>/<domain>`: one domain's daemon directories.
+    pub fn mps_dir(&self, uuid: &str, domain: &str) -> PathBuf {
+        self.mps_gpu_dir(uuid).join(domain)
     }
 
     /// `containers/<id>`: per-container files.
@@ -300,7 +378,7 @@ impl StateDir {
     /// [`StateError::Write`] when it cannot be written.
     pub fn save(&self, rec: &Record) -> Result<(), StateError> {
         let path = self.record_path(&rec.uuid);
-        if rec.clients.is_empty() && rec.daemon.is_none() && rec.reserved.is_empty() {
+        if rec.is_empty() {
             return match fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     Err(StateError::Write { path, source: e })
@@ -442,6 +520,7 @@ mod tests {
                 process: None,
                 cores: 100,
                 memory: None,
+                domain: Some("gpu".into()),
             },
         );
         sd.save(&r).unwrap();

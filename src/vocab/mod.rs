@@ -1,7 +1,9 @@
 //! The shared vocabulary: words every layer uses and that do nothing themselves (modes,
-//! GPUs and compute modes, safe names, sizes, capped reading, error chains).
+//! GPUs and compute modes, isolation domains and their limits, safe names, sizes, capped
+//! reading, error chains).
 
 pub mod chain;
+pub mod domain;
 pub mod gpu;
 pub mod mode;
 pub mod names;
@@ -9,6 +11,7 @@ pub mod quantity;
 pub mod read;
 
 pub use chain::chain;
+pub use domain::{Isolation, Limits};
 pub use gpu::{ComputeMode, Gpu, Inventory, InventoryError};
 pub use mode::{Mode, Timeslice};
 pub use names::is_safe_name;

@@ -143,14 +143,14 @@ make_bundle() { # dir args-json env-json annotations-json
         "$b/config.json" >"$b/c.tmp" && mv "$b/c.tmp" "$b/config.json"
 }
 
-pipe_dir() { # the single GPU's host pipe dir
+pipe_dir() { # the single GPU domain's host pipe dir
     local d
-    for d in "$STATE"/mps/*/pipe; do [ -d "$d" ] && echo "$d" && return 0; done
+    for d in "$STATE"/mps/*/*/pipe; do [ -d "$d" ] && echo "$d" && return 0; done
     return 0
 }
 shm_dir() {
     local d
-    for d in "$STATE"/mps/*/shm; do [ -d "$d" ] && echo "$d" && return 0; done
+    for d in "$STATE"/mps/*/*/shm; do [ -d "$d" ] && echo "$d" && return 0; done
     return 0
 }
 

@@ -45,7 +45,7 @@ pub fn prepare_host(
     match plan.mode {
         Mode::Mps => {
             if let Some(gpu) = plan.gpus.first() {
-                MpsDirs::new(sd.mps_dir(&gpu.uuid)).prepare()?;
+                MpsDirs::new(sd.mps_dir(&gpu.uuid, plan.domain_key())).prepare()?;
             }
             Ok(())
         }

@@ -114,7 +114,7 @@ pub fn bindings(plan: &Plan, cfg: &Config, key: &str) -> Vec<Binding> {
             let Some(gpu) = plan.gpus.first() else {
                 return Vec::new();
             };
-            let dirs = MpsDirs::new(sd.mps_dir(&gpu.uuid));
+            let dirs = MpsDirs::new(sd.mps_dir(&gpu.uuid, plan.domain_key()));
             vec![
                 Binding {
                     source: dirs.pipe,
@@ -321,7 +321,10 @@ mod tests {
             }],
             memory: Some(1 << 30),
             cores: 50,
+            cores_explicit: true,
             timeslice: None,
+            domain: None,
+            uid: 0,
         }
     }
 
@@ -333,9 +336,9 @@ mod tests {
         };
         cfg.limit.library = "/lib/libx.so".into();
         let mps = bindings(&plan(Mode::Mps), &cfg, "c1");
-        assert_eq!(mps[0].source, Path::new("/s/mps/GPU-0/pipe"));
+        assert_eq!(mps[0].source, Path::new("/s/mps/GPU-0/gpu/pipe"));
         assert_eq!(mps[0].target, "/tmp/nvidia-mps");
-        assert_eq!(mps[1].source, Path::new("/s/mps/GPU-0/shm"));
+        assert_eq!(mps[1].source, Path::new("/s/mps/GPU-0/gpu/shm"));
         assert_eq!(mps[1].target, "/dev/shm");
         let lim = bindings(&plan(Mode::Limit), &cfg, "c1");
         let t: Vec<_> = lim
