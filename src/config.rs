@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::vocab::quantity::{self, QuantityError};
 use crate::vocab::domain::is_group_name;
+use crate::vocab::quantity::{self, QuantityError};
 use crate::vocab::{Isolation, Limits, Mode};
 
 /// Default location of the policy file.
@@ -308,7 +308,9 @@ impl Config {
             }
             if let Some(c) = g.cores {
                 if !(1..=100).contains(&c) {
-                    return Err(invalid(&format!("[mps.groups.{name}] cores must be 1 to 100")));
+                    return Err(invalid(&format!(
+                        "[mps.groups.{name}] cores must be 1 to 100"
+                    )));
                 }
             }
             if let Some(m) = &g.memory {

@@ -60,8 +60,8 @@ fn two_mps_containers_share_one_daemon() {
         1,
         "exactly one daemon"
     );
-    let mps_dir = sb.state_dir().join("mps").join(Sandbox::uuid(0));
-    assert!(mps_dir.join("gpu/pipe/control").exists());
+    let mps_dir = sb.domain_dir(0, "gpu");
+    assert!(mps_dir.join("pipe/control").exists());
     assert!(
         common::mounts_under(&mps_dir)
             .iter()
@@ -190,7 +190,10 @@ fn stale_clients_are_dropped_and_dead_daemons_restarted() {
     ));
     let st = sb.status();
     assert_eq!(clients(&st, 0), vec!["live"], "stale client dropped");
-    assert_eq!(st["gpus"][0]["domains"][0]["daemon"]["answers"], true, "daemon restarted");
+    assert_eq!(
+        st["gpus"][0]["domains"][0]["daemon"]["answers"], true,
+        "daemon restarted"
+    );
     let now = daemons_under(&sb.state_dir());
     assert_eq!(now.len(), 1);
     assert_ne!(now[0], d[0]);
@@ -225,7 +228,10 @@ fn unrecorded_daemon_is_adopted_not_duplicated() {
 
     ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("cb", c.pid(), &b)));
     let st = sb.status();
-    assert_eq!(st["gpus"][0]["domains"][0]["daemon"]["pid"], orphan[0], "adopted");
+    assert_eq!(
+        st["gpus"][0]["domains"][0]["daemon"]["pid"], orphan[0],
+        "adopted"
+    );
     assert_eq!(daemons_under(&sb.state_dir()), orphan, "not duplicated");
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("cb", 0, &b)));
     assert!(daemons_under(&sb.state_dir()).is_empty());
@@ -350,17 +356,15 @@ fn daemon_leaves_the_callers_cgroup() {
     );
     // The scope can end (it is empty) while the daemon goes on.
     std::fs::remove_dir(&scope).expect("scope empty after the hook exits");
-    assert_eq!(sb.status()["gpus"][0]["domains"][0]["daemon"]["answers"], true);
+    assert_eq!(
+        sb.status()["gpus"][0]["domains"][0]["daemon"]["answers"],
+        true
+    );
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &b)));
 }
 
 fn mps_query(sb: &Sandbox, cmd: &str) -> String {
-    let pipe = sb
-        .state_dir()
-        .join("mps")
-        .join(Sandbox::uuid(0))
-        .join("gpu")
-        .join("pipe");
+    let pipe = sb.domain_dir(0, "gpu").join("pipe");
     let mut c = std::process::Command::new("nvidia-cuda-mps-control")
         .env_clear()
         .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
@@ -420,12 +424,7 @@ fn daemon_settings_follow_the_policy() {
     assert_eq!(sb.compute_mode(0), 0);
     // Its /dev/shm is the per-GPU tmpfs: a file written on the host side is seen there, and the
     // host's own /dev/shm is not.
-    let shm = sb
-        .state_dir()
-        .join("mps")
-        .join(Sandbox::uuid(0))
-        .join("gpu")
-        .join("shm");
+    let shm = sb.domain_dir(0, "gpu").join("shm");
     std::fs::write(shm.join("marker"), "from-host").unwrap();
     let seen = std::fs::read_to_string(format!("/proc/{pid}/root/dev/shm/marker")).unwrap();
     assert_eq!(seen, "from-host");
@@ -540,7 +539,7 @@ fn spec_edit_reservation_keeps_mount_sources_across_a_last_release() {
     // A, the last client, leaves before B's hook runs: the daemon stops, its directories stay.
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &ba)));
     assert!(daemons_under(&sb.state_dir()).is_empty());
-    let dir = sb.state_dir().join("mps").join(Sandbox::uuid(0)).join("gpu");
+    let dir = sb.domain_dir(0, "gpu");
     assert!(dir.join("pipe").is_dir(), "pipe dir kept for B's mount");
     assert!(
         common::mounts_under(&dir)

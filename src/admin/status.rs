@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::host::mps::{Control, MpsDirs};
+use crate::host::mps::Control;
 use crate::host::state::StateDir;
 use crate::vocab::Inventory;
 use crate::vocab::{Isolation, Limits, Mode};
@@ -98,7 +98,7 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
             .domains
             .iter()
             .map(|(key, d)| {
-                let pipe = MpsDirs::new(sd.mps_dir(&uuid, key)).pipe;
+                let pipe = sd.mps_dirs(&uuid, key).pipe;
                 let current = d
                     .daemon
                     .as_ref()

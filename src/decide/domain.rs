@@ -66,7 +66,10 @@ pub fn choose(container: &str, req: &Request, cfg: &Config) -> Result<PlannedDom
     }
     let own = Limits {
         cores: req.cores,
-        memory_mib: req.memory.map(to_mib).or(cfg.gpu_domain_limits().memory_mib),
+        memory_mib: req
+            .memory
+            .map(to_mib)
+            .or(cfg.gpu_domain_limits().memory_mib),
     };
     Ok(match (isolation, &req.group) {
         (Isolation::Gpu, _) => PlannedDomain {
@@ -292,7 +295,13 @@ mod tests {
             ("equal", &enforced, Some(50), Some(1024), true),
             ("cores above", &enforced, Some(51), None, false),
             ("memory above", &enforced, None, Some(1025), false),
-            ("unlimited memory", &unlimited, Some(100), Some(1 << 30), true),
+            (
+                "unlimited memory",
+                &unlimited,
+                Some(100),
+                Some(1 << 30),
+                true,
+            ),
         ];
         for (what, lim, c, m, ok) in rows {
             assert_eq!(admit("g-a", "GPU-1", lim, c, m).is_ok(), ok, "{what}");

@@ -8,8 +8,8 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::config::Config;
-use crate::vocab::quantity::{self, QuantityError};
 use crate::vocab::domain::is_group_name;
+use crate::vocab::quantity::{self, QuantityError};
 use crate::vocab::{Mode, Timeslice};
 
 /// The annotation that turns sharing on.

@@ -107,7 +107,7 @@ impl<'a> Host<'a> {
 
     /// The directories of domain `domain` of GPU `uuid`.
     pub fn mps_dirs(&self, uuid: &str, domain: &str) -> MpsDirs {
-        MpsDirs::new(self.state.mps_dir(uuid, domain))
+        self.state.mps_dirs(uuid, domain)
     }
 
     /// The compute mode a GPU serving MPS under this policy runs in: EXCLUSIVE_PROCESS where
@@ -268,15 +268,21 @@ impl<'a> Host<'a> {
         done: &mut Done,
     ) -> Result<(), AcquireError> {
         let key = planned.key.as_str();
-        let occupied =
-            !rec.domain_clients(key).is_empty() || rec.domains.get(key).is_some_and(|d| d.daemon.is_some());
+        let occupied = !rec.domain_clients(key).is_empty()
+            || rec.domains.get(key).is_some_and(|d| d.daemon.is_some());
         let entry = rec
             .domains
             .entry(key.to_owned())
             .or_insert_with(|| Domain::new(planned.limits));
         if occupied {
             let cores = plan.cores_explicit.then_some(plan.cores);
-            domain::admit(key, &rec.uuid, &entry.limits, cores, plan.memory.map(to_mib))?;
+            domain::admit(
+                key,
+                &rec.uuid,
+                &entry.limits,
+                cores,
+                plan.memory.map(to_mib),
+            )?;
             if !self.cfg.mps.multiuser {
                 if let Some(serving) = entry.uid.filter(|u| *u != plan.uid) {
                     return Err(DomainError::OtherUser {

@@ -57,14 +57,20 @@ pub enum MpsError {
     Command { command: String, output: String },
 }
 
-/// The directories of one GPU's daemon: `<state>/mps/<uuid>/{pipe,log,shm}`.
+/// The directories of one isolation domain's daemon: `<state>/mps/<id>/{pipe,log,shm}`, and
+/// the `owner` file that names the GPU and domain they belong to.
 #[derive(Debug, Clone)]
 pub struct MpsDirs {
     pub dir: PathBuf,
     pub pipe: PathBuf,
     pub log: PathBuf,
     pub shm: PathBuf,
+    /// `<uuid> <domain>`, written to `owner` first thing by [`MpsDirs::prepare`].
+    owner: Option<String>,
 }
+
+/// Name of the file in a domain's directory that says whose it is.
+pub const OWNER_FILE: &str = "owner";
 
 impl MpsDirs {
     pub fn new(dir: PathBuf) -> Self {
@@ -73,7 +79,23 @@ impl MpsDirs {
             log: dir.join("log"),
             shm: dir.join("shm"),
             dir,
+            owner: None,
         }
+    }
+
+    /// The directories of domain `domain` of GPU `uuid`, in `dir`.
+    pub fn owned(dir: PathBuf, uuid: &str, domain: &str) -> Self {
+        Self {
+            owner: Some(format!("{uuid} {domain}")),
+            ..Self::new(dir)
+        }
+    }
+
+    /// The (uuid, domain) an `owner` file names.
+    pub fn read_owner(dir: &Path) -> Option<(String, String)> {
+        let text = std::fs::read_to_string(dir.join(OWNER_FILE)).ok()?;
+        let (uuid, domain) = text.trim().split_once(' ')?;
+        Some((uuid.to_owned(), domain.to_owned()))
     }
 
     /// Creates the directories and mounts the shm tmpfs if it is not mounted yet. Idempotent.
@@ -82,7 +104,30 @@ impl MpsDirs {
     /// [`MpsError`] when a directory or the mount cannot be made.
     pub fn prepare(&self) -> Result<(), MpsError> {
         use std::os::unix::fs::DirBuilderExt;
-        for d in [&self.dir, &self.pipe, &self.log, &self.shm] {
+        let dirs_err = |path: &Path| {
+            let path = path.to_owned();
+            move |source| MpsError::Dirs { path, source }
+        };
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .recursive(true)
+            .create(&self.dir)
+            .map_err(dirs_err(&self.dir))?;
+        if let Some(owner) = &self.owner {
+            let path = self.dir.join(OWNER_FILE);
+            use std::os::unix::fs::OpenOptionsExt;
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+            {
+                Ok(mut f) => f.write_all(owner.as_bytes()).map_err(dirs_err(&path))?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(dirs_err(&path)(e)),
+            }
+        }
+        for d in [&self.pipe, &self.log, &self.shm] {
             std::fs::DirBuilder::new()
                 .mode(0o755)
                 .recursive(true)
@@ -114,9 +159,9 @@ impl MpsDirs {
             let _ = umount2(&self.shm, MntFlags::MNT_DETACH);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
-        // The GPU's directory and the shared `mps/` parent go too once nothing else is in
-        // them (fails harmlessly otherwise).
-        for parent in self.dir.ancestors().skip(1).take(2) {
+        // The shared `mps/` parent goes too once no domain uses it (fails harmlessly
+        // otherwise).
+        if let Some(parent) = self.dir.parent() {
             let _ = std::fs::remove_dir(parent);
         }
     }

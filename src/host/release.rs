@@ -2,6 +2,7 @@
 //! containers and killed hooks left behind.
 
 use crate::host::acquire::Host;
+use crate::host::mps::MpsDirs;
 use crate::host::state::{now_seconds, StateError};
 
 impl Host<'_> {
@@ -47,7 +48,9 @@ impl Host<'_> {
             rec.clients.remove(c);
         }
         for id in rec.drop_stale() {
-            did.push(format!("{uuid}: dropped client {id}, whose process is gone"));
+            did.push(format!(
+                "{uuid}: dropped client {id}, whose process is gone"
+            ));
         }
         rec.prune_reservations(now_seconds());
         crate::failpoint::hit("release-locked");
@@ -114,55 +117,70 @@ impl Host<'_> {
             }
         }
         // Domain directories without a record, or without a daemon or user in their record.
-        if let Ok(rd) = std::fs::read_dir(self.state.root().join("mps")) {
+        if let Ok(rd) = std::fs::read_dir(self.state.mps_root()) {
             for e in rd.flatten() {
-                let uuid = e.file_name().to_string_lossy().into_owned();
-                if unreadable.contains(&uuid) || !crate::vocab::is_safe_name(&uuid) {
-                    continue;
-                }
-                self.gc_gpu_dirs(&uuid, &mut report);
+                self.gc_domain_dir(&e.path(), &unreadable, &mut report);
             }
         }
+        let _ = std::fs::remove_dir(self.state.mps_root());
         self.gc_container_dirs(&mut report);
         report
     }
 
-    fn gc_gpu_dirs(&self, uuid: &str, report: &mut Vec<String>) {
-        let Ok(_lock) = self.state.lock(uuid, self.lock_timeout(), "gc") else {
-            return;
-        };
-        let rec = match self.state.load(uuid) {
-            Ok(r) => r,
-            // Unreadable: leave everything it may describe alone.
-            Err(_) => return,
-        };
-        let gpu_dir = self.state.mps_gpu_dir(uuid);
-        let Ok(rd) = std::fs::read_dir(&gpu_dir) else {
-            return;
-        };
-        for e in rd.flatten() {
-            let key = e.file_name().to_string_lossy().into_owned();
-            if rec.as_ref().is_some_and(|r| {
-                r.domains.get(&key).is_some_and(|d| d.daemon.is_some())
-                    || r.dirs_in_use(&key, now_seconds())
-            }) {
-                continue;
-            }
-            let dirs = self.mps_dirs(uuid, &key);
-            if let Ok(c) = self.control() {
-                if let Some(p) = c.find_daemon(&dirs.pipe) {
-                    c.stop(&dirs.pipe, Some(p));
-                    report.push(format!(
-                        "{uuid}: stopped unrecorded MPS daemon of domain {key} (pid {})",
-                        p.pid
-                    ));
+    /// One `mps/<id>` directory: kept while its record says a daemon or a container uses it;
+    /// otherwise any daemon found serving it is stopped and it is removed. A directory whose
+    /// owner cannot be read is left a minute for the acquire that is making it.
+    fn gc_domain_dir(
+        &self,
+        dir: &std::path::Path,
+        unreadable: &std::collections::BTreeSet<String>,
+        report: &mut Vec<String>,
+    ) {
+        let (dirs, _lock) = match MpsDirs::read_owner(dir) {
+            Some((uuid, key)) => {
+                if unreadable.contains(&uuid) || !crate::vocab::is_safe_name(&uuid) {
+                    return;
                 }
+                let Ok(lock) = self.state.lock(&uuid, self.lock_timeout(), "gc") else {
+                    return;
+                };
+                let rec = match self.state.load(&uuid) {
+                    Ok(r) => r,
+                    // Unreadable: leave everything it may describe alone.
+                    Err(_) => return,
+                };
+                if rec.as_ref().is_some_and(|r| {
+                    r.domains.get(&key).is_some_and(|d| d.daemon.is_some())
+                        || r.dirs_in_use(&key, now_seconds())
+                }) {
+                    return;
+                }
+                (self.state.mps_dirs(&uuid, &key), Some(lock))
             }
-            dirs.remove();
-            report.push(format!("{uuid}: removed leftover {}", dirs.dir.display()));
+            None => {
+                let young = std::fs::metadata(dir)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_none_or(|age| age < std::time::Duration::from_secs(60));
+                if young {
+                    return;
+                }
+                (MpsDirs::new(dir.to_owned()), None)
+            }
+        };
+        if let Ok(c) = self.control() {
+            if let Some(p) = c.find_daemon(&dirs.pipe) {
+                c.stop(&dirs.pipe, Some(p));
+                report.push(format!(
+                    "stopped unrecorded MPS daemon pid {} of {}",
+                    p.pid,
+                    dirs.dir.display()
+                ));
+            }
         }
-        let _ = std::fs::remove_dir(&gpu_dir);
-        let _ = std::fs::remove_dir(self.state.root().join("mps"));
+        dirs.remove();
+        report.push(format!("removed leftover {}", dirs.dir.display()));
     }
 
     /// Per-container directories: a precreate's `pending-*` one whose create never reached the

@@ -3,8 +3,9 @@
 //! Layout under `state_dir` (mode 0700):
 //! - `gpus/<uuid>.lock`: the GPU's lock file; its content names the current holder.
 //! - `gpus/<uuid>.json`: the GPU's [`Record`], written to a temp file, fsynced and renamed.
-//! - `mps/<uuid>/<domain>/{pipe,log,shm}`: the directories of one isolation domain's MPS
-//!   daemon (see [`crate::host::mps`]); `<domain>` is `gpu`, `g-<group>` or `c-<container>`.
+//! - `mps/<id>/{owner,pipe,log,shm}`: the directories of one isolation domain's MPS daemon
+//!   (see [`crate::host::mps`]); `<id>` is a digest of the GPU and the domain key (`gpu`,
+//!   `g-<group>` or `c-<container>`), which `owner` names.
 //! - `containers/<id>/`: per-container files (limit mode).
 
 use std::collections::BTreeMap;
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::host::mps::MpsDirs;
 use crate::host::procinfo::ProcId;
 use crate::vocab::is_safe_name;
 use crate::vocab::{ComputeMode, Limits, Mode};
@@ -225,8 +227,11 @@ impl Record {
 
     /// Forgets domains with no client, no daemon and no reservation.
     pub fn tidy(&mut self) {
-        let used: std::collections::BTreeSet<String> =
-            self.clients.values().filter_map(|c| c.domain.clone()).collect();
+        let used: std::collections::BTreeSet<String> = self
+            .clients
+            .values()
+            .filter_map(|c| c.domain.clone())
+            .collect();
         self.domains
             .retain(|k, d| used.contains(k) || d.daemon.is_some() || !d.reserved.is_empty());
     }
@@ -235,6 +240,23 @@ impl Record {
     pub fn is_empty(&self) -> bool {
         self.clients.is_empty() && self.domains.is_empty() && self.restore_compute_mode.is_none()
     }
+}
+
+/// The name of a domain's directory: 16 base32 characters (80 bits) of SHA-256 over the GPU
+/// and the domain, so that a tenant choosing a group name cannot aim at another domain's
+/// directory.
+pub fn domain_dir_name(uuid: &str, domain: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{uuid}/{domain}").as_bytes());
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut bits: u128 = 0;
+    for b in &digest[..10] {
+        bits = (bits << 8) | u128::from(*b);
+    }
+    (0..16)
+        .rev()
+        .map(|i| ALPHABET[((bits >> (i * 5)) & 31) as usize] as char)
+        .collect()
 }
 
 /// Paths of the state directory.
@@ -264,14 +286,20 @@ impl StateDir {
         self.gpus_dir().join(format!("{uuid}.json"))
     }
 
-    /// `mps/<uuid>`: the directories of the GPU's isolation domains.
-    pub fn mps_gpu_dir(&self, uuid: &str) -> PathBuf {
-        self.root.join("mps").join(uuid)
+    /// `mps/`: the directories of every isolation domain's daemon.
+    pub fn mps_root(&self) -> PathBuf {
+        self.root.join("mps")
     }
 
-    /// `mps/<uuid>/<domain>`: one domain's daemon directories.
-    pub fn mps_dir(&self, uuid: &str, domain: &str) -> PathBuf {
-        self.mps_gpu_dir(uuid).join(domain)
+    /// `mps/<id>`: the daemon directories of domain `domain` of GPU `uuid`. `<id>` is a short
+    /// digest of the two, so that the daemon's socket paths stay within the 108 bytes a unix
+    /// socket path may have whatever the domain is called; its `owner` file names them.
+    pub fn mps_dirs(&self, uuid: &str, domain: &str) -> MpsDirs {
+        MpsDirs::owned(
+            self.mps_root().join(domain_dir_name(uuid, domain)),
+            uuid,
+            domain,
+        )
     }
 
     /// `containers/<id>`: per-container files.
@@ -505,6 +533,26 @@ mod tests {
         ] {
             assert!(!is_safe_name(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn domain_dir_names_are_short_distinct_and_stable() {
+        let a = domain_dir_name("GPU-1", "gpu");
+        assert_eq!(a.len(), 16);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)));
+        assert_eq!(a, domain_dir_name("GPU-1", "gpu"), "stable");
+        assert_ne!(a, domain_dir_name("GPU-2", "gpu"), "per GPU");
+        assert_ne!(a, domain_dir_name("GPU-1", "g-gpu"), "per domain");
+        // The longest domain key (a 128-byte container id) keeps the deepest socket path of the
+        // default state dir well under the 108-byte limit.
+        let long = format!("c-{}", "f".repeat(128));
+        let p = StateDir::new("/run/gpushare")
+            .mps_dirs("GPU-1", &long)
+            .pipe
+            .join("control_privileged");
+        assert!(p.as_os_str().len() < 108, "{}", p.display());
     }
 
     #[test]

@@ -203,6 +203,16 @@ impl Sandbox {
     }
 
     /// The simulated UUID of GPU `i`.
+    /// The directory of domain `key` (`gpu` under the default policy) of GPU `gpu`.
+    pub fn domain_dir(&self, gpu: usize, key: &str) -> PathBuf {
+        self.state_dir()
+            .join("mps")
+            .join(gpushare::host::state::domain_dir_name(
+                &Self::uuid(gpu),
+                key,
+            ))
+    }
+
     pub fn uuid(i: usize) -> String {
         format!("GPU-5a1e0000-0000-4000-8000-{i:012x}")
     }

@@ -145,12 +145,12 @@ make_bundle() { # dir args-json env-json annotations-json
 
 pipe_dir() { # the single GPU domain's host pipe dir
     local d
-    for d in "$STATE"/mps/*/*/pipe; do [ -d "$d" ] && echo "$d" && return 0; done
+    for d in "$STATE"/mps/*/pipe; do [ -d "$d" ] && echo "$d" && return 0; done
     return 0
 }
 shm_dir() {
     local d
-    for d in "$STATE"/mps/*/*/shm; do [ -d "$d" ] && echo "$d" && return 0; done
+    for d in "$STATE"/mps/*/shm; do [ -d "$d" ] && echo "$d" && return 0; done
     return 0
 }
 

@@ -7,7 +7,6 @@ use std::path::Path;
 use super::{container_env, limiter_in_container, rootfs, InjectError, PRELOAD_IN_CONTAINER};
 use crate::config::Config;
 use crate::decide::plan::Plan;
-use crate::host::mps::MpsDirs;
 use crate::host::pending::{sweep_pending, PENDING_MAX_AGE, PENDING_PREFIX};
 use crate::host::state::{write_atomic, StateDir};
 use crate::vocab::Mode;
@@ -45,7 +44,7 @@ pub fn prepare_host(
     match plan.mode {
         Mode::Mps => {
             if let Some(gpu) = plan.gpus.first() {
-                MpsDirs::new(sd.mps_dir(&gpu.uuid, plan.domain_key())).prepare()?;
+                sd.mps_dirs(&gpu.uuid, plan.domain_key()).prepare()?;
             }
             Ok(())
         }

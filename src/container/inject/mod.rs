@@ -24,7 +24,7 @@ use thiserror::Error;
 
 use crate::config::Config;
 use crate::decide::plan::{Plan, MPS_PIPE_IN_CONTAINER};
-use crate::host::mps::{MpsDirs, MpsError};
+use crate::host::mps::MpsError;
 use crate::host::state::StateDir;
 use crate::sys;
 use crate::vocab::Mode;
@@ -114,7 +114,7 @@ pub fn bindings(plan: &Plan, cfg: &Config, key: &str) -> Vec<Binding> {
             let Some(gpu) = plan.gpus.first() else {
                 return Vec::new();
             };
-            let dirs = MpsDirs::new(sd.mps_dir(&gpu.uuid, plan.domain_key()));
+            let dirs = sd.mps_dirs(&gpu.uuid, plan.domain_key());
             vec![
                 Binding {
                     source: dirs.pipe,
@@ -336,9 +336,10 @@ mod tests {
         };
         cfg.limit.library = "/lib/libx.so".into();
         let mps = bindings(&plan(Mode::Mps), &cfg, "c1");
-        assert_eq!(mps[0].source, Path::new("/s/mps/GPU-0/gpu/pipe"));
+        let dir = Path::new("/s/mps").join(crate::host::state::domain_dir_name("GPU-0", "gpu"));
+        assert_eq!(mps[0].source, dir.join("pipe"));
         assert_eq!(mps[0].target, "/tmp/nvidia-mps");
-        assert_eq!(mps[1].source, Path::new("/s/mps/GPU-0/gpu/shm"));
+        assert_eq!(mps[1].source, dir.join("shm"));
         assert_eq!(mps[1].target, "/dev/shm");
         let lim = bindings(&plan(Mode::Limit), &cfg, "c1");
         let t: Vec<_> = lim
