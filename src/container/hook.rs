@@ -1,6 +1,6 @@
 //! The OCI hook stages: `createRuntime`/`prestart` (acquire) and `poststop` (release).
 //!
-//! Failure policy (DESIGN "Hook stages"): a container that asks for nothing costs almost
+//! Failure policy (docs/design.md "Hook stages"): a container that asks for nothing costs almost
 //! nothing (no NVML, no lock, no state write) and exits 0; a bad request is refused with one
 //! line saying what to change; poststop never fails a delete because of our state.
 

@@ -1,4 +1,4 @@
-//! `gpushare-runtime`: a drop-in wrapper for runc (DESIGN "The runtime wrapper").
+//! `gpushare-runtime`: a drop-in wrapper for runc (docs/design.md "The runtime wrapper").
 //!
 //! For `create` and `run` it finds the bundle (`--bundle`/`-b`, else the working directory),
 //! edits its `config.json` atomically through [`crate::container::prepare::edit_config`], then execs the

@@ -1,5 +1,5 @@
 //! The spec edit: one pure function that changes a raw `config.json` value so that env
-//! injection works (DESIGN "Why env needs the spec edit"). Its two callers are
+//! injection works (docs/design.md "Why env needs the spec edit"). Its two callers are
 //! `gpushare-hook precreate` and `gpushare-runtime`, through [`crate::container::prepare`].
 //!
 //! Works on the raw [`serde_json::Value`] so that unknown fields are preserved; applying the same

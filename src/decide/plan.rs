@@ -82,7 +82,7 @@ pub fn decide(
 pub const MPS_PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
 
 impl Plan {
-    /// The environment the container gets where env can be injected (DESIGN: "What the
+    /// The environment the container gets where env can be injected (docs/design.md: "What the
     /// container sees"). `LD_PRELOAD` is not included: it is appended by the spec editor.
     pub fn container_env(&self) -> Vec<(String, String)> {
         let mut env = Vec::new();

@@ -2,7 +2,7 @@
 //! the host-side files those binds need ([`prepare_host`]), and the hook-only way of binding
 //! them into a created container's mount namespace ([`into_container`]).
 //!
-//! DESIGN "What the container sees": every path inside the rootfs is resolved inside the rootfs
+//! docs/design.md "What the container sees": every path inside the rootfs is resolved inside the rootfs
 //! (openat2 `RESOLVE_IN_ROOT`), never by joining strings; targets are created the same way;
 //! mounts go onto an fd; the work happens in a forked single-threaded child that entered the
 //! container's mount namespace; nothing from the image is ever a mount source.
@@ -105,7 +105,7 @@ pub fn limiter_in_container(cfg: &Config) -> String {
     format!("{LIMIT_DIR_IN_CONTAINER}/{name}")
 }
 
-/// What the container gets bound for `plan` (DESIGN "What the container sees"); `key` names the
+/// What the container gets bound for `plan` (docs/design.md "What the container sees"); `key` names the
 /// per-container directory (the container id, or a pending name).
 pub fn bindings(plan: &Plan, cfg: &Config, key: &str) -> Vec<Binding> {
     let sd = StateDir::new(&cfg.state_dir);
