@@ -91,7 +91,10 @@ pub fn gc(ctx: &Ctx, json: bool) -> Reply {
         Ok(inv) => gc::gc(&ctx.cfg, inv.as_ref()),
         Err(e) => gc::gc(&ctx.cfg, &Unavailable(chain(&e))),
     };
-    Reply::text(render(&report, json))
+    Reply {
+        stdout: render(&report, json).into_bytes(),
+        code: u8::from(report.failed()),
+    }
 }
 
 /// `configure <engine>`.

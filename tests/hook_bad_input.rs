@@ -256,7 +256,8 @@ fn lock_timeout_names_the_holder() {
         "b",
         &spec(json!({"gpu.share": "limit"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
     );
-    // Hold the GPU's lock from outside, as a stuck hook would.
+    // Hold the GPU's lock from outside, as a stuck hook would; the file names a holder that is
+    // gone, which the message must not believe.
     std::fs::create_dir_all(sb.state_dir().join("gpus")).unwrap();
     let lock_path = sb
         .state_dir()
@@ -267,7 +268,11 @@ fn lock_timeout_names_the_holder() {
     f.lock().unwrap();
     let err = refused(&sb, &Sandbox::state_json("new", c.pid(), &b), &[]);
     assert!(err.contains("timed out"), "{err}");
-    assert!(err.contains("container stuck-one"), "{err}");
+    assert!(
+        err.contains(&format!("held by pid {} (", std::process::id())),
+        "the process really holding the lock: {err}"
+    );
+    assert!(!err.contains("stuck-one"), "{err}");
     drop(f);
 }
 

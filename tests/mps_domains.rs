@@ -515,3 +515,80 @@ fn sigkilled_hooks_with_domains_then_gc_match_the_live_containers() {
         }
     }
 }
+
+#[test]
+fn gc_quarantines_an_unreadable_record_and_rebuilds_it_without_stopping_anything() {
+    if !common::require("record rebuild", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle("b", &group_spec(None, &[("gpu.share.cores", "40")]));
+    let (mut p1, mut p2) = (FakeContainer::start(), FakeContainer::start());
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("c1", p1.pid(), &b)));
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("c2", p2.pid(), &b)));
+    let daemon = daemons_under(&sb.state_dir());
+    assert_eq!(daemon.len(), 1);
+    let rec = sb
+        .state_dir()
+        .join("gpus")
+        .join(format!("{}.json", Sandbox::uuid(0)));
+    for damage in ["truncated", "foreign version"] {
+        match damage {
+            "truncated" => {
+                let text = std::fs::read(&rec).unwrap();
+                std::fs::write(&rec, &text[..text.len() / 2]).unwrap();
+            }
+            _ => {
+                let mut v: Value = serde_json::from_slice(&std::fs::read(&rec).unwrap()).unwrap();
+                v["version"] = json!(99);
+                std::fs::write(&rec, serde_json::to_vec(&v).unwrap()).unwrap();
+            }
+        }
+        let out = sb.hook(&["gc"], "");
+        ok(&out);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("moved to"), "{damage}: {text}");
+        assert!(
+            text.contains("rebuilt from 1 running daemon(s) and 2 container(s)"),
+            "{damage}: {text}"
+        );
+        assert_eq!(
+            daemons_under(&sb.state_dir()),
+            daemon,
+            "{damage}: daemon untouched"
+        );
+        let st = sb.status();
+        let ids: Vec<&str> = st["gpus"][0]["clients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids.len(), 2, "{damage}: {st}");
+        assert!(ids.iter().all(|i| i.starts_with("rebuilt-")), "{st}");
+        assert_eq!(domains(&st)[0]["enforced"]["cores"], 100, "{st}");
+        assert_eq!(
+            sb.compute_mode(0),
+            3,
+            "still EXCLUSIVE_PROCESS for the live clients"
+        );
+    }
+    let kept = std::fs::read_dir(sb.state_dir().join("gpus"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains(".quarantined-")
+        })
+        .count();
+    assert!(kept >= 1, "the bad records are kept for inspection");
+    // When the containers end, gc stops the daemon and puts the compute mode back.
+    p1.kill();
+    p2.kill();
+    ok(&sb.hook(&["gc"], ""));
+    assert!(daemons_under(&sb.state_dir()).is_empty());
+    assert_eq!(sb.compute_mode(0), 0);
+}

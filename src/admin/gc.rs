@@ -9,21 +9,38 @@ use crate::vocab::Inventory;
 
 use super::report::Report;
 
-/// What `gc` did, one line per action.
+/// What `gc` did, one line per action, and what it could not do.
 #[derive(Debug, Default, Serialize)]
 pub struct GcReport {
     pub actions: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+impl GcReport {
+    /// Whether something could not be done (the command then exits 1).
+    pub fn failed(&self) -> bool {
+        !self.problems.is_empty()
+    }
 }
 
 impl Report for GcReport {
     fn human(&self) -> String {
-        self.actions.iter().map(|a| format!("{a}\n")).collect()
+        let mut out: String = self.actions.iter().map(|a| format!("{a}\n")).collect();
+        for p in &self.problems {
+            out.push_str(&format!("problem: {p}\n"));
+        }
+        if out.is_empty() {
+            out.push_str("nothing to do\n");
+        }
+        out
     }
 }
 
 /// Runs `gc` over the state directory of `cfg`.
 pub fn gc(cfg: &Config, inventory: &dyn Inventory) -> GcReport {
+    let o = Host::new(cfg, inventory).gc();
     GcReport {
-        actions: Host::new(cfg, inventory).gc(),
+        actions: o.actions,
+        problems: o.problems,
     }
 }

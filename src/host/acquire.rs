@@ -452,11 +452,16 @@ impl<'a> Host<'a> {
             if let Some(p) = d.compute_mode_before {
                 let _ = self.inventory.set_compute_mode(d.gpu.index, p);
             }
-            let res = match &d.before {
-                Some(r) => self.state.save(r),
-                None => self.state.save(&Record::new(&d.gpu.uuid, d.gpu.index)),
-            };
-            if let Err(e) = res {
+            let before = d
+                .before
+                .clone()
+                .unwrap_or_else(|| Record::new(&d.gpu.uuid, d.gpu.index));
+            // Nothing to put back when the failing step was the first write.
+            let on_disk = self.state.load(&d.gpu.uuid).ok().flatten();
+            if on_disk.as_ref() == d.before.as_ref() {
+                continue;
+            }
+            if let Err(e) = self.state.save(&before) {
                 tracing::error!(uuid = %d.gpu.uuid, error = %crate::vocab::chain(&e), "rollback could not restore the record");
             }
         }

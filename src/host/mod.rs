@@ -3,6 +3,7 @@
 
 pub mod acquire;
 pub mod inventory;
+pub mod mounts;
 pub mod mps;
 pub mod pending;
 pub mod procinfo;

@@ -3,7 +3,17 @@
 
 use crate::host::acquire::Host;
 use crate::host::mps::MpsDirs;
+use crate::host::procinfo::ProcId;
 use crate::host::state::{now_seconds, StateError};
+use crate::host::state::{Client, Daemon, Domain, Record};
+use crate::vocab::{ComputeMode, Mode};
+
+/// What `gc` did, and what it could not do (then it exits 1).
+#[derive(Debug, Default)]
+pub struct GcOutcome {
+    pub actions: Vec<String>,
+    pub problems: Vec<String>,
+}
 
 impl Host<'_> {
     /// Removes the container from every GPU that lists it, stopping the daemons of domains
@@ -99,32 +109,122 @@ impl Host<'_> {
     /// dead daemons that still have clients, puts back compute modes no daemon explains and
     /// removes leftover directories. A record that cannot be read is left alone (and said so):
     /// nothing it might describe is stopped. Returns a line per thing it did or could not do.
-    pub fn gc(&self) -> Vec<String> {
-        let mut report = Vec::new();
+    pub fn gc(&self) -> GcOutcome {
+        let mut out = GcOutcome::default();
+        let report = &mut out.actions;
+        let problems = &mut out.problems;
         let mut unreadable = std::collections::BTreeSet::new();
         for (uuid, rec) in self.state.list_records() {
             if let Err(e) = rec {
-                report.push(format!(
-                    "{uuid}: record unreadable, left alone with its daemons: {}",
-                    crate::vocab::chain(&e)
-                ));
-                unreadable.insert(uuid);
+                match self.quarantine_and_rebuild(&uuid, &e) {
+                    Ok(line) => report.push(line),
+                    Err(why) => {
+                        problems.push(format!(
+                            "{uuid}: record unreadable ({}), left alone with its daemons: {why}",
+                            crate::vocab::chain(&e)
+                        ));
+                        unreadable.insert(uuid);
+                    }
+                }
                 continue;
             }
             match self.release_one(&uuid, None, true) {
                 Ok(did) => report.extend(did),
-                Err(e) => report.push(format!("{uuid}: {}", crate::vocab::chain(&e))),
+                Err(e) => problems.push(format!("{uuid}: {}", crate::vocab::chain(&e))),
             }
         }
         // Domain directories without a record, or without a daemon or user in their record.
         if let Ok(rd) = std::fs::read_dir(self.state.mps_root()) {
             for e in rd.flatten() {
-                self.gc_domain_dir(&e.path(), &unreadable, &mut report);
+                self.gc_domain_dir(&e.path(), &unreadable, report, problems);
             }
         }
         let _ = std::fs::remove_dir(self.state.mps_root());
-        self.gc_container_dirs(&mut report);
-        report
+        self.gc_container_dirs(report);
+        for p in crate::host::state::sweep_temp_files(&self.state.gpus_dir()) {
+            report.push(format!("removed {} of a killed write", p.display()));
+        }
+        out
+    }
+
+    /// Under the GPU's lock: moves an unreadable record aside (kept for inspection) and writes a
+    /// new one from what really runs: each domain directory of the GPU whose daemon answers
+    /// becomes a domain with that daemon and its current defaults as limits, and every
+    /// container that has its pipe directory mounted becomes a client (`rebuilt-<pid>`, dropped
+    /// when that process ends). Nothing that runs is stopped.
+    fn quarantine_and_rebuild(&self, uuid: &str, why: &StateError) -> Result<String, String> {
+        let chain = |e: &dyn std::error::Error| crate::vocab::chain(e);
+        let _lock = self
+            .state
+            .lock(uuid, self.lock_timeout(), "gc (rebuild)")
+            .map_err(|e| chain(&e))?;
+        // Read again under the lock: someone may have fixed it meanwhile.
+        if let Ok(Some(_)) = self.state.load(uuid) {
+            return Ok(format!("{uuid}: record readable again, nothing to rebuild"));
+        }
+        let path = self.state.record_path(uuid);
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let aside = path.with_extension(format!("json.quarantined-{stamp}"));
+        std::fs::rename(&path, &aside).map_err(|e| chain(&e))?;
+        let index = self
+            .inventory
+            .gpus()
+            .ok()
+            .and_then(|g| g.into_iter().find(|g| g.uuid == uuid).map(|g| g.index))
+            .unwrap_or(0);
+        let mut rec = Record::new(uuid, index);
+        let (mut daemons, mut clients) = (0, 0);
+        if let (Ok(rd), Ok(control)) = (std::fs::read_dir(self.state.mps_root()), self.control()) {
+            for e in rd.flatten() {
+                let Some((owner, key)) = MpsDirs::read_owner(&e.path()) else {
+                    continue;
+                };
+                if owner != uuid {
+                    continue;
+                }
+                let dirs = self.state.mps_dirs(uuid, &key);
+                let Some(p) = control.find_daemon(&dirs.pipe) else {
+                    continue;
+                };
+                let Ok(limits) = control.defaults(&dirs.pipe) else {
+                    continue;
+                };
+                let mut d = Domain::new(limits);
+                d.daemon = Some(Daemon { process: p });
+                rec.domains.insert(key.clone(), d);
+                daemons += 1;
+                for pid in crate::host::mounts::holders_of(&dirs.pipe) {
+                    if let Some(process) = ProcId::of(pid) {
+                        rec.clients.insert(
+                            format!("rebuilt-{pid}"),
+                            Client {
+                                mode: Mode::Mps,
+                                process: Some(process),
+                                cores: limits.cores,
+                                memory: None,
+                                domain: Some(key.clone()),
+                            },
+                        );
+                        clients += 1;
+                    }
+                }
+            }
+        }
+        if rec.has_daemon() {
+            if let Ok(m) = self.inventory.compute_mode(index) {
+                if m != ComputeMode::Default {
+                    rec.restore_compute_mode = Some(ComputeMode::Default);
+                }
+            }
+        }
+        self.state.save(&rec).map_err(|e| chain(&e))?;
+        Ok(format!(
+            "{uuid}: record unreadable ({}); moved to {} and rebuilt from {daemons} running daemon(s) and {clients} container(s) that have them mounted",
+            chain(why),
+            aside.display()
+        ))
     }
 
     /// One `mps/<id>` directory: kept while its record says a daemon or a container uses it;
@@ -135,14 +235,19 @@ impl Host<'_> {
         dir: &std::path::Path,
         unreadable: &std::collections::BTreeSet<String>,
         report: &mut Vec<String>,
+        problems: &mut Vec<String>,
     ) {
         let (dirs, _lock) = match MpsDirs::read_owner(dir) {
             Some((uuid, key)) => {
                 if unreadable.contains(&uuid) || !crate::vocab::is_safe_name(&uuid) {
                     return;
                 }
-                let Ok(lock) = self.state.lock(&uuid, self.lock_timeout(), "gc") else {
-                    return;
+                let lock = match self.state.lock(&uuid, self.lock_timeout(), "gc") {
+                    Ok(l) => l,
+                    Err(e) => {
+                        problems.push(format!("{uuid}: {}", crate::vocab::chain(&e)));
+                        return;
+                    }
                 };
                 let rec = match self.state.load(&uuid) {
                     Ok(r) => r,

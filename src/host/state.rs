@@ -45,7 +45,7 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
-    #[error("timed out after {seconds}s waiting for the lock on GPU {uuid} (held by {holder}); retry, or run `gpushare-hook gc` if that holder is gone")]
+    #[error("timed out after {seconds}s waiting for the lock on GPU {uuid}, held by {holder}; retry, or stop that process if it is stuck (the lock goes with it)")]
     LockTimeout {
         uuid: String,
         seconds: u64,
@@ -57,13 +57,13 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
-    #[error("record {path} is corrupt; move it away and run `gpushare-hook gc`")]
+    #[error("record {path} is corrupt; run `gpushare-hook gc`, which keeps it aside and rebuilds it from the running daemons")]
     Corrupt {
         path: PathBuf,
         #[source]
         source: serde_json::Error,
     },
-    #[error("record {path} has layout version {found}, this gpushare reads {RECORD_VERSION}")]
+    #[error("record {path} has layout version {found}, this gpushare reads {RECORD_VERSION}; run `gpushare-hook gc`, which keeps it aside and rebuilds it from the running daemons")]
     Version { path: PathBuf, found: u32 },
     #[error("cannot write {path}")]
     Write {
@@ -447,15 +447,10 @@ impl StateDir {
                     if Instant::now() >= deadline {
                         let mut who = String::new();
                         let _ = (&file).take(256).read_to_string(&mut who);
-                        let who = who.trim();
                         return Err(StateError::LockTimeout {
                             uuid: uuid.to_owned(),
                             seconds: timeout.as_secs(),
-                            holder: if who.is_empty() {
-                                "unknown".into()
-                            } else {
-                                who.to_owned()
-                            },
+                            holder: lock_holder(&file, who.trim()),
                         });
                     }
                     std::thread::sleep(pause);
@@ -470,6 +465,73 @@ impl StateDir {
         let _ = writeln!(file, "pid {} ({holder})", std::process::id());
         Ok(GpuLock { _file: file })
     }
+}
+
+/// Names the process that really holds `file`'s `flock` (from `/proc/locks`), with what it
+/// wrote into the file when that was the same process; the file's text alone can name a holder
+/// that has since gone.
+fn lock_holder(file: &File, written: &str) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = file.metadata() else {
+        return written_or_unknown(written);
+    };
+    let locks = fs::read_to_string("/proc/locks").unwrap_or_default();
+    match holder_pid(&locks, meta.dev(), meta.ino()) {
+        Some(pid) if written.starts_with(&format!("pid {pid} ")) => written.to_owned(),
+        Some(pid) => {
+            let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("pid {pid} ({})", comm.trim())
+        }
+        None => written_or_unknown(written),
+    }
+}
+
+fn written_or_unknown(written: &str) -> String {
+    if written.is_empty() {
+        "an unknown process".into()
+    } else {
+        written.to_owned()
+    }
+}
+
+/// The pid holding a `FLOCK` on the file (`dev`, `ino`) in the text of `/proc/locks`.
+pub fn holder_pid(locks: &str, dev: u64, ino: u64) -> Option<i32> {
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let want = format!("{major:02x}:{minor:02x}:{ino}");
+    locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 1234 00:1a:5678 0 EOF"; blocked waiters have "->".
+        if f.get(1) != Some(&"FLOCK") || f.contains(&"->") {
+            return None;
+        }
+        (f.get(5) == Some(&want.as_str()))
+            .then(|| f.get(4).and_then(|p| p.parse().ok()))
+            .flatten()
+    })
+}
+
+/// Removes temp files of record writes whose writer was killed (`.<name>.<pid>.tmp` of a pid
+/// that no longer runs). Returns their paths.
+pub fn sweep_temp_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = fs::read_dir(dir) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_suffix(".tmp")
+            .filter(|n| n.starts_with('.'))
+            .and_then(|n| n.rsplit_once('.'))
+            .and_then(|(_, pid)| pid.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() && fs::remove_file(e.path()).is_ok() {
+            out.push(e.path());
+        }
+    }
+    out
 }
 
 /// A held GPU lock.
@@ -553,6 +615,64 @@ mod tests {
             .pipe
             .join("control_privileged");
         assert!(p.as_os_str().len() < 108, "{}", p.display());
+    }
+
+    #[test]
+    fn lock_holders_come_from_proc_locks() {
+        let locks = "1: FLOCK  ADVISORY  WRITE 4242 00:1a:99 0 EOF\n\
+                     1: -> FLOCK  ADVISORY  WRITE 5151 00:1a:99 0 EOF\n\
+                     2: POSIX  ADVISORY  WRITE 6161 00:1a:100 0 EOF\n";
+        let dev = libc::makedev(0, 0x1a);
+        assert_eq!(
+            holder_pid(locks, dev, 99),
+            Some(4242),
+            "the holder, not the waiter"
+        );
+        assert_eq!(
+            holder_pid(locks, dev, 100),
+            None,
+            "POSIX locks are not ours"
+        );
+        assert_eq!(holder_pid(locks, dev, 7), None);
+    }
+
+    #[test]
+    fn a_timed_out_lock_names_the_live_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        let _held = sd.lock("G", Duration::from_secs(1), "container a").unwrap();
+        // A stale name in the file (a holder that is gone) is not believed.
+        std::fs::write(sd.lock_path("G"), "pid 1 (container gone)\n").unwrap();
+        let err = match sd.lock("G", Duration::from_millis(50), "container b") {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("lock taken twice"),
+        };
+        let me = std::process::id();
+        assert!(err.contains(&format!("held by pid {me} (")), "{err}");
+        assert!(!err.contains("gc"), "{err}");
+    }
+
+    #[test]
+    fn temp_files_of_dead_writers_are_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        for n in [
+            format!(".G.json.{dead}.tmp"),
+            format!(".G.json.{me}.tmp"),
+            "G.json".to_owned(),
+        ] {
+            std::fs::write(dir.path().join(n), b"x").unwrap();
+        }
+        let swept = sweep_temp_files(dir.path());
+        assert_eq!(swept, vec![dir.path().join(format!(".G.json.{dead}.tmp"))]);
+        assert!(
+            dir.path().join(format!(".G.json.{me}.tmp")).exists(),
+            "live writer kept"
+        );
     }
 
     #[test]
