@@ -40,6 +40,8 @@ struct World {
     at_set: Rc<RefCell<Vec<ModeChange>>>,
     /// When set, every record save after the next compute-mode change fails.
     block_saves_after_set: Rc<Cell<bool>>,
+    /// GPU locks a row holds (another hook at work).
+    held: RefCell<Vec<crate::host::state::GpuLock>>,
 }
 
 impl World {
@@ -80,6 +82,7 @@ impl World {
             me: ProcId::of(std::process::id() as i32).expect("own process"),
             at_set,
             block_saves_after_set: block,
+            held: RefCell::new(Vec::new()),
         }
     }
 
@@ -101,6 +104,21 @@ impl World {
         if let Err(e) = self.acquire(plan) {
             panic!("setting up {}: {}", plan.container, crate::vocab::chain(&e));
         }
+    }
+
+    /// Holds GPU `index`'s lock (another hook at work) and makes waiting for it give up at once.
+    fn hold_lock(&mut self, index: u32) {
+        self.state().ensure().expect("state dir");
+        let lock = self
+            .state()
+            .lock(
+                &uuid(index),
+                std::time::Duration::from_secs(1),
+                "container other",
+            )
+            .expect("lock");
+        self.held.borrow_mut().push(lock);
+        self.cfg.lock_timeout_seconds = 0;
     }
 
     fn record(&self, index: u32) -> Option<Record> {
@@ -152,7 +170,7 @@ impl World {
             for e in rd.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if name.ends_with(".json") {
-                    records.insert(name, std::fs::read(e.path()).unwrap_or_default());
+                    records.insert(name, std::fs::read_to_string(e.path()).unwrap_or_default());
                 }
             }
         }
@@ -205,8 +223,8 @@ fn block_saves(state: &StateDir, index: u32) {
 
 #[derive(Debug, PartialEq)]
 struct Snapshot {
-    /// Record files by name, byte for byte.
-    records: BTreeMap<String, Vec<u8>>,
+    /// Record files by name, as written.
+    records: BTreeMap<String, String>,
     /// `<uuid>/<domain>` of every live daemon.
     live: Vec<String>,
     modes: Vec<(u32, ComputeMode)>,
@@ -931,6 +949,68 @@ fn acquire_rollback() {
             },
         },
         AcquireRow {
+            what: "timeslice: nvidia-smi missing is refused naming it, the compute mode put back",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU_EXCLUSIVE,
+            given: |w| w.cfg.timeslice.smi = "/nonexistent/nvidia-smi".into(),
+            when: |w| {
+                let mut plan = plain("c1", Mode::Timeslice, &[0]);
+                plan.timeslice = Some(crate::vocab::Timeslice::Long);
+                w.acquire(&plan)
+            },
+            err: Some("\"/nonexistent/nvidia-smi\" not found"),
+            then: |w, what| assert_eq!(w.inv.sets(), [(0, DEFAULT), (0, EXCLUSIVE)], "{what}"),
+        },
+        AcquireRow {
+            what: "timeslice: nvidia-smi failing is refused, the compute mode put back",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU_EXCLUSIVE,
+            given: |w| w.cfg.timeslice.smi = "false".into(),
+            when: |w| {
+                let mut plan = plain("c1", Mode::Timeslice, &[0]);
+                plan.timeslice = Some(crate::vocab::Timeslice::Short);
+                w.acquire(&plan)
+            },
+            err: Some("--set-timeslice failed on GPU 0"),
+            then: |w, what| assert_eq!(w.inv.sets(), [(0, DEFAULT), (0, EXCLUSIVE)], "{what}"),
+        },
+        AcquireRow {
+            what: "a GPU whose lock another hook holds: timed out naming the holder, nothing changed",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU,
+            given: |w| w.hold_lock(0),
+            when: |w| w.acquire(&gpu_plan(w, "c1")),
+            err: Some("held by pid"),
+            then: |w, what| assert!(w.ctl.calls().is_empty(), "{what}"),
+        },
+        AcquireRow {
+            what: "the second GPU's lock is held: the first GPU is rolled back",
+            isolation: Isolation::Gpu,
+            modes: TWO_GPUS,
+            given: |w| w.hold_lock(1),
+            when: |w| w.acquire(&mps(&w.cfg, "c1", &[0, 1], ASK)),
+            err: Some("waiting for the lock on GPU GPU-1"),
+            then: |w, what| {
+                assert_eq!(
+                    w.ctl.actions(),
+                    ["start GPU-0/gpu", "set_defaults GPU-0/gpu", "stop GPU-0/gpu"],
+                    "{what}"
+                );
+            },
+        },
+        AcquireRow {
+            what: "a corrupt record is refused with what to do, and left as it is",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU,
+            given: |w| {
+                w.state().ensure().unwrap();
+                std::fs::write(w.state().record_path(&uuid(0)), b"{not json").unwrap();
+            },
+            when: |w| w.acquire(&gpu_plan(w, "c1")),
+            err: Some("is corrupt; move it away and run `gpushare-hook gc`"),
+            then: |w, what| assert!(w.ctl.calls().is_empty(), "{what}"),
+        },
+        AcquireRow {
             what: "group isolation: a second domain that fails to start leaves the first domain alone",
             isolation: Isolation::Group,
             modes: ONE_GPU,
@@ -950,6 +1030,30 @@ fn acquire_rollback() {
             },
         },
     ]);
+}
+
+/// Rolling back an acquire that adopted a daemon must not take that daemon's directories
+/// (its control socket) away from it.
+#[test]
+#[ignore = "host bug: rollback removes a domain's directories unless the record before named a daemon, so an adopted (unrecorded, live) daemon loses its pipe directory"]
+fn acquire_rollback_after_adoption() {
+    run_acquire_rows(vec![AcquireRow {
+        what: "an adopted daemon whose save fails is left running, with its directories",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: |w| {
+            let mut rec = Record::new(&uuid(0), 0);
+            rec.restore_compute_mode = Some(DEFAULT);
+            rec.domains.insert("gpu".into(), Domain::new(POLICY));
+            w.save(&rec);
+            std::fs::create_dir_all(w.pipe(0, "gpu")).unwrap();
+            w.ctl.add_daemon(&w.pipe(0, "gpu"), POLICY);
+            block_saves(&w.state(), 0);
+        },
+        when: |w| w.acquire(&gpu_plan(w, "c1")),
+        err: Some("cannot write"),
+        then: |w, what| assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}"),
+    }]);
 }
 
 /// One release or gc case: `given` builds the world; the fakes' recordings are cleared;
@@ -1123,6 +1227,71 @@ fn release() {
                 assert_eq!(w.ctl.actions(), ["stop GPU-0/gpu"], "{what}");
                 assert_eq!(w.ctl.live(), ["GPU-1/gpu"], "{what}");
                 assert_eq!(std::fs::read(w.state().record_path(&uuid(1))).unwrap(), b"{not json", "{what}");
+            },
+        },
+    ]);
+}
+
+#[test]
+fn release_when_things_fail() {
+    run_release_rows(vec![
+        ReleaseRow {
+            what: "the compute mode cannot be put back: the daemon stops, the mode to restore stays recorded, gc puts it back later",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU,
+            given: |w| {
+                w.given(&gpu_plan(w, "c1"));
+                w.inv.fail_set(0, true);
+            },
+            when: |w| {
+                let mut said = w.host().release("c1");
+                let rec = w.record(0).expect("record kept");
+                assert_eq!(rec.restore_compute_mode, Some(DEFAULT));
+                assert!(rec.clients.is_empty() && rec.domains.is_empty());
+                w.inv.fail_set(0, false);
+                said.extend(w.host().gc());
+                said
+            },
+            says: Some(&["GPU-0: put back the compute mode no MPS daemon explains"]),
+            then: |w, what| {
+                assert_eq!(w.ctl.actions(), ["stop GPU-0/gpu"], "{what}");
+                assert_eq!(w.inv.modes(), [(0, DEFAULT)], "{what}");
+                assert_eq!(w.record(0), None, "{what}");
+            },
+        },
+        ReleaseRow {
+            what: "a GPU whose lock another hook holds: release warns and changes nothing",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU,
+            given: |w| {
+                w.given(&gpu_plan(w, "c1"));
+                w.hold_lock(0);
+            },
+            when: |w| w.host().release("c1"),
+            says: Some(&["timed out after 0s waiting for the lock on GPU GPU-0 (held by pid"]),
+            then: |w, what| {
+                assert!(w.ctl.calls().is_empty(), "{what}");
+                assert_eq!(w.clients(0), ["c1"], "{what}");
+                assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
+            },
+        },
+        ReleaseRow {
+            what: "a client without a process (no pid from the runtime) is never taken for stale",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU,
+            given: |w| {
+                w.host().acquire(&gpu_plan(w, "nopid"), None, None).unwrap();
+                w.given(&gpu_plan(w, "c2"));
+            },
+            when: |w| {
+                let mut said = w.host().release("c2");
+                said.extend(w.host().gc());
+                said
+            },
+            says: Some(&[]),
+            then: |w, what| {
+                assert_eq!(w.clients(0), ["nopid"], "{what}");
+                assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
             },
         },
     ]);
