@@ -10,3 +10,8 @@ pub mod procinfo;
 pub mod release;
 pub mod state;
 pub mod timeslice;
+
+#[cfg(test)]
+pub(crate) mod fakes;
+#[cfg(test)]
+mod tests;
