@@ -180,6 +180,16 @@ impl<'a> Host<'a> {
             .unwrap_or_else(|| Record::new(&gpu.uuid, gpu.index));
         rec.index = gpu.index;
         rec.drop_stale();
+        let created_by_container = plan.domain.as_ref().filter(|d| !d.from_policy);
+        if let Some(key) = created_by_container.map(|d| d.key.as_str()) {
+            if rec.domain_clients(key).is_empty()
+                && rec.domains.get(key).is_some_and(|d| d.daemon.is_some())
+            {
+                // Left running by clients that are gone: this container creates the domain
+                // anew, with its own limits.
+                self.stop_daemon(&mut rec, key);
+            }
+        }
         rec.prune_reservations(now_seconds());
         rec.unreserve(&plan.container);
         if let Some(key) = reservation {
@@ -343,7 +353,15 @@ impl<'a> Host<'a> {
         if let Some(dom) = rec.domains.get_mut(key) {
             dom.daemon = Some(Daemon { process: proc });
         }
-        control.set_defaults(&dirs.pipe, &limits)?;
+        if let Err(e) = control.set_defaults(&dirs.pipe, &limits) {
+            // Never leave a daemon serving without the domain's limits.
+            control.stop(&dirs.pipe, Some(proc));
+            done.started = None;
+            if let Some(dom) = rec.domains.get_mut(key) {
+                dom.daemon = None;
+            }
+            return Err(e.into());
+        }
         tracing::info!(uuid = %rec.uuid, domain = key, pid = proc.pid, "MPS daemon started");
         crate::failpoint::hit("acquire-daemon-started");
         Ok(())
@@ -392,7 +410,7 @@ impl<'a> Host<'a> {
 
     /// Stops the daemon of domain `key`, removes its directories unless a container uses them,
     /// and restores the GPU's compute mode once no daemon is left on it.
-    pub(crate) fn stop_daemon(&self, rec: &mut Record, key: &str) {
+    pub(crate) fn stop_daemon(&self, rec: &mut Record, key: &str) -> Option<ProcId> {
         let dirs = self.mps_dirs(&rec.uuid, key);
         let recorded = rec.domains.get_mut(key).and_then(|d| d.daemon.take());
         // A daemon missing from the record (a hook killed between start and save) goes too.
@@ -411,6 +429,7 @@ impl<'a> Host<'a> {
         }
         rec.tidy();
         self.restore_compute_mode(rec);
+        found
     }
 
     /// Puts back the compute mode recorded before gpushare changed it, once no daemon runs.
@@ -445,7 +464,13 @@ impl<'a> Host<'a> {
                     .domains
                     .get(key)
                     .is_some_and(|dom| dom.daemon.is_some());
-                if !had_daemon && !before.dirs_in_use(key, now_seconds()) {
+                let pipe = self.mps_dirs(&d.gpu.uuid, key).pipe;
+                let adopted = self
+                    .control()
+                    .ok()
+                    .and_then(|c| c.find_daemon(&pipe))
+                    .is_some();
+                if !had_daemon && !adopted && !before.dirs_in_use(key, now_seconds()) {
                     self.mps_dirs(&d.gpu.uuid, key).remove();
                 }
             }

@@ -141,17 +141,34 @@ impl Call {
     }
 }
 
-/// `<uuid>/<domain>` of a pipe directory `…/mps/<uuid>/<domain>/pipe`.
+thread_local! {
+    /// `<uuid>/<domain>` of the domain directories this test has named.
+    static LABELS: RefCell<std::collections::HashMap<std::path::PathBuf, String>> =
+        RefCell::new(std::collections::HashMap::new());
+}
+
+/// Remembers whose domain directories `dirs` are, for [`at`].
+pub(crate) fn name(dirs: &MpsDirs) {
+    if let Some((uuid, domain)) = dirs.owner() {
+        let label = format!("{uuid}/{domain}");
+        LABELS.with(|l| l.borrow_mut().insert(dirs.dir.clone(), label));
+    }
+}
+
+/// `<uuid>/<domain>` of a pipe directory `…/mps/<id>/pipe` (from what [`name`] was told, or
+/// the directory's owner file; `mps/<id>` otherwise).
 pub(crate) fn at(pipe: &Path) -> String {
-    let mut names = pipe.ancestors().skip(1).take(2).map(|p| {
-        p.file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned()
-    });
-    let domain = names.next().unwrap_or_default();
-    let uuid = names.next().unwrap_or_default();
-    format!("{uuid}/{domain}")
+    let dir = pipe.parent().unwrap_or(pipe);
+    if let Some(l) = LABELS.with(|l| l.borrow().get(dir).cloned()) {
+        return l;
+    }
+    match MpsDirs::read_owner(dir) {
+        Some((uuid, domain)) => format!("{uuid}/{domain}"),
+        None => format!(
+            "mps/{}",
+            dir.file_name().unwrap_or_default().to_string_lossy()
+        ),
+    }
 }
 
 /// A daemon serving a pipe directory.
@@ -249,6 +266,8 @@ impl FakeControl {
             .iter()
             .filter(|(_, d)| d.process.is_alive())
             .map(|(p, _)| at(p))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .collect()
     }
 
@@ -345,6 +364,7 @@ impl MpsControl for FakeControl {
         multiuser: bool,
         ready_timeout: Duration,
     ) -> Result<ProcId, MpsError> {
+        name(dirs);
         self.record(Call::Start {
             at: at(&dirs.pipe),
             multiuser,
@@ -365,7 +385,14 @@ impl MpsControl for FakeControl {
                 log: dirs.log.join("control.log"),
             });
         }
-        // The directories, as the real start makes them (without the shm tmpfs).
+        // The directories, as the real start makes them (without the shm tmpfs), owner first.
+        std::fs::create_dir_all(&dirs.dir).map_err(|source| MpsError::Dirs {
+            path: dirs.dir.clone(),
+            source,
+        })?;
+        if let Some((uuid, domain)) = dirs.owner() {
+            let _ = std::fs::write(dirs.dir.join("owner"), format!("{uuid} {domain}"));
+        }
         for d in [&dirs.pipe, &dirs.log, &dirs.shm] {
             std::fs::create_dir_all(d).map_err(|source| MpsError::Dirs {
                 path: d.clone(),

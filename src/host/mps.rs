@@ -91,6 +91,11 @@ impl MpsDirs {
         }
     }
 
+    /// The (uuid, domain) these directories belong to, when made with [`MpsDirs::owned`].
+    pub fn owner(&self) -> Option<(&str, &str)> {
+        self.owner.as_deref()?.split_once(' ')
+    }
+
     /// The (uuid, domain) an `owner` file names.
     pub fn read_owner(dir: &Path) -> Option<(String, String)> {
         let text = std::fs::read_to_string(dir.join(OWNER_FILE)).ok()?;

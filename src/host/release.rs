@@ -15,6 +15,15 @@ pub struct GcOutcome {
     pub problems: Vec<String>,
 }
 
+impl GcOutcome {
+    /// Actions, then problems, as one list of lines.
+    pub fn into_lines(self) -> Vec<String> {
+        let mut v = self.actions;
+        v.extend(self.problems);
+        v
+    }
+}
+
 impl Host<'_> {
     /// Removes the container from every GPU that lists it, stopping the daemons of domains
     /// whose last client left. Idempotent; problems are returned as warnings, never as a
@@ -69,15 +78,20 @@ impl Host<'_> {
             let clients = rec.domain_clients(&key);
             let daemon = rec.domains.get(&key).and_then(|d| d.daemon.clone());
             if clients.is_empty() {
-                if let Some(d) = daemon {
+                let restore = rec.restore_compute_mode;
+                if let Some(p) = self.stop_daemon(&mut rec, &key) {
                     did.push(format!(
                         "{uuid}: stopped the MPS daemon of domain {key} (pid {}), which no container uses",
-                        d.process.pid
+                        p.pid
                     ));
                 }
-                self.stop_daemon(&mut rec, &key);
+                if heal && restore.is_some() && rec.restore_compute_mode.is_none() {
+                    did.push(format!(
+                        "{uuid}: put back the compute mode no MPS daemon explains"
+                    ));
+                }
                 crate::failpoint::hit("release-daemon-stopped");
-            } else if heal && daemon.is_some_and(|d| !d.process.is_alive()) {
+            } else if heal && !daemon.is_some_and(|d| d.process.is_alive()) {
                 match self.restart(&mut rec, &key) {
                     Ok(()) => did.push(format!(
                         "{uuid}: restarted the dead MPS daemon of domain {key} for {} client(s)",
