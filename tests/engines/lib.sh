@@ -107,9 +107,10 @@ make_rootfs() { # dir
     echo "root:x:0:0:root:/:/bin/sh" >"$r/etc/passwd"
 }
 
-# An OCI image layout tarball (index.json, blobs) of a rootfs, for `ctr image import`.
-make_oci_tar() { # rootfs out.tar
-    local r=$1 out=$2 d layer diff lsz cfg csz man msz
+# An OCI image layout tarball (index.json, blobs) of a rootfs, for `ctr image import`; the
+# image's Cmd is the JSON array $3 (default ["sh"]).
+make_oci_tar() { # rootfs out.tar [cmd-json]
+    local r=$1 out=$2 cmd=${3:-'["sh"]'} d layer diff lsz cfg csz man msz
     d=$(mktemp -d "$T/oci-XXXX")
     mkdir -p "$d/blobs/sha256"
     tar -C "$r" -cf "$d/layer.tar" .
@@ -118,7 +119,7 @@ make_oci_tar() { # rootfs out.tar
     layer=$(sha256sum "$d/layer.tar.gz" | cut -d' ' -f1)
     lsz=$(stat -c %s "$d/layer.tar.gz")
     mv "$d/layer.tar.gz" "$d/blobs/sha256/$layer"
-    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":["sh"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$diff" >"$d/cfg"
+    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$cmd" "$diff" >"$d/cfg"
     cfg=$(sha256sum "$d/cfg" | cut -d' ' -f1)
     csz=$(stat -c %s "$d/cfg")
     mv "$d/cfg" "$d/blobs/sha256/$cfg"
@@ -231,3 +232,23 @@ wait_until() { # seconds command...
     return 1
 }
 daemon_gone() { ! daemon_running; }
+
+# Prints which engine (and version) a test runs against: `engine: NAME VERSION`.
+engine_version() { # name command...
+    local name=$1 v
+    shift
+    v=$("$@" 2>/dev/null | head -1) || true
+    echo "engine: $name ${v:-unknown version}"
+}
+
+# Debian 13 engines unpacked into a private prefix by scripts/fetch-engines.sh (containerd 1.7,
+# Docker 26, the CRI api.proto); $TRIXIE is that root (usr/bin, usr/sbin, usr/share).
+TRIXIE=${GS_ENGINES:-/var/cache/gpushare-engines}/trixie/root
+need_trixie() { # files under $TRIXIE
+    local f
+    for f in "$@"; do
+        [ -e "$TRIXIE/$f" ] || skip "$TRIXIE/$f missing (scripts/fetch-engines.sh, run by scripts/install-deps.sh)"
+    done
+}
+# The Python with grpcio-tools and kubernetes-validate (made by scripts/install-deps.sh).
+PYTHON=${GS_PYTHON:-${GS_ENGINES:-/var/cache/gpushare-engines}/venv/bin/python}
