@@ -160,7 +160,12 @@ fn containerd_ctr_runc_binary() {
 
 #[test]
 fn docker_add_runtime_env_fallback() {
-    run_script("docker.sh");
+    run_script_with("docker.sh", &[("DOCKER_ENGINE", "system")]);
+}
+
+#[test]
+fn docker_26_debian13_annotation_and_env_fallback() {
+    run_script_with("docker.sh", &[("DOCKER_ENGINE", "trixie")]);
 }
 
 #[test]
