@@ -187,3 +187,8 @@ fn cri_containerd_1_6_system() {
 fn cri_containerd_1_7_debian13() {
     run_script_with("cri.sh", &[("CRI_CONTAINERD", "trixie")]);
 }
+
+#[test]
+fn kubernetes_installer_image_podman_build_offline() {
+    run_script("k8s_image.sh");
+}
