@@ -72,42 +72,47 @@ put_text() { # node-path mode
 
 BIN=$PREFIX/bin
 LIB=$PREFIX/lib/gpushare
-put "$SRC/bin/gpushare-hook" "$BIN/gpushare-hook" 0755
-put "$SRC/bin/gpushare-runtime" "$BIN/gpushare-runtime" 0755
-put "$SRC/lib/libgpushare_limiter.so" "$LIB/libgpushare_limiter.so" 0644
 
-# The policy: the example with this node's paths, only where the admin has none.
+# The policy: the node's own if it has one, else the example with this node's paths.
 POLICY=/etc/gpushare/config.toml
-if [ -e "$R$POLICY" ]; then
-    say "kept the node's $POLICY"
-else
-    t=$(mktemp)
-    sed -e "s#^hook = \"/usr/bin/gpushare-hook\"#hook = \"$BIN/gpushare-hook\"#" \
-        -e "s#^library = \"/usr/lib/gpushare/libgpushare_limiter.so\"#library = \"$LIB/libgpushare_limiter.so\"#" \
-        "$SRC/config.toml.example" >"$t"
-    grep -qx "hook = \"$BIN/gpushare-hook\"" "$t" && grep -qx "library = \"$LIB/libgpushare_limiter.so\"" "$t" || {
-        rm -f "$t"
-        die "$SRC/config.toml.example does not name the default hook and limiter paths; rebuild the image"
-    }
-    put "$t" "$POLICY" 0644
-    rm -f "$t"
-fi
-
-
-# `gpushare-hook configure` prints the engine's files as `# ---- PATH` sections (`(merge)`: to be
-# merged into an existing file). It names the policy file the hooks must read; here that is the
-# node's own path.
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-"$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$R$POLICY" >"$OUT/all" ||
-    die "gpushare-hook configure $ENGINE failed (above)"
-if [ -n "$R" ]; then sed -i "s#$R$POLICY#$POLICY#g" "$OUT/all"; fi
+if [ -e "$R$POLICY" ]; then
+    USE_POLICY=$R$POLICY
+    NEW_POLICY=""
+else
+    NEW_POLICY=$OUT/config.toml
+    USE_POLICY=$NEW_POLICY
+    sed -e "s#^hook = \"/usr/bin/gpushare-hook\"#hook = \"$BIN/gpushare-hook\"#" \
+        -e "s#^library = \"/usr/lib/gpushare/libgpushare_limiter.so\"#library = \"$LIB/libgpushare_limiter.so\"#" \
+        "$SRC/config.toml.example" >"$NEW_POLICY"
+    grep -qx "hook = \"$BIN/gpushare-hook\"" "$NEW_POLICY" && grep -qx "library = \"$LIB/libgpushare_limiter.so\"" "$NEW_POLICY" ||
+        die "$SRC/config.toml.example does not name the default hook and limiter paths; rebuild the image"
+fi
+
+# `gpushare-hook configure` prints the engine's files as `# ---- PATH` sections (`(merge)`: to be
+# merged into an existing file). It names the policy file the hooks must read: the node's path.
+# Made before anything is written: a policy it refuses stops the install here.
+"$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$USE_POLICY" >"$OUT/all" ||
+    die "gpushare-hook configure $ENGINE refused the policy or failed (above); fix $POLICY on the node"
+sed -i "s#$USE_POLICY#$POLICY#g" "$OUT/all"
 awk -v out="$OUT" '
     /^# ---- / { n++; sub(/^# ---- /, ""); print > (out "/" n ".path"); next }
     n { print > (out "/" n ".body") }' "$OUT/all"
+
+ls "$OUT"/*.path >/dev/null 2>&1 || die "gpushare-hook configure $ENGINE printed no files"
+
+put "$SRC/bin/gpushare-hook" "$BIN/gpushare-hook" 0755
+put "$SRC/bin/gpushare-runtime" "$BIN/gpushare-runtime" 0755
+put "$SRC/lib/libgpushare_limiter.so" "$LIB/libgpushare_limiter.so" 0644
+if [ -n "$NEW_POLICY" ]; then
+    put "$NEW_POLICY" "$POLICY" 0644
+else
+    say "kept the node's $POLICY"
+fi
+
 merge=""
 for p in "$OUT"/*.path; do
-    [ -e "$p" ] || die "gpushare-hook configure $ENGINE printed no files"
     path=$(cat "$p")
     body=${p%.path}.body
     case $path in
@@ -116,7 +121,7 @@ for p in "$OUT"/*.path; do
         # Merged into the engine's main config by `gpushare-hook configure --path`, where this
         # gpushare has it; else kept next to the policy for the admin to merge.
         if "$SRC/bin/gpushare-hook" configure --help 2>/dev/null | grep -q -- '--path'; then
-            "$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$R$POLICY" --path "$R$path" ||
+            "$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$USE_POLICY" --path "$R$path" ||
                 die "gpushare-hook configure $ENGINE --path $path failed (above)"
             say "merged the gpushare runtime handler into $path"
         else
