@@ -192,3 +192,8 @@ fn cri_containerd_1_7_debian13() {
 fn kubernetes_installer_image_podman_build_offline() {
     run_script("k8s_image.sh");
 }
+
+#[test]
+fn cri_containerd_2_debian_unstable_config_v3() {
+    run_script_with("cri.sh", &[("CRI_CONTAINERD", "sid")]);
+}

@@ -7,6 +7,7 @@
 #
 #   CRI_CONTAINERD=system   containerd of this machine (Debian 12: 1.6)
 #   CRI_CONTAINERD=trixie   containerd 1.7 unpacked from Debian 13 (scripts/fetch-engines.sh)
+#   CRI_CONTAINERD=sid      containerd 2.x unpacked from Debian unstable: config version 3
 source "$(dirname "$0")/lib.sh"
 need runc jq gzip sha256sum
 case ${CRI_CONTAINERD:-system} in
@@ -18,7 +19,11 @@ trixie)
     need_trixie usr/bin/containerd usr/bin/ctr usr/bin/containerd-shim-runc-v2
     CTD_PATH=$TRIXIE/usr/bin:$PATH
     ;;
-*) fail "CRI_CONTAINERD must be system or trixie" ;;
+sid)
+    need_unpacked "$SID" usr/bin/containerd usr/bin/ctr usr/bin/containerd-shim-runc-v2
+    CTD_PATH=$SID/usr/bin:$PATH
+    ;;
+*) fail "CRI_CONTAINERD must be system, trixie or sid" ;;
 esac
 PROTO=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
 need_trixie "$PROTO"
@@ -63,7 +68,41 @@ state = "$C/state"
         BinaryName = "$RUNTIME"
 EOF2
 }
-write_containerd_cri_config "$C/config.toml"
+# containerd 2.x: config version 3, where the CRI plugin is split into images and runtime.
+write_containerd_cri_config_v3() { # file
+    cat >"$1" <<EOF2
+version = 3
+root = "$C/root"
+state = "$C/state"
+[grpc]
+  address = "$C/sock"
+[ttrpc]
+  address = "$C/sock.ttrpc"
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "gpushare.test/pause:1"
+[plugins."io.containerd.cri.v1.runtime"]
+  # This machine may not lower oom_score_adj (the sandbox asks for -998).
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["$C/cni/bin"]
+    conf_dir = "$C/cni/conf"
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.gpushare]
+      runtime_type = "io.containerd.runc.v2"
+      pod_annotations = ["gpu.share*"]
+      container_annotations = ["gpu.share*"]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.gpushare.options]
+        BinaryName = "$RUNTIME"
+EOF2
+}
+if [ "${CRI_CONTAINERD:-system}" = sid ]; then
+    write_containerd_cri_config_v3 "$C/config.toml"
+else
+    write_containerd_cri_config "$C/config.toml"
+fi
 
 on_exit "rmdir /sys/fs/cgroup/*$CGROUP_PARENT /sys/fs/cgroup$CGROUP_PARENT"
 env PATH="$CTD_PATH" containerd --config "$C/config.toml" >"$C/log" 2>&1 &

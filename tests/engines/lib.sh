@@ -243,12 +243,16 @@ engine_version() { # name command...
 
 # Debian 13 engines unpacked into a private prefix by scripts/fetch-engines.sh (containerd 1.7,
 # Docker 26, the CRI api.proto); $TRIXIE is that root (usr/bin, usr/sbin, usr/share).
+# containerd 2.x from Debian unstable is unpacked next to it, in $SID.
 TRIXIE=${GS_ENGINES:-/var/cache/gpushare-engines}/trixie/root
-need_trixie() { # files under $TRIXIE
-    local f
+SID=${GS_ENGINES:-/var/cache/gpushare-engines}/sid/root
+need_unpacked() { # root files...
+    local root=$1 f
+    shift
     for f in "$@"; do
-        [ -e "$TRIXIE/$f" ] || skip "$TRIXIE/$f missing (scripts/fetch-engines.sh, run by scripts/install-deps.sh)"
+        [ -e "$root/$f" ] || skip "$root/$f missing (scripts/fetch-engines.sh, run by scripts/install-deps.sh)"
     done
 }
+need_trixie() { need_unpacked "$TRIXIE" "$@"; }
 # The Python with grpcio-tools and kubernetes-validate (made by scripts/install-deps.sh).
 PYTHON=${GS_PYTHON:-${GS_ENGINES:-/var/cache/gpushare-engines}/venv/bin/python}
