@@ -37,9 +37,10 @@ C=$T/ctd
 mkdir -p "$C/cni/bin" "$C/cni/conf" "$T/logs"
 CGROUP_PARENT=/gpushare-cri-$$
 
-# The containerd config: CRI with the gpushare runtime handler. Written here until
-# `gpushare-hook configure containerd --path FILE` writes it; then call that on a base config
-# holding the test's own paths and compare.
+# The containerd config (version 2): this test's paths and CRI settings, then the gpushare
+# runtime handler as `gpushare-hook configure containerd` prints it for this test's policy
+# (BinaryName = the gpushare-runtime next to the policy's hook). Appended here until
+# `gpushare-hook configure containerd --path FILE` merges it into FILE itself.
 write_containerd_cri_config() { # file
     cat >"$1" <<EOF2
 version = 2
@@ -60,14 +61,11 @@ state = "$C/state"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gpushare]
-      runtime_type = "io.containerd.runc.v2"
-      pod_annotations = ["gpu.share*"]
-      container_annotations = ["gpu.share*"]
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gpushare.options]
-        BinaryName = "$RUNTIME"
 EOF2
+    "$GS_HOOK" configure containerd --config "$CONFIG" | grep -v '^version = ' >>"$1" || fail "gpushare-hook configure containerd"
+    grep -qx "    BinaryName = \"$RUNTIME\"" "$1" || { cat "$1"; fail "configure containerd did not name $RUNTIME"; }
 }
+
 # containerd 2.x: config version 3, where the CRI plugin is split into images and runtime.
 write_containerd_cri_config_v3() { # file
     cat >"$1" <<EOF2
