@@ -271,6 +271,59 @@ fn installer_on_a_containerd_node() {
 }
 
 #[test]
+fn installer_restarts_the_runtime_through_the_nodes_systemd_when_asked() {
+    let t = tempfile::tempdir().unwrap();
+    let src = image_src(t.path());
+    let root = t.path().join("node");
+    std::fs::create_dir_all(root.join("etc/crio")).unwrap();
+    // A stand-in for nsenter that records how it was called (the real one would enter the
+    // node's pid 1 namespaces).
+    let bin = t.path().join("fakebin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = t.path().join("nsenter.args");
+    std::fs::write(
+        bin.join("nsenter"),
+        format!("#!/bin/sh\necho \"$*\" >>{}\n", log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(bin.join("nsenter"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = install(&src, &root, &[("RESTART", "true"), ("PATH", &path)]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "-t 1 -m -u -i -n -p -- systemctl restart crio\n"
+    );
+    assert!(text(&out).contains("restarted crio"), "{}", text(&out));
+
+    // containerd whose handler still has to be merged by the admin: never restarted.
+    let root2 = t.path().join("node2");
+    std::fs::create_dir_all(root2.join("etc/containerd")).unwrap();
+    std::fs::remove_file(&log).unwrap();
+    let out = install(&src, &root2, &[("RESTART", "true"), ("PATH", &path)]);
+    assert!(out.status.success(), "{}", text(&out));
+    if text(&out).contains("merge /etc/gpushare/containerd-gpushare.toml") {
+        assert!(!log.exists(), "restarted before the merge");
+        assert!(text(&out).contains("not restarting containerd"));
+    }
+
+    // A restart that fails fails the install, saying so.
+    std::fs::write(bin.join("nsenter"), "#!/bin/sh\nexit 3\n").unwrap();
+    let out = install(&src, &root, &[("RESTART", "true"), ("PATH", &path)]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("'systemctl restart crio' on the node failed"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
 fn installer_refuses_bad_input_and_writes_nothing() {
     let t = tempfile::tempdir().unwrap();
     let src = image_src(t.path());
