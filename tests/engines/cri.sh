@@ -200,7 +200,7 @@ log_of mps-b "$T/out-b" pipe:
 grep -q '^control:answers' "$T/out-b" || { cat "$T/out-b"; fail "MPS control did not answer in mps-b"; }
 n=0
 for p in $(pgrep -f nvidia-cuda-mps-control || true); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$STATE/"; then n=$((n + 1)); fi
+    if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$STATE/"; then n=$((n + 1)); fi
 done
 [ "$n" = 1 ] || fail "expected one MPS daemon for two pods, found $n"
 ok "two mps pods, one daemon"
@@ -224,6 +224,28 @@ grep -qx 'mem:1073741824' "$T/exec-l" && grep -qx 'sm:30' "$T/exec-l" && grep -q
     { cat "$T/exec-l"; fail "exec'd process lacks the limit env"; }
 ok "exec'd process has the limit env"
 remove_pod "$PL"
+
+echo "== gpu.share.group (examples/pod-mps-group.yaml): refused under isolation \"gpu\", served under \"group\""
+PG=$(run_pod group-gpu '{"gpu.share":"mps","gpu.share.group":"team-a"}') || fail "RunPodSandbox with a group"
+if start_container "$PG" group-gpu '{"gpu.share":"mps","gpu.share.group":"team-a"}' true >/dev/null 2>"$T/err-g"; then
+    fail "a group was served under isolation \"gpu\""
+fi
+grep -q 'needs \[mps\] isolation' "$T/err-g" || { cat "$T/err-g"; fail "the refusal does not name the isolation policy"; }
+ok "refused under isolation \"gpu\", naming the policy"
+remove_pod "$PG"
+write_config '[mps]
+isolation = "group"'
+mark_shm_when_ready
+PG=$(run_pod group-a '{"gpu.share":"mps","gpu.share.group":"team-a"}') || fail "RunPodSandbox group-a"
+start_container "$PG" group-a '{"gpu.share":"mps","gpu.share.group":"team-a"}' "$INSIDE_MPS; exec sleep 3600" >/dev/null ||
+    { tail -20 "$C/log"; fail "container in group-a"; }
+log_of group-a "$T/out-g" pipe:
+grep -q '^control:answers' "$T/out-g" && grep -q '^env:/tmp/nvidia-mps' "$T/out-g" || { cat "$T/out-g"; fail "group-a has no MPS share"; }
+ok "a team-a pod reaches its domain's daemon"
+remove_pod "$PG"
+wait_until 10 daemon_gone || fail "the group's daemon left running after its last pod"
+ok "the group's daemon gone after its last pod"
+write_config
 
 echo "== a refused request: the sandbox starts, the container is refused with our message"
 PX=$(run_pod bogus '{"gpu.share":"mps","gpu.share.bogus":"1"}') || fail "RunPodSandbox with an unknown gpu.share key"

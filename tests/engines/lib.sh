@@ -20,7 +20,7 @@ cleanup() {
     done
     # Any MPS daemon this test started (its pipe dir is under $T).
     for p in $(pgrep -f nvidia-cuda-mps-control 2>/dev/null || true); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$T/"; then
+        if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$T/"; then
             kill "$p" 2>/dev/null || true
         fi
     done
@@ -158,7 +158,7 @@ shm_dir() {
 daemon_running() { # is an MPS daemon serving our state dir?
     local p
     for p in $(pgrep -f nvidia-cuda-mps-control 2>/dev/null || true); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$STATE/" && return 0
+        { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$STATE/" && return 0
     done
     return 1
 }
