@@ -22,11 +22,33 @@ pkg_for nsenter util-linux
 pkg_for pgrep procps          # engine tests find MPS daemons
 pkg_for gzip gzip             # engine tests build an OCI image tarball
 pkg_for capsh libcap2-bin      # a test drops CAP_SYS_ADMIN
+/usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)  # the CRI client, manifest validation
 [ -e /usr/include/cuda.h ] || need+=(nvidia-cuda-dev)
 ls /usr/lib/*/libnvidia-ml.so.1 >/dev/null 2>&1 || need+=(libnvidia-ml1)
 
+# Beyond the machine's packages (no system upgrade, nothing outside a private prefix):
+#  - Debian 13 engines (containerd 1.7, Docker 26) and the CRI api.proto, unpacked by
+#    scripts/fetch-engines.sh into $GS_ENGINES (default /var/cache/gpushare-engines);
+#  - a Python venv there with grpcio-tools (the CRI test's client) and kubernetes-validate (the
+#    Kubernetes manifests, validated offline against the schemas it ships).
+ENGINES=${GS_ENGINES:-/var/cache/gpushare-engines}
+VENV=$ENGINES/venv
+PY_PKGS=(grpcio-tools kubernetes-validate)
+extras() {
+    bash "$(dirname "$0")/fetch-engines.sh" "$ENGINES"
+    if "$VENV/bin/python" -c 'import grpc_tools, kubernetes_validate' 2>/dev/null; then
+        echo "install-deps: $VENV has ${PY_PKGS[*]}"
+    else
+        echo "install-deps: $VENV: installing ${PY_PKGS[*]}"
+        rm -rf "$VENV"
+        /usr/bin/python3 -m venv "$VENV"
+        "$VENV/bin/pip" install -q --disable-pip-version-check "${PY_PKGS[@]}"
+    fi
+}
+
 if [ ${#need[@]} -eq 0 ]; then
-    echo "install-deps: everything present"
+    echo "install-deps: every package present"
+    if [ "$(id -u)" -eq 0 ]; then extras; fi
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -52,4 +74,5 @@ echo "install-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+extras
 echo "install-deps: done"

@@ -25,11 +25,16 @@ fn lib(name: &str) -> PathBuf {
 
 /// Runs `tests/engines/<script>` and judges its exit code.
 pub fn run_script(script: &str) {
+    run_script_with(script, &[]);
+}
+
+/// [`run_script`] with extra environment (which engine build a script runs against).
+pub fn run_script_with(script: &str, env: &[(&str, &str)]) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let why_not_root = (!nix::unistd::geteuid().is_root()).then_some("needs root");
     let out = match why_not_root {
         Some(why) => {
-            skip(script, why);
+            skip(&label(script, env), why);
             return;
         }
         None => Command::new("bash")
@@ -40,6 +45,7 @@ pub fn run_script(script: &str) {
             .env("GS_LIMITER", lib("libgpushare_limiter.so"))
             .env("GS_REPO", repo)
             .env_remove("GPUSHARE_CONFIG")
+            .envs(env.iter().copied())
             .output()
             .expect("run bash"),
     };
@@ -47,9 +53,18 @@ pub fn run_script(script: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     print!("{stdout}");
     eprint!("{stderr}");
-    if let Err(e) = judge(script, out.status.code(), &stdout, ci()) {
+    if let Err(e) = judge(&label(script, env), out.status.code(), &stdout, ci()) {
         panic!("{e}");
     }
+}
+
+/// The script and its extra env, as reports name it.
+fn label(script: &str, env: &[(&str, &str)]) -> String {
+    let mut s = script.to_owned();
+    for (k, v) in env {
+        s.push_str(&format!(" {k}={v}"));
+    }
+    s
 }
 
 fn ci() -> bool {
@@ -145,7 +160,12 @@ fn containerd_ctr_runc_binary() {
 
 #[test]
 fn docker_add_runtime_env_fallback() {
-    run_script("docker.sh");
+    run_script_with("docker.sh", &[("DOCKER_ENGINE", "system")]);
+}
+
+#[test]
+fn docker_26_debian13_annotation_and_env_fallback() {
+    run_script_with("docker.sh", &[("DOCKER_ENGINE", "trixie")]);
 }
 
 #[test]
@@ -156,4 +176,24 @@ fn chaining_wrappers_in_front_and_behind_and_loops() {
 #[test]
 fn security_hostile_images_and_hook_env() {
     run_script("security.sh");
+}
+
+#[test]
+fn cri_containerd_1_6_system() {
+    run_script_with("cri.sh", &[("CRI_CONTAINERD", "system")]);
+}
+
+#[test]
+fn cri_containerd_1_7_debian13() {
+    run_script_with("cri.sh", &[("CRI_CONTAINERD", "trixie")]);
+}
+
+#[test]
+fn kubernetes_installer_image_podman_build_offline() {
+    run_script("k8s_image.sh");
+}
+
+#[test]
+fn cri_containerd_2_debian_unstable_config_v3() {
+    run_script_with("cri.sh", &[("CRI_CONTAINERD", "sid")]);
 }

@@ -3,8 +3,11 @@
 //! For `create` and `run` it finds the bundle (`--bundle`/`-b`, else the working directory),
 //! edits its `config.json` atomically through [`crate::container::prepare::edit_config`], then execs the
 //! next runtime (the first found of `[runtime] next`, never itself) with the argv unchanged.
+//! For `exec --process FILE` into a container that was given a share, it adds the share's env
+//! (as the spec edit put it into the container's `config.json`) to the process file, so that
+//! `kubectl exec`, `docker exec` and `ctr task exec` processes get what the main process got.
 //! Every other command is exec'd straight through. A container that asks for nothing leaves
-//! `config.json` byte-for-byte alone.
+//! `config.json` (and any process file) byte-for-byte alone.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStringExt;
@@ -16,6 +19,7 @@ use thiserror::Error;
 use crate::config::Config;
 use crate::container::error::Error;
 use crate::container::prepare::{self, Context};
+use crate::container::spec_edit;
 use crate::vocab::{Inventory, InventoryError};
 
 /// Set in the next runtime's environment to this call's [`signature`]; a wrapper started with its
@@ -46,6 +50,14 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot read the exec process file {path}")]
+    ReadProcess {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("exec process file {0} is larger than 16 MiB or not JSON")]
+    BadProcess(PathBuf),
     #[error("cannot run {path}")]
     Exec {
         path: PathBuf,
@@ -66,6 +78,10 @@ pub struct Args {
     pub bundle: Option<PathBuf>,
     /// The container id (first positional after the command).
     pub id: Option<String>,
+    /// `--process`/`-p` of exec: the process file.
+    pub process: Option<PathBuf>,
+    /// Where the command is in argv (what precedes it are the global flags).
+    pub command_at: Option<usize>,
 }
 
 /// Global runc flags that take a value.
@@ -78,6 +94,26 @@ const CREATE_VALUED: &[&str] = &[
     "--pid-file",
     "--preserve-fds",
 ];
+/// exec flags that take a value.
+const EXEC_VALUED: &[&str] = &[
+    "--process",
+    "-p",
+    "--console-socket",
+    "--cwd",
+    "--env",
+    "-e",
+    "--user",
+    "-u",
+    "--additional-gids",
+    "-g",
+    "--process-label",
+    "--apparmor",
+    "--pid-file",
+    "--cap",
+    "-c",
+    "--preserve-fds",
+    "--cgroup",
+];
 
 fn split_flag(a: &str) -> (&str, Option<&str>) {
     match a.split_once('=') {
@@ -86,12 +122,19 @@ fn split_flag(a: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// Parses a runc argv (without argv\[0\]) just enough: global `--log`, the command, and for
-/// create/run the bundle and id. Unknown flags are taken as boolean.
+/// Parses a runc argv (without argv\[0\]) just enough: global `--log`, the command, for
+/// create/run the bundle and id, for exec the process file and id. Unknown flags are taken as
+/// boolean.
 pub fn parse_args(argv: &[OsString]) -> Args {
     let mut out = Args::default();
-    let mut it = argv.iter().map(|a| a.to_string_lossy().into_owned());
-    while let Some(a) = it.next() {
+    let mut it = argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .enumerate();
+    fn next_value(it: &mut impl Iterator<Item = (usize, String)>) -> Option<String> {
+        it.next().map(|(_, v)| v)
+    }
+    while let Some((i, a)) = it.next() {
         if out.command.is_none() {
             if a.starts_with('-') {
                 let (flag, inline) = split_flag(&a);
@@ -101,7 +144,7 @@ pub fn parse_args(argv: &[OsString]) -> Args {
                     format!("-{flag}")
                 };
                 if GLOBAL_VALUED.contains(&flag.as_str()) {
-                    let v = inline.map(str::to_owned).or_else(|| it.next());
+                    let v = inline.map(str::to_owned).or_else(|| next_value(&mut it));
                     if flag == "--log" {
                         out.log = v.map(PathBuf::from);
                     } else if flag == "--log-format" {
@@ -111,23 +154,36 @@ pub fn parse_args(argv: &[OsString]) -> Args {
                 continue;
             }
             out.command = Some(a);
+            out.command_at = Some(i);
             continue;
         }
         if a == "--" {
             if out.id.is_none() {
-                out.id = it.next();
+                out.id = next_value(&mut it);
             }
             break;
         }
         if a.starts_with('-') {
             let (flag, inline) = split_flag(&a);
-            if CREATE_VALUED.contains(&flag) {
-                let v = inline.map(str::to_owned).or_else(|| it.next());
-                if flag == "--bundle" || flag == "-b" {
-                    out.bundle = v.map(PathBuf::from);
+            let valued = if out.command.as_deref() == Some("exec") {
+                EXEC_VALUED
+            } else {
+                CREATE_VALUED
+            };
+            if valued.contains(&flag) {
+                let v = inline.map(str::to_owned).or_else(|| next_value(&mut it));
+                match (out.command.as_deref(), flag) {
+                    (Some("exec"), "--process" | "-p") => out.process = v.map(PathBuf::from),
+                    (Some("exec"), _) => {}
+                    (_, "--bundle" | "-b") => out.bundle = v.map(PathBuf::from),
+                    _ => {}
                 }
             }
             continue;
+        }
+        if out.id.is_some() && out.command.as_deref() == Some("exec") {
+            // The command line of the process to run: not ours to read.
+            break;
         }
         if out.id.is_none() {
             out.id = Some(a);
@@ -227,6 +283,81 @@ pub fn bundle_may_ask(args: &Args) -> bool {
         .is_some_and(|bytes| crate::decide::front::may_ask(&bytes, &Default::default()))
 }
 
+/// For `exec --process FILE`: when the container was given a share (its `config.json` was
+/// edited), adds the share's env as it stands in that `config.json` to the process file
+/// (temp file + rename, mode kept); returns whether the file changed. The container's bundle
+/// comes from `<next runtime> [global flags] state <id>`. Anything that is not the exec of a
+/// share container (no process file, an unknown container, an unreadable or unedited config)
+/// is left alone for the next runtime to handle.
+///
+/// # Errors
+/// A share container's process file that cannot be read, parsed or written.
+pub fn edit_exec_process(argv: &[OsString], args: &Args, next: &Path) -> Result<bool, Error> {
+    let (Some(file), Some(id), Some(at)) = (&args.process, &args.id, args.command_at) else {
+        return Ok(false);
+    };
+    let Some(bundle) = bundle_of(next, &argv[..at], id) else {
+        return Ok(false);
+    };
+    let Ok(bytes) = crate::decide::input::read_config_bytes(&bundle) else {
+        return Ok(false);
+    };
+    if !bytes.windows(13).any(|w| w == b"gpushare-hook") {
+        return Ok(false);
+    }
+    let Ok(config) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Ok(false);
+    };
+    let Some(edit) =
+        spec_edit::applied_env(&config, crate::container::inject::LIMIT_DIR_IN_CONTAINER)
+    else {
+        return Ok(false);
+    };
+    let other = |e: RuntimeError| Error::Other(crate::vocab::chain(&e));
+    let read = std::fs::File::open(file)
+        .and_then(|f| crate::vocab::read::read_capped(f, crate::decide::input::MAX_CONFIG_BYTES))
+        .map_err(|source| {
+            other(RuntimeError::ReadProcess {
+                path: file.clone(),
+                source,
+            })
+        })?;
+    let mut process: serde_json::Value = read
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .ok_or_else(|| other(RuntimeError::BadProcess(file.clone())))?;
+    let before = process.clone();
+    spec_edit::apply_to_process(&mut process, &edit)?;
+    if process == before {
+        return Ok(false);
+    }
+    let mode = std::fs::metadata(file).map_or(0o600, |m| m.mode() & 0o7777);
+    let bytes = serde_json::to_vec(&process).expect("JSON value serialises");
+    crate::host::state::write_atomic(file, &bytes, mode).map_err(|source| {
+        other(RuntimeError::Write {
+            path: file.clone(),
+            source,
+        })
+    })?;
+    Ok(true)
+}
+
+/// The bundle of container `id` as the next runtime reports it (`state`), with the same global
+/// flags (`--root` above all); `None` when it cannot say.
+fn bundle_of(next: &Path, global: &[OsString], id: &str) -> Option<PathBuf> {
+    let out = std::process::Command::new(next)
+        .args(global)
+        .arg("state")
+        .arg(id)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let b = PathBuf::from(v.get("bundle")?.as_str()?);
+    b.is_absolute().then_some(b)
+}
+
 /// The whole wrapper: returns only on failure, with the one-line message (on success this
 /// process has become the next runtime). A policy file that cannot be loaded fails only the
 /// containers that may ask for sharing; the others run with the default `[runtime] next`.
@@ -253,6 +384,11 @@ pub fn run(argv: &[OsString], args: &Args) -> String {
             }
             Err(e) if bundle_may_ask(args) => return crate::vocab::chain(e),
             Err(_) => {}
+        }
+    }
+    if args.command.as_deref() == Some("exec") {
+        if let Err(e) = edit_exec_process(argv, args, &next) {
+            return crate::vocab::chain(&e);
         }
     }
     crate::vocab::chain(&exec_next(&next, argv))
@@ -375,6 +511,8 @@ mod tests {
                     command: Some("create".into()),
                     bundle: Some("/b".into()),
                     id: Some("c1".into()),
+                    command_at: Some(6),
+                    ..Args::default()
                 },
             ),
             (
@@ -395,6 +533,8 @@ mod tests {
                     command: Some("run".into()),
                     bundle: Some("/b".into()),
                     id: Some("c2".into()),
+                    command_at: Some(1),
+                    ..Args::default()
                 },
             ),
             (
@@ -406,6 +546,8 @@ mod tests {
                     command: Some("create".into()),
                     bundle: Some("/x".into()),
                     id: Some("c3".into()),
+                    command_at: Some(0),
+                    ..Args::default()
                 },
             ),
             (
@@ -417,9 +559,62 @@ mod tests {
                     command: Some("delete".into()),
                     bundle: None,
                     id: Some("c4".into()),
+                    command_at: Some(1),
+                    ..Args::default()
                 },
             ),
             ("nothing", vec![], Args::default()),
+            (
+                "containerd shim exec",
+                vec![
+                    "--root",
+                    "/r",
+                    "--log",
+                    "/b/log.json",
+                    "--log-format",
+                    "json",
+                    "exec",
+                    "--process",
+                    "/b/.p.json",
+                    "--detach",
+                    "--pid-file",
+                    "/b/e.pid",
+                    "c5",
+                ],
+                Args {
+                    log: Some("/b/log.json".into()),
+                    log_format: Some("json".into()),
+                    command: Some("exec".into()),
+                    id: Some("c5".into()),
+                    process: Some("/b/.p.json".into()),
+                    command_at: Some(6),
+                    ..Args::default()
+                },
+            ),
+            (
+                "exec with a command line whose flags are not ours",
+                vec![
+                    "exec", "-e", "A=1", "--cwd", "/", "-t", "c6", "sh", "-c", "-b", "/x", "-p",
+                    "/y",
+                ],
+                Args {
+                    command: Some("exec".into()),
+                    id: Some("c6".into()),
+                    command_at: Some(0),
+                    ..Args::default()
+                },
+            ),
+            (
+                "exec -p=FILE",
+                vec!["exec", "-p=/f", "c7"],
+                Args {
+                    command: Some("exec".into()),
+                    id: Some("c7".into()),
+                    process: Some("/f".into()),
+                    command_at: Some(0),
+                    ..Args::default()
+                },
+            ),
         ];
         for (what, argv, want) in rows {
             assert_eq!(args(&argv), want, "{what}");
@@ -474,5 +669,98 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400 + 3661), "2000-02-29T01:01:01Z");
         assert_eq!(rfc3339(1_795_321_481), "2026-11-22T04:24:41Z");
+    }
+
+    #[test]
+    fn exec_process_files_get_the_share_env_of_edited_containers_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let bundle = t.path().join("bundle");
+        std::fs::create_dir(&bundle).unwrap();
+        // A next runtime that answers `state` for container c1 only, and checks it was given
+        // the global flags.
+        let next = t.path().join("runc");
+        std::fs::write(
+            &next,
+            format!(
+                "#!/bin/sh\n[ \"$1 $2 $3 $4\" = \"--root /r state c1\" ] || exit 1\n\
+                 echo '{{\"ociVersion\":\"1.0.2\",\"id\":\"c1\",\"status\":\"running\",\"bundle\":\"{}\"}}'\n",
+                bundle.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&next, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let process = t.path().join("process.json");
+        let original = br#"{"args":["sh"],"env":["PATH=/bin"],"cwd":"/"}"#;
+        let argv = |id: &str, p: &Path| -> Vec<OsString> {
+            ["--root", "/r", "exec", "--process"]
+                .iter()
+                .map(OsString::from)
+                .chain([p.as_os_str().to_owned(), id.into()])
+                .collect()
+        };
+        let run_exec = |id: &str| {
+            let a = argv(id, &process);
+            edit_exec_process(&a, &parse_args(&a), &next)
+        };
+        let edited = serde_json::json!({
+            "process": {"env": ["PATH=/bin", "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+                                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"]},
+            "hooks": {"createRuntime": [{"path": "/usr/bin/gpushare-hook",
+                                         "args": ["gpushare-hook", "createRuntime"]}]}
+        });
+        let plain = serde_json::json!({"process": {"env": ["PATH=/bin", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"]}});
+
+        // (description, bundle config, container id, changed)
+        let rows: Vec<(&str, Option<&serde_json::Value>, &str, bool)> = vec![
+            ("share container", Some(&edited), "c1", true),
+            ("container without a share", Some(&plain), "c1", false),
+            ("unknown container", Some(&edited), "c2", false),
+            ("bundle without config.json", None, "c1", false),
+        ];
+        for (what, config, id, changed) in rows {
+            let _ = std::fs::remove_file(bundle.join("config.json"));
+            if let Some(c) = config {
+                std::fs::write(bundle.join("config.json"), c.to_string()).unwrap();
+            }
+            std::fs::write(&process, original).unwrap();
+            std::fs::set_permissions(&process, std::fs::Permissions::from_mode(0o600)).unwrap();
+            assert_eq!(run_exec(id).unwrap(), changed, "{what}");
+            let got = std::fs::read(&process).unwrap();
+            if changed {
+                let v: serde_json::Value = serde_json::from_slice(&got).unwrap();
+                assert_eq!(
+                    v["env"],
+                    serde_json::json!([
+                        "PATH=/bin",
+                        "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+                        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"
+                    ]),
+                    "{what}"
+                );
+                assert_eq!(v["cwd"], "/", "{what}");
+                let mode = std::fs::metadata(&process).unwrap().permissions().mode();
+                assert_eq!(mode & 0o777, 0o600, "{what}: mode kept");
+            } else {
+                assert_eq!(got, original, "{what}: untouched");
+            }
+        }
+
+        // A share container's process file that is not JSON: refused, left as it was.
+        std::fs::write(bundle.join("config.json"), edited.to_string()).unwrap();
+        std::fs::write(&process, b"{not json").unwrap();
+        let e = run_exec("c1").unwrap_err();
+        assert!(crate::vocab::chain(&e).contains("not JSON"), "{e}");
+        assert_eq!(std::fs::read(&process).unwrap(), b"{not json");
+        // No --process (runc exec with the command on its command line): nothing to do.
+        let a: Vec<OsString> = ["exec", "c1", "sh"].iter().map(OsString::from).collect();
+        assert!(!edit_exec_process(&a, &parse_args(&a), &next).unwrap());
+        // Nothing left behind in the process file's directory but the files we made.
+        let mut names: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["bundle", "process.json", "runc"]);
     }
 }

@@ -202,6 +202,92 @@ pub fn apply(spec: &mut Value, edit: &Edit) -> Result<(), SpecEditError> {
     Ok(())
 }
 
+/// Env names a spec edit sets in `process.env` (DESIGN "What the container sees"); a name ending
+/// in `_` is a prefix (`CUDA_DEVICE_MEMORY_LIMIT_<i>`).
+const SHARE_ENV: [&str; 6] = [
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT_",
+    "CUDA_DEVICE_SM_LIMIT",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+];
+
+fn is_share_env(name: &str) -> bool {
+    SHARE_ENV.iter().any(|s| match s.strip_suffix('_') {
+        Some(_) => name.starts_with(s) && name.len() > s.len(),
+        None => name == *s,
+    })
+}
+
+/// Whether `config` holds the createRuntime entry a spec edit adds (`gpushare-hook
+/// createRuntime`): the container was given a share by gpushare-runtime or precreate.
+pub fn was_edited(config: &Value) -> bool {
+    config
+        .pointer("/hooks/createRuntime")
+        .and_then(Value::as_array)
+        .is_some_and(|hooks| {
+            hooks.iter().any(|h| {
+                h.get("args").and_then(Value::as_array).is_some_and(|a| {
+                    a.first().and_then(Value::as_str) == Some("gpushare-hook")
+                        && a.get(1).and_then(Value::as_str) == Some("createRuntime")
+                })
+            })
+        })
+}
+
+/// The env part of the edit that was applied to `config` (an edited container's
+/// `config.json`): its share variables as they stand there, and the limiter it preloads
+/// (an `LD_PRELOAD` entry under `limit_dir`). `None` when `config` was not edited
+/// ([`was_edited`]): such a container's processes are left alone. Used to give processes
+/// exec'd into a running container (`runc exec --process`) the env of its main process.
+pub fn applied_env(config: &Value, limit_dir: &str) -> Option<Edit> {
+    if !was_edited(config) {
+        return None;
+    }
+    let env = config.pointer("/process/env").and_then(Value::as_array);
+    let entries = env.into_iter().flatten().filter_map(Value::as_str);
+    let mut edit = Edit::default();
+    let dir = format!("{}/", limit_dir.trim_end_matches('/'));
+    for kv in entries {
+        let Some((k, v)) = kv.split_once('=') else {
+            continue;
+        };
+        if is_share_env(k) {
+            edit.env.retain(|(old, _)| old != k);
+            edit.env.push((k.to_owned(), v.to_owned()));
+        } else if k == "LD_PRELOAD" {
+            edit.preload = v
+                .split(|c: char| c == ':' || c.is_ascii_whitespace())
+                .find(|p| p.starts_with(&dir))
+                .map(str::to_owned);
+        }
+    }
+    Some(edit)
+}
+
+/// Applies the env part of `edit` (env and preload) to a runtime `process` object, as `runc
+/// exec --process FILE` reads it. Unknown fields are preserved; applying twice changes nothing.
+///
+/// # Errors
+/// [`SpecEditError`] when the process or its env has the wrong JSON type.
+pub fn apply_to_process(process: &mut Value, edit: &Edit) -> Result<(), SpecEditError> {
+    if edit.env.is_empty() && edit.preload.is_none() {
+        return Ok(());
+    }
+    let process = process
+        .as_object_mut()
+        .ok_or(SpecEditError::Shape("the process"))?;
+    let env = array(process, "env", "process.env")?;
+    for (k, v) in &edit.env {
+        set_env(env, k, v)?;
+    }
+    if let Some(lib) = &edit.preload {
+        append_preload(env, lib)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -314,5 +400,101 @@ mod tests {
             let mut v: Value = serde_json::from_str(text).unwrap();
             assert!(apply(&mut v, &edit()).is_err(), "{what}");
         }
+    }
+
+    #[test]
+    fn exec_processes_get_the_env_of_the_main_process() {
+        let mut config: Value = serde_json::from_str(
+            r#"{"process":{"args":["sh"],"env":["PATH=/bin","GPU_SHARE=limit","LD_PRELOAD=/a.so"]}}"#,
+        )
+        .unwrap();
+        // Not edited by gpushare: nothing to hand on, even with share-like names in its env.
+        assert_eq!(applied_env(&config, "/usr/local/gpushare"), None);
+        let limit = Edit {
+            env: vec![
+                ("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "1073741824".into()),
+                ("CUDA_DEVICE_SM_LIMIT".into(), "30".into()),
+                (
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+                    "/usr/local/gpushare/shared/cache".into(),
+                ),
+            ],
+            preload: Some("/usr/local/gpushare/libgpushare_limiter.so".into()),
+            hook: edit().hook,
+            ..Edit::default()
+        };
+        apply(&mut config, &limit).unwrap();
+        let got = applied_env(&config, "/usr/local/gpushare").unwrap();
+        assert_eq!(got.env, limit.env);
+        assert_eq!(got.preload, limit.preload);
+        assert!(got.mounts.is_empty() && got.hook.is_none());
+
+        // (description, process before, env after)
+        let rows: Vec<(&str, Value, Vec<&str>)> = vec![
+            (
+                "containerd's exec: the stored spec's env, unedited",
+                json!({"args":["nvidia-smi"],"env":["PATH=/bin","GPU_SHARE=limit","LD_PRELOAD=/a.so"],"cwd":"/"}),
+                vec![
+                    "PATH=/bin",
+                    "GPU_SHARE=limit",
+                    "LD_PRELOAD=/a.so:/usr/local/gpushare/libgpushare_limiter.so",
+                    "CUDA_DEVICE_MEMORY_LIMIT_0=1073741824",
+                    "CUDA_DEVICE_SM_LIMIT=30",
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/gpushare/shared/cache",
+                ],
+            ),
+            (
+                "a tenant's own value is replaced, no env at all is created",
+                json!({"args":["sh"],"env":["CUDA_DEVICE_SM_LIMIT=100"]}),
+                vec![
+                    "CUDA_DEVICE_SM_LIMIT=30",
+                    "CUDA_DEVICE_MEMORY_LIMIT_0=1073741824",
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/gpushare/shared/cache",
+                    "LD_PRELOAD=/usr/local/gpushare/libgpushare_limiter.so",
+                ],
+            ),
+            (
+                "no env key",
+                json!({"args":["sh"]}),
+                vec![
+                    "CUDA_DEVICE_MEMORY_LIMIT_0=1073741824",
+                    "CUDA_DEVICE_SM_LIMIT=30",
+                    "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/gpushare/shared/cache",
+                    "LD_PRELOAD=/usr/local/gpushare/libgpushare_limiter.so",
+                ],
+            ),
+        ];
+        for (what, mut p, want) in rows {
+            apply_to_process(&mut p, &got).unwrap();
+            let once = p.clone();
+            apply_to_process(&mut p, &got).unwrap();
+            assert_eq!(p, once, "{what}: not idempotent");
+            assert_eq!(p["env"], json!(want), "{what}");
+            assert!(p["args"].is_array(), "{what}: args kept");
+        }
+
+        // MPS: the pipe dir and limits; an LD_PRELOAD outside the limiter's dir is not ours.
+        let mut mps: Value =
+            serde_json::from_str(r#"{"process":{"env":["LD_PRELOAD=/a.so"]}}"#).unwrap();
+        apply(&mut mps, &edit()).unwrap();
+        let got = applied_env(&mps, "/usr/local/gpushare").unwrap();
+        assert_eq!(got.env, edit().env);
+        let got_other = applied_env(&mps, "/opt/other").unwrap();
+        assert_eq!(got_other.preload, None);
+        let mut p = json!({"env":["A=1"]});
+        apply_to_process(&mut p, &got_other).unwrap();
+        assert_eq!(
+            p["env"],
+            json!([
+                "A=1",
+                "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"
+            ])
+        );
+        // An empty edit leaves even a malformed process alone; a malformed one with an edit fails.
+        let mut bad = json!({"env":"x"});
+        apply_to_process(&mut bad, &Edit::default()).unwrap();
+        assert!(apply_to_process(&mut bad, &got).is_err());
+        assert!(apply_to_process(&mut json!([1]), &got).is_err());
     }
 }

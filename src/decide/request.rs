@@ -17,6 +17,14 @@ pub const ANNOTATION: &str = "gpu.share";
 const PREFIX: &str = "gpu.share.";
 /// Largest annotation or env value read.
 const MAX_VALUE_LEN: usize = 4096;
+/// Annotations (key, value) by which CRI runtimes mark a pod's sandbox ("pause", infra)
+/// container: containerd's CRI plugin and CRI-O. Such a container holds the pod's namespaces
+/// and runs no workload; it carries the pod's `gpu.share*` annotations too when the runtime
+/// passes pod annotations on, and is never a share request.
+pub const SANDBOX_MARKERS: [(&str, &str); 2] = [
+    ("io.kubernetes.cri.container-type", "sandbox"),
+    ("io.kubernetes.cri-o.ContainerType", "sandbox"),
+];
 
 /// One entry of `gpu.share.devices`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -158,9 +166,20 @@ pub fn env_lookup<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
     })
 }
 
+/// Whether the annotations mark a pod's sandbox container ([`SANDBOX_MARKERS`]).
+pub fn is_sandbox(annotations: &HashMap<String, String>) -> bool {
+    SANDBOX_MARKERS
+        .iter()
+        .any(|(k, v)| annotations.get(*k).is_some_and(|a| a == v))
+}
+
 /// Quick check, without validation, whether a container asks for sharing at all. Used on the
-/// fast path so that containers which ask for nothing cost almost nothing.
+/// fast path so that containers which ask for nothing cost almost nothing. A pod's sandbox
+/// container never does.
 pub fn wants_share(src: &Sources<'_>, env_fallback: bool) -> bool {
+    if is_sandbox(src.annotations) {
+        return false;
+    }
     let v = src
         .annotations
         .get(ANNOTATION)
@@ -177,11 +196,15 @@ pub fn wants_share(src: &Sources<'_>, env_fallback: bool) -> bool {
     }
 }
 
-/// Parses and validates the request against the admin policy. `Ok(None)`: nothing asked.
+/// Parses and validates the request against the admin policy. `Ok(None)`: nothing asked (a
+/// pod's sandbox container asks for nothing, whatever `gpu.share*` annotations it carries).
 ///
 /// # Errors
 /// [`RequestError`] naming the offending key and what to write instead.
 pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, RequestError> {
+    if is_sandbox(src.annotations) {
+        return Ok(None);
+    }
     for k in src.annotations.keys() {
         if k.starts_with(PREFIX) && !FIELDS.iter().any(|f| f.annotation == k) {
             return Err(RequestError::UnknownKey(k.clone()));
@@ -606,6 +629,112 @@ mod tests {
         assert!(err.to_string().contains("allowed: timeslice"), "{err}");
         cfg.policy.env_fallback = false;
         assert_eq!(run(&[], &["GPU_SHARE=timeslice"], &cfg).unwrap(), None);
+    }
+
+    #[test]
+    fn pod_sandbox_containers_are_never_share_requests() {
+        let cfg = Config::default();
+        // (description, annotations, env, asks)
+        type Row<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<&'a str>, bool);
+        let rows: Vec<Row> = vec![
+            (
+                "containerd sandbox with the pod's mps annotation",
+                vec![
+                    ("io.kubernetes.cri.container-type", "sandbox"),
+                    ("gpu.share", "mps"),
+                ],
+                vec![],
+                false,
+            ),
+            (
+                "CRI-O sandbox with the pod's limit annotations",
+                vec![
+                    ("io.kubernetes.cri-o.ContainerType", "sandbox"),
+                    ("gpu.share", "limit"),
+                    ("gpu.share.memory", "1Gi"),
+                ],
+                vec![],
+                false,
+            ),
+            (
+                "sandbox with a key this node does not know",
+                vec![
+                    ("io.kubernetes.cri.container-type", "sandbox"),
+                    ("gpu.share", "mps"),
+                    ("gpu.share.colour", "red"),
+                ],
+                vec![],
+                false,
+            ),
+            (
+                "sandbox with a bad mode",
+                vec![
+                    ("io.kubernetes.cri-o.ContainerType", "sandbox"),
+                    ("gpu.share", "turbo"),
+                ],
+                vec![],
+                false,
+            ),
+            (
+                "sandbox with the env fallback",
+                vec![("io.kubernetes.cri.container-type", "sandbox")],
+                vec!["GPU_SHARE=mps"],
+                false,
+            ),
+            (
+                "containerd workload container",
+                vec![
+                    ("io.kubernetes.cri.container-type", "container"),
+                    ("gpu.share", "mps"),
+                ],
+                vec![],
+                true,
+            ),
+            (
+                "CRI-O workload container",
+                vec![
+                    ("io.kubernetes.cri-o.ContainerType", "container"),
+                    ("gpu.share", "limit"),
+                ],
+                vec![],
+                true,
+            ),
+            (
+                "marker value is not sandbox",
+                vec![
+                    ("io.kubernetes.cri.container-type", "Sandbox "),
+                    ("gpu.share", "mps"),
+                ],
+                vec![],
+                true,
+            ),
+            (
+                "the CRI-O key spelt in containerd's style is not a marker",
+                vec![
+                    ("io.kubernetes.cri-o.container-type", "sandbox"),
+                    ("gpu.share", "mps"),
+                ],
+                vec![],
+                true,
+            ),
+        ];
+        for (what, ann, env, asks) in rows {
+            let annotations: HashMap<String, String> = ann
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let env_v: Vec<String> = env.iter().map(|s| s.to_string()).collect();
+            let src = Sources {
+                annotations: &annotations,
+                env: &env_v,
+            };
+            assert_eq!(wants_share(&src, true), asks, "{what}: wants_share");
+            assert_eq!(
+                run(&ann, &env, &cfg).unwrap().is_some(),
+                asks,
+                "{what}: parse"
+            );
+        }
     }
 
     #[test]

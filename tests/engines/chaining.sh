@@ -3,6 +3,8 @@
 # it (as [runtime] next), each also editing the spec; and loops refused with a clear error.
 source "$(dirname "$0")/lib.sh"
 need podman runc jq
+engine_version podman podman --version
+engine_version runc runc --version
 make_rootfs "$T/rootfs"
 on_exit "podman_ rm -af -t 0"
 # Behind: adds its own env to create's config.json (as a vendor wrapper would), then runc.

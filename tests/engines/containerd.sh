@@ -3,6 +3,7 @@
 # (busybox rootfs + nvidia-cuda-mps-control) built here as an image-layout tarball and imported.
 source "$(dirname "$0")/lib.sh"
 need containerd ctr runc jq gzip sha256sum
+engine_version containerd containerd --version
 make_rootfs "$T/rootfs"
 make_oci_tar "$T/rootfs" "$T/image.tar"
 C=$T/ctd

@@ -20,7 +20,7 @@ cleanup() {
     done
     # Any MPS daemon this test started (its pipe dir is under $T).
     for p in $(pgrep -f nvidia-cuda-mps-control 2>/dev/null || true); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$T/"; then
+        if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$T/"; then
             kill "$p" 2>/dev/null || true
         fi
     done
@@ -107,9 +107,10 @@ make_rootfs() { # dir
     echo "root:x:0:0:root:/:/bin/sh" >"$r/etc/passwd"
 }
 
-# An OCI image layout tarball (index.json, blobs) of a rootfs, for `ctr image import`.
-make_oci_tar() { # rootfs out.tar
-    local r=$1 out=$2 d layer diff lsz cfg csz man msz
+# An OCI image layout tarball (index.json, blobs) of a rootfs, for `ctr image import`; the
+# image's Cmd is the JSON array $3 (default ["sh"]).
+make_oci_tar() { # rootfs out.tar [cmd-json]
+    local r=$1 out=$2 cmd=${3:-'["sh"]'} d layer diff lsz cfg csz man msz
     d=$(mktemp -d "$T/oci-XXXX")
     mkdir -p "$d/blobs/sha256"
     tar -C "$r" -cf "$d/layer.tar" .
@@ -118,7 +119,7 @@ make_oci_tar() { # rootfs out.tar
     layer=$(sha256sum "$d/layer.tar.gz" | cut -d' ' -f1)
     lsz=$(stat -c %s "$d/layer.tar.gz")
     mv "$d/layer.tar.gz" "$d/blobs/sha256/$layer"
-    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":["sh"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$diff" >"$d/cfg"
+    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' "$cmd" "$diff" >"$d/cfg"
     cfg=$(sha256sum "$d/cfg" | cut -d' ' -f1)
     csz=$(stat -c %s "$d/cfg")
     mv "$d/cfg" "$d/blobs/sha256/$cfg"
@@ -157,7 +158,7 @@ shm_dir() {
 daemon_running() { # is an MPS daemon serving our state dir?
     local p
     for p in $(pgrep -f nvidia-cuda-mps-control 2>/dev/null || true); do
-        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$STATE/" && return 0
+        { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$STATE/" && return 0
     done
     return 1
 }
@@ -231,3 +232,27 @@ wait_until() { # seconds command...
     return 1
 }
 daemon_gone() { ! daemon_running; }
+
+# Prints which engine (and version) a test runs against: `engine: NAME VERSION`.
+engine_version() { # name command...
+    local name=$1 v
+    shift
+    v=$("$@" 2>/dev/null | head -1) || true
+    echo "engine: $name ${v:-unknown version}"
+}
+
+# Debian 13 engines unpacked into a private prefix by scripts/fetch-engines.sh (containerd 1.7,
+# Docker 26, the CRI api.proto); $TRIXIE is that root (usr/bin, usr/sbin, usr/share).
+# containerd 2.x from Debian unstable is unpacked next to it, in $SID.
+TRIXIE=${GS_ENGINES:-/var/cache/gpushare-engines}/trixie/root
+SID=${GS_ENGINES:-/var/cache/gpushare-engines}/sid/root
+need_unpacked() { # root files...
+    local root=$1 f
+    shift
+    for f in "$@"; do
+        [ -e "$root/$f" ] || skip "$root/$f missing (scripts/fetch-engines.sh, run by scripts/install-deps.sh)"
+    done
+}
+need_trixie() { need_unpacked "$TRIXIE" "$@"; }
+# The Python with grpcio-tools and kubernetes-validate (made by scripts/install-deps.sh).
+PYTHON=${GS_PYTHON:-${GS_ENGINES:-/var/cache/gpushare-engines}/venv/bin/python}

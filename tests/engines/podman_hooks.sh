@@ -3,6 +3,8 @@
 # mode, and the MPS daemon's lifecycle across two containers.
 source "$(dirname "$0")/lib.sh"
 need podman runc jq
+engine_version podman podman --version
+engine_version runc runc --version
 make_rootfs "$T/rootfs"
 make_hooks_dirs "$T/hooks"
 on_exit "podman_ rm -af -t 0"

@@ -3,6 +3,8 @@
 # an annotated container and for the env fallback; no hooks dir involved.
 source "$(dirname "$0")/lib.sh"
 need podman runc jq
+engine_version podman podman --version
+engine_version runc runc --version
 make_rootfs "$T/rootfs"
 on_exit "podman_ rm -af -t 0"
 P=(--runtime "$RUNTIME")

@@ -3,6 +3,7 @@
 # would add them), MPS and limit mode; a no-share container's config.json stays byte-for-byte.
 source "$(dirname "$0")/lib.sh"
 need runc jq
+engine_version runc runc --version
 make_rootfs "$T/rootfs"
 args() { jq -cn --arg s "$1" '["sh","-c",$s]'; }
 with_hooks() { # bundle: add createRuntime/poststop entries calling the hook

@@ -6,6 +6,7 @@
 # Also: the image's env (LD_PRELOAD) never reaches the hook.
 source "$(dirname "$0")/lib.sh"
 need runc jq gcc
+engine_version runc runc --version
 make_rootfs "$T/rootfs"
 HOSTDIR=$T/host
 mkdir -p "$HOSTDIR/sub"

@@ -1,0 +1,525 @@
+//! `packaging/kubernetes/`: the node installer (`install.sh`, what the DaemonSet runs) run for
+//! real against scratch node roots and checked file by file, and every manifest validated
+//! offline against Kubernetes' schemas (`kubernetes-validate`, installed by
+//! `scripts/install-deps.sh`). A missing validator fails the test when `CI=true` and is reported
+//! loudly otherwise.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpushare::config::Config;
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+}
+
+/// The image's `/opt/gpushare` laid out from the binaries under test.
+fn image_src(dir: &Path) -> PathBuf {
+    let src = dir.join("src");
+    let target = PathBuf::from(env!("CARGO_BIN_EXE_gpushare-hook"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    let limiter = target.join("libgpushare_limiter.so");
+    assert!(
+        limiter.exists(),
+        "{} is missing: run `cargo build --workspace` before `cargo test`",
+        limiter.display()
+    );
+    for (from, to) in [
+        (
+            PathBuf::from(env!("CARGO_BIN_EXE_gpushare-hook")),
+            "bin/gpushare-hook",
+        ),
+        (
+            PathBuf::from(env!("CARGO_BIN_EXE_gpushare-runtime")),
+            "bin/gpushare-runtime",
+        ),
+        (limiter, "lib/libgpushare_limiter.so"),
+        (repo("packaging/config.toml.example"), "config.toml.example"),
+    ] {
+        let to = src.join(to);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(from, to).unwrap();
+    }
+    src
+}
+
+fn install(src: &Path, root: &Path, env: &[(&str, &str)]) -> Output {
+    Command::new("sh")
+        .arg(repo("packaging/kubernetes/install.sh"))
+        .env("SRC", src)
+        .env("HOST_ROOT", root)
+        .env_remove("PREFIX")
+        .env_remove("ENGINE")
+        .env_remove("RESTART")
+        .env_remove("GPUSHARE_CONFIG")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+/// Every file under `root`: relative path -> (mode, content).
+fn tree(root: &Path) -> BTreeMap<String, (u32, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (u32, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                out.insert(
+                    rel,
+                    (m.permissions().mode() & 0o7777, std::fs::read(&p).unwrap()),
+                );
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The checks every installed node shares: binaries, limiter, policy.
+fn check_common(src: &Path, files: &BTreeMap<String, (u32, Vec<u8>)>, root: &Path) {
+    for (node, from, mode) in [
+        ("usr/local/bin/gpushare-hook", "bin/gpushare-hook", 0o755),
+        (
+            "usr/local/bin/gpushare-runtime",
+            "bin/gpushare-runtime",
+            0o755,
+        ),
+        (
+            "usr/local/lib/gpushare/libgpushare_limiter.so",
+            "lib/libgpushare_limiter.so",
+            0o644,
+        ),
+    ] {
+        let (m, bytes) = &files[node];
+        assert_eq!(*m, mode, "{node} mode");
+        assert!(
+            *bytes == std::fs::read(src.join(from)).unwrap(),
+            "{node} differs from the image's {from}"
+        );
+    }
+    let (m, policy) = &files["etc/gpushare/config.toml"];
+    assert_eq!(*m, 0o644);
+    let policy = String::from_utf8(policy.clone()).unwrap();
+    let mut cfg = Config::parse(&policy, Path::new("config.toml")).unwrap();
+    assert_eq!(
+        cfg.runtime.hook,
+        Path::new("/usr/local/bin/gpushare-hook"),
+        "policy's hook"
+    );
+    assert_eq!(
+        cfg.limit.library,
+        Path::new("/usr/local/lib/gpushare/libgpushare_limiter.so"),
+        "policy's limiter"
+    );
+    // Everything else is the default policy.
+    let d = Config::default();
+    cfg.runtime.hook = d.runtime.hook.clone();
+    cfg.limit.library = d.limit.library.clone();
+    assert_eq!(cfg, d);
+    // Node paths only: nothing names the scratch root the installer saw the node under.
+    let scratch = root.to_string_lossy().into_owned();
+    for (name, (_, bytes)) in files {
+        assert!(
+            !String::from_utf8_lossy(bytes).contains(&scratch),
+            "{name} names {scratch}"
+        );
+    }
+}
+
+#[test]
+fn installer_on_a_crio_node_writes_exactly_these_files() {
+    let t = tempfile::tempdir().unwrap();
+    let src = image_src(t.path());
+    let root = t.path().join("node");
+    std::fs::create_dir_all(root.join("etc/crio")).unwrap();
+    let out = install(&src, &root, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let files = tree(&root);
+    let names: Vec<&str> = files.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "etc/crio/crio.conf.d/10-gpushare.conf",
+            "etc/gpushare/config.toml",
+            "usr/local/bin/gpushare-hook",
+            "usr/local/bin/gpushare-runtime",
+            "usr/local/lib/gpushare/libgpushare_limiter.so",
+            "usr/share/containers/oci/hooks.d/gpushare-createRuntime.json",
+            "usr/share/containers/oci/hooks.d/gpushare-poststop.json",
+        ]
+    );
+    check_common(&src, &files, &root);
+
+    let crio: toml::Value = toml::from_str(
+        std::str::from_utf8(&files["etc/crio/crio.conf.d/10-gpushare.conf"].1).unwrap(),
+    )
+    .unwrap();
+    let handler = &crio["crio"]["runtime"]["runtimes"]["gpushare"];
+    assert_eq!(
+        handler["runtime_path"].as_str(),
+        Some("/usr/local/bin/gpushare-runtime")
+    );
+    let allowed = handler["allowed_annotations"].as_array().unwrap();
+    assert!(allowed.iter().any(|a| a.as_str() == Some("gpu.share")));
+    assert_eq!(
+        crio["crio"]["runtime"]["hooks_dir"].as_array().unwrap()[0].as_str(),
+        Some("/usr/share/containers/oci/hooks.d")
+    );
+    for stage in ["createRuntime", "poststop"] {
+        let f = format!("usr/share/containers/oci/hooks.d/gpushare-{stage}.json");
+        let h: serde_json::Value = serde_json::from_slice(&files[&f].1).unwrap();
+        assert_eq!(h["hook"]["path"], "/usr/local/bin/gpushare-hook", "{f}");
+        assert_eq!(h["stages"], serde_json::json!([stage]), "{f}");
+        let env = h["hook"]["env"].as_array().unwrap();
+        assert!(
+            env.iter()
+                .filter_map(|e| e.as_str())
+                .filter(|e| e.starts_with("GPUSHARE_CONFIG="))
+                .all(|e| e == "GPUSHARE_CONFIG=/etc/gpushare/config.toml"),
+            "{f}: {env:?}"
+        );
+    }
+    let said = text(&out);
+    assert!(said.contains("systemctl restart crio"), "{said}");
+
+    // Again: nothing changes, nothing is installed anew.
+    let out2 = install(&src, &root, &[]);
+    assert!(out2.status.success(), "{}", text(&out2));
+    assert_eq!(tree(&root), files);
+    assert!(!text(&out2).contains("installed"), "{}", text(&out2));
+
+    // The admin's own policy is kept; a newer binary in the image replaces the node's.
+    let policy = root.join("etc/gpushare/config.toml");
+    std::fs::write(&policy, "[policy]\nmax_cores = 50\ndefault_cores = 50\n").unwrap();
+    std::fs::write(src.join("bin/gpushare-runtime"), b"#!/bin/sh\n# newer\n").unwrap();
+    let out3 = install(&src, &root, &[]);
+    assert!(out3.status.success(), "{}", text(&out3));
+    assert_eq!(
+        std::fs::read_to_string(&policy).unwrap(),
+        "[policy]\nmax_cores = 50\ndefault_cores = 50\n"
+    );
+    assert_eq!(
+        std::fs::read(root.join("usr/local/bin/gpushare-runtime")).unwrap(),
+        b"#!/bin/sh\n# newer\n"
+    );
+    assert!(text(&out3).contains("kept the node's /etc/gpushare/config.toml"));
+    // No temp files left next to what was replaced.
+    assert_eq!(tree(&root).len(), files.len());
+}
+
+#[test]
+fn installer_on_a_containerd_node() {
+    let t = tempfile::tempdir().unwrap();
+    let src = image_src(t.path());
+    let root = t.path().join("node");
+    std::fs::create_dir_all(root.join("etc/containerd")).unwrap();
+    std::fs::write(root.join("etc/containerd/config.toml"), "version = 2\n").unwrap();
+    let out = install(&src, &root, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let files = tree(&root);
+    check_common(&src, &files, &root);
+    let said = text(&out);
+    let can_merge = Command::new(src.join("bin/gpushare-hook"))
+        .args(["configure", "--help"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("--path"))
+        .unwrap();
+    // containerd's handler goes into its main config: merged there by `configure --path` where
+    // gpushare-hook can, else kept next to the policy for the admin, who is told where.
+    let (file, expect_files) = if can_merge {
+        ("etc/containerd/config.toml", 5)
+    } else {
+        assert!(
+            said.contains(
+                "merge /etc/gpushare/containerd-gpushare.toml into /etc/containerd/config.toml"
+            ),
+            "{said}"
+        );
+        assert!(said.contains("not restarting containerd"), "{said}");
+        assert_eq!(
+            files["etc/containerd/config.toml"].1, b"version = 2\n",
+            "left alone"
+        );
+        ("etc/gpushare/containerd-gpushare.toml", 6)
+    };
+    assert_eq!(files.len(), expect_files, "{:?}", files.keys());
+    let c: toml::Value = toml::from_str(std::str::from_utf8(&files[file].1).unwrap()).unwrap();
+    let h = &c["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["gpushare"];
+    assert_eq!(
+        h["options"]["BinaryName"].as_str(),
+        Some("/usr/local/bin/gpushare-runtime"),
+        "{file}"
+    );
+    assert!(h["pod_annotations"].as_array().is_some(), "{file}");
+}
+
+#[test]
+fn installer_restarts_the_runtime_through_the_nodes_systemd_when_asked() {
+    let t = tempfile::tempdir().unwrap();
+    let src = image_src(t.path());
+    let root = t.path().join("node");
+    std::fs::create_dir_all(root.join("etc/crio")).unwrap();
+    // A stand-in for nsenter that records how it was called (the real one would enter the
+    // node's pid 1 namespaces).
+    let bin = t.path().join("fakebin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let log = t.path().join("nsenter.args");
+    std::fs::write(
+        bin.join("nsenter"),
+        format!("#!/bin/sh\necho \"$*\" >>{}\n", log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(bin.join("nsenter"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = install(&src, &root, &[("RESTART", "true"), ("PATH", &path)]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "-t 1 -m -u -i -n -p -- systemctl restart crio\n"
+    );
+    assert!(text(&out).contains("restarted crio"), "{}", text(&out));
+
+    // containerd whose handler still has to be merged by the admin: never restarted.
+    let root2 = t.path().join("node2");
+    std::fs::create_dir_all(root2.join("etc/containerd")).unwrap();
+    std::fs::remove_file(&log).unwrap();
+    let out = install(&src, &root2, &[("RESTART", "true"), ("PATH", &path)]);
+    assert!(out.status.success(), "{}", text(&out));
+    if text(&out).contains("merge /etc/gpushare/containerd-gpushare.toml") {
+        assert!(!log.exists(), "restarted before the merge");
+        assert!(text(&out).contains("not restarting containerd"));
+    }
+
+    // A restart that fails fails the install, saying so.
+    std::fs::write(bin.join("nsenter"), "#!/bin/sh\nexit 3\n").unwrap();
+    let out = install(&src, &root, &[("RESTART", "true"), ("PATH", &path)]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("'systemctl restart crio' on the node failed"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn installer_refuses_bad_input_and_writes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let src = image_src(t.path());
+    let broken_src = t.path().join("broken");
+    std::fs::create_dir_all(broken_src.join("bin")).unwrap();
+    // (description, node dirs, env, SRC, expected message)
+    type Row<'a> = (
+        &'a str,
+        &'a [&'a str],
+        Vec<(&'a str, &'a str)>,
+        &'a Path,
+        &'a str,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "no runtime on the node",
+            &[],
+            vec![],
+            &src,
+            "found container runtimes:  none",
+        ),
+        (
+            "two runtimes",
+            &["etc/crio", "etc/containerd"],
+            vec![],
+            &src,
+            "set ENGINE to containerd or crio",
+        ),
+        (
+            "unknown engine",
+            &["etc/crio"],
+            vec![("ENGINE", "docker")],
+            &src,
+            "ENGINE=docker",
+        ),
+        (
+            "relative prefix",
+            &["etc/crio"],
+            vec![("PREFIX", "usr/local")],
+            &src,
+            "must be an absolute path",
+        ),
+        (
+            "bad RESTART",
+            &["etc/crio"],
+            vec![("RESTART", "yes")],
+            &src,
+            "RESTART=yes must be true or false",
+        ),
+        (
+            "image without binaries",
+            &["etc/crio"],
+            vec![],
+            &broken_src,
+            "missing from the image",
+        ),
+        (
+            "the node's policy is refused",
+            &["etc/crio", "etc/gpushare"],
+            vec![],
+            &src,
+            "fix /etc/gpushare/config.toml on the node",
+        ),
+    ];
+    for (i, (what, dirs, env, src, want)) in rows.into_iter().enumerate() {
+        let root = t.path().join(format!("node{i}"));
+        std::fs::create_dir_all(&root).unwrap();
+        for d in dirs {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        if dirs.contains(&"etc/gpushare") {
+            std::fs::write(
+                root.join("etc/gpushare/config.toml"),
+                "[policy]\nmax_cores = 50\n",
+            )
+            .unwrap();
+        }
+        let before = tree(&root);
+        let out = install(src, &root, &env);
+        assert!(!out.status.success(), "{what}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{what}: {err}");
+        assert_eq!(
+            err.trim()
+                .lines()
+                .filter(|l| l.starts_with("gpushare-install:"))
+                .count(),
+            1,
+            "{what}: one line: {err}"
+        );
+        assert_eq!(tree(&root), before, "{what}: the node root changed");
+    }
+    let out = install(&src, &t.path().join("absent"), &[]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a directory"));
+}
+
+fn python() -> Option<PathBuf> {
+    let p = std::env::var_os("GS_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("GS_ENGINES")
+                .map_or_else(|| "/var/cache/gpushare-engines".into(), PathBuf::from)
+                .join("venv/bin/python")
+        });
+    Command::new(&p)
+        .args(["-c", "import kubernetes_validate"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+        .then_some(p)
+}
+
+fn skip(why: &str) {
+    let msg = format!("SKIPPED: kubernetes manifests: {why}");
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{msg} (CI=true requires it)");
+    }
+    eprintln!("\n******** {msg} ********\n");
+}
+
+fn manifests() -> Vec<PathBuf> {
+    let mut out = vec![repo("packaging/containerd/runtimeclass.yaml")];
+    for dir in ["packaging/kubernetes", "packaging/kubernetes/examples"] {
+        for e in std::fs::read_dir(repo(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "yaml") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn validate(python: &Path, files: &[PathBuf]) -> Output {
+    Command::new(python)
+        .args(["-m", "kubernetes_validate", "--strict", "--no-warn"])
+        .args(files)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn manifests_validate_offline_against_kubernetes_schemas() {
+    let files = manifests();
+    assert!(files.len() >= 7, "{files:?}");
+    // The annotations the examples use are the contract's.
+    let keys = [
+        "gpu.share",
+        "gpu.share.devices",
+        "gpu.share.memory",
+        "gpu.share.cores",
+        "gpu.share.timeslice",
+        "gpu.share.group",
+    ];
+    for f in &files {
+        let t = std::fs::read_to_string(f).unwrap();
+        for l in t.lines().map(str::trim) {
+            if let Some((k, _)) = l.split_once(':') {
+                if k.starts_with("gpu.share") {
+                    assert!(keys.contains(&k), "{}: unknown key {k}", f.display());
+                }
+            }
+        }
+        if t.contains("kind: Pod\n") {
+            assert!(
+                t.contains("runtimeClassName: gpushare") && t.contains("nvidia.com/gpu: 1"),
+                "{}: an example pod names the gpushare class and one device-plugin GPU",
+                f.display()
+            );
+        }
+    }
+    let Some(py) = python() else {
+        skip("kubernetes-validate missing (scripts/install-deps.sh)");
+        return;
+    };
+    let out = validate(&py, &files);
+    let said = text(&out);
+    print!("{said}");
+    assert!(out.status.success(), "manifests do not validate:\n{said}");
+    assert_eq!(said.matches(" passed for resource ").count(), 8, "{said}");
+
+    // The validator does refuse: a misspelt field and a wrong type.
+    let t = tempfile::tempdir().unwrap();
+    let ds = std::fs::read_to_string(repo("packaging/kubernetes/daemonset.yaml")).unwrap();
+    for (what, bad) in [
+        (
+            "misspelt field",
+            ds.replace("      nodeSelector:", "      nodeSelectr:"),
+        ),
+        ("wrong type", ds.replace("hostPID: true", "hostPID: maybe")),
+    ] {
+        assert_ne!(bad, ds, "{what}: the replacement applies");
+        let f = t.path().join("bad.yaml");
+        std::fs::write(&f, bad).unwrap();
+        let out = validate(&py, &[f]);
+        assert!(!out.status.success(), "{what} validated:\n{}", text(&out));
+    }
+}
