@@ -190,6 +190,7 @@ pub const VERSIONED: &[(&str, c_int, &str)] = &[
     ("cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"),
     ("cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"),
     ("cuStreamDestroy", 4000, "cuStreamDestroy_v2"),
+    ("cuEventDestroy", 4000, "cuEventDestroy_v2"),
     (
         "cuDevicePrimaryCtxRelease",
         11000,

@@ -40,6 +40,7 @@ fn create(
     let mipmapped = kind == Kind::Mipmapped;
     counted_sized(Sized {
         kind,
+        device: None,
         estimate: desc.as_ref().and_then(|d| estimate(d, levels)),
         call,
         key: &|| crate::memory::read_ptr(out.cast()),

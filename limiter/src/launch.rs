@@ -5,7 +5,6 @@
 use crate::driver::cuda as drv;
 use crate::driver::real;
 use crate::{mempool, state, watcher};
-use cuda_abi::result::SUCCESS;
 use cuda_abi::CuResult;
 use std::ffi::{c_uint, c_void};
 
@@ -63,8 +62,8 @@ launch! {
     cuGraphLaunch_ptsz(exec: Opaque, stream: Opaque);
 }
 
-/// `synchronise! { name(arg: type, …); … }`: a wrapper that calls the driver's function, then
-/// re-reads every watched memory pool after a success.
+/// `synchronise! { name(arg: type, …); … }`: a wrapper that calls the driver's function as a
+/// call that may shrink memory pools ([`mempool::shrinking`]), which re-reads them after.
 macro_rules! synchronise {
     ($($name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {$(
         /// # Safety
@@ -73,17 +72,14 @@ macro_rules! synchronise {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
             let real = real!($name as unsafe extern "C" fn($($ty),*) -> CuResult);
             // SAFETY: forwarded caller contract.
-            let r = unsafe { real($($arg),*) };
-            if r == SUCCESS {
-                mempool::resync_all();
-            }
-            r
+            mempool::shrinking(|| unsafe { real($($arg),*) })
         }
     )*};
 }
 
 synchronise! {
     cuCtxSynchronize();
+    cuEventSynchronize(event: Opaque);
     cuStreamSynchronize(stream: Opaque);
     cuStreamSynchronize_ptsz(stream: Opaque);
 }

@@ -61,6 +61,9 @@ pub(crate) fn counted_current(
 /// `CUDA_ERROR_OUT_OF_MEMORY`. So the cap holds exactly, whatever the driver's rounding.
 pub(crate) struct Sized<'a> {
     pub kind: Kind,
+    /// The device, for memory of the process (`cuMemCreate`); `None`: the current context's
+    /// device, and the context owns the memory.
+    pub device: Option<usize>,
     pub estimate: Option<u64>,
     pub call: &'a mut dyn FnMut() -> CuResult,
     /// The new pointer or handle.
@@ -74,7 +77,11 @@ pub(crate) fn counted_sized(s: Sized<'_>) -> CuResult {
     let Some(l) = state::get().filter(|l| l.limits.any_mem()) else {
         return (s.call)();
     };
-    let Some((ctx, ord)) = drv::current() else {
+    let target = match s.device {
+        Some(ord) => Some((0, ord)),
+        None => drv::current(),
+    };
+    let Some((ctx, ord)) = target else {
         return (s.call)();
     };
     if l.mem_limit(ord).is_none() {
@@ -178,6 +185,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         .and_then(|w| w.checked_mul(height as u64));
     counted_sized(Sized {
         kind: Kind::Ptr,
+        device: None,
         estimate,
         // SAFETY: forwarded caller contract.
         call: &mut || unsafe { f(dptr, pitch, width, height, elem) },
@@ -217,21 +225,32 @@ pub unsafe extern "C" fn cuMemCreate(
         cuMemCreate
             as unsafe extern "C" fn(*mut u64, usize, *const MemAllocationProp, u64) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
-    let call = || unsafe { f(handle, size, prop, flags) };
     // SAFETY: null or a valid CUmemAllocationProp per the caller.
     let ord = unsafe { prop.as_ref() }.and_then(|p| {
         (p.location_type == LOCATION_DEVICE)
             .then(|| usize::try_from(p.location_id).ok())
             .flatten()
     });
-    match ord {
-        // Physical memory of the process, not of a context: only cuMemRelease frees it.
-        Some(ord) if ord < crate::limits::MAX_DEVICES => {
-            counted(ord, 0, size as u64, Kind::Handle, call, || read_ptr(handle))
-        }
-        _ => call(),
-    }
+    let capped = |o: usize| state::get().is_some_and(|l| l.mem_limit(o).is_some());
+    let Some(ord) = ord.filter(|&o| capped(o)) else {
+        // SAFETY: forwarded caller contract.
+        return unsafe { f(handle, size, prop, flags) };
+    };
+    // A size that is not a multiple of the granularity is the driver's to refuse, not the cap's.
+    // SAFETY: `prop` is non-null (it named a device) and valid per the caller.
+    let granularity = unsafe { drv::allocation_granularity(prop) }.unwrap_or(1);
+    let size64 = size as u64;
+    // Physical memory of the process, not of a context: only cuMemRelease frees it.
+    counted_sized(Sized {
+        kind: Kind::Handle,
+        device: Some(ord),
+        estimate: size64.is_multiple_of(granularity).then_some(size64),
+        // SAFETY: forwarded caller contract.
+        call: &mut || unsafe { f(handle, size, prop, flags) },
+        key: &|| read_ptr(handle),
+        real_size: &|_, _| Some(size64),
+        undo: &drv::release,
+    })
 }
 
 /// # Safety

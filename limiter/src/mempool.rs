@@ -1,7 +1,7 @@
 //! Exported wrappers for stream-ordered allocation: `cuMemAllocAsync`,
 //! `cuMemAllocFromPoolAsync` (and `_ptsz`), and the calls after which a pool may have shrunk
 //! (`cuMemPoolTrimTo`, `cuMemPoolDestroy`; `cuCtxSynchronize` and `cuStreamSynchronize` live
-//! in [`crate::launch`] and call [`resync_all`]).
+//! in [`crate::launch`]; they and `cuMemPoolTrimTo` run through [`shrinking`]).
 //!
 //! What counts is a pool's *reserved* memory (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, read from
 //! the real driver), not the requests: memory a pool keeps after `cuMemFreeAsync` (up to its
@@ -33,11 +33,45 @@ fn apply(l: &Limiter, ord: usize, d: Delta) {
 }
 
 /// Re-reads the reserved size of `pool` and charges or credits the change.
+///
+/// A reading taken while an allocation from the pool ran may be older than the growth that
+/// allocation already charged: then the pool is read once more and only growth is applied.
 fn resync(l: &Limiter, pool: usize, e: &Entry) {
-    if let (Some(ord), Some(reserved)) = (e.ord(), drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT))
-    {
+    let Some(ord) = e.ord() else {
+        return;
+    };
+    let since = e.completed();
+    if let Some(reserved) = drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT) {
         apply(l, ord, e.update(reserved));
     }
+    if e.in_flight() || e.completed() != since {
+        grow(l, pool, e);
+    }
+}
+
+/// Re-reads the reserved size of `pool` and charges any growth (an allocation never shrinks a
+/// pool, so a reading lower than the charge is older than it and ignored).
+fn grow(l: &Limiter, pool: usize, e: &Entry) {
+    if let (Some(ord), Some(reserved)) = (e.ord(), drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT))
+    {
+        apply(l, ord, e.raise(reserved));
+    }
+}
+
+/// Most time a call that may shrink pools waits for allocations in flight to settle.
+const SHRINK_WAIT_NS: u64 = 50_000_000;
+
+/// Runs a call after which pools may have shrunk (synchronisation, trim) so that no allocation
+/// counts on free pool memory that goes away meanwhile, then re-reads every watched pool.
+pub(crate) fn shrinking(call: impl FnOnce() -> CuResult) -> CuResult {
+    if !state::get().is_some_and(|l| l.limits.any_mem()) {
+        return call();
+    }
+    let r = POOLS.shrink(SHRINK_WAIT_NS, call);
+    if r == SUCCESS {
+        resync_all();
+    }
+    r
 }
 
 /// Re-reads every watched pool (after a synchronisation, when pools release memory).
@@ -83,34 +117,62 @@ fn counted_async(
     if l.mem_limit(ord).is_none() {
         return call();
     }
-    let (Some(reserved), Some(used)) = (
-        drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT),
-        drv::pool_attr(pool, ATTR_USED_MEM_CURRENT),
-    ) else {
-        return memory::counted(
-            ord,
-            drv::current().map_or(0, |(c, _)| c),
-            size,
-            Kind::Ptr,
-            call,
-            key,
-        );
-    };
-    apply(l, ord, e.update(reserved));
-    // The most the pool can grow by: the request less its free reserved memory.
-    let need = size.saturating_sub(reserved.saturating_sub(used));
+    // The most the pool can grow by: the request less the pool's free reserved memory that no
+    // other allocation in flight has been promised. A reading taken while another allocation
+    // of this pool completed may count memory that one took: then read again.
+    let _flight = e.enter();
+    let mut granted = 0;
+    let mut readings = 0;
+    loop {
+        let since = e.completed();
+        let (Some(reserved), Some(used)) = (
+            drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT),
+            drv::pool_attr(pool, ATTR_USED_MEM_CURRENT),
+        ) else {
+            return memory::counted(
+                ord,
+                drv::current().map_or(0, |(c, _)| c),
+                size,
+                Kind::Ptr,
+                call,
+                key,
+            );
+        };
+        apply(l, ord, e.raise(reserved));
+        if POOLS.shrinking() {
+            // The free memory read may be going away right now: promise nothing.
+            break;
+        }
+        let g = e.promise(size, reserved.saturating_sub(used));
+        // A shrink that began after the check above waits for this promise to be settled.
+        if e.completed() == since && !POOLS.shrinking() {
+            granted = g;
+            break;
+        }
+        e.unpromise(g);
+        readings += 1;
+        if readings == 3 {
+            // Busy pool: assume nothing free (may refuse what would fit, never over-admit).
+            break;
+        }
+    }
+    let need = size - granted;
     let ticket = if need == 0 {
         None
     } else {
         match l.reserve(ord, need) {
             Ok(t) => t,
-            Err(()) => return OUT_OF_MEMORY,
+            Err(()) => {
+                e.unpromise(granted);
+                return OUT_OF_MEMORY;
+            }
         }
     };
     let r = call();
     if r == SUCCESS {
-        resync(l, pool, e);
+        grow(l, pool, e);
     }
+    e.complete(granted);
     if let Some(t) = ticket {
         l.unreserve(t);
     }
@@ -254,11 +316,5 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Opaque) -> CuResult {
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Opaque, keep: usize) -> CuResult {
     let f = real!(cuMemPoolTrimTo as unsafe extern "C" fn(Opaque, usize) -> CuResult);
     // SAFETY: forwarded caller contract.
-    let r = unsafe { f(pool, keep) };
-    if r == SUCCESS {
-        if let (Some(l), Some(e)) = (state::get(), POOLS.find(pool as usize)) {
-            resync(l, pool as usize, e);
-        }
-    }
-    r
+    shrinking(|| unsafe { f(pool, keep) })
 }

@@ -19,6 +19,21 @@ pub struct Entry {
     handle: AtomicUsize,
     ord: AtomicU32,
     charged: AtomicU64,
+    /// Free reserved memory promised to allocations in flight (they need not grow the pool).
+    promised: AtomicU64,
+    /// Allocations from this pool completed so far.
+    completed: AtomicU64,
+    /// Allocations from this pool in progress.
+    in_flight: AtomicU32,
+}
+
+/// An allocation from a pool in progress (see [`Entry::enter`]).
+pub struct Flight<'a>(&'a Entry);
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A change of a pool's charged size.
@@ -34,7 +49,62 @@ impl Entry {
             handle: AtomicUsize::new(0),
             ord: AtomicU32::new(NOT_DEVICE),
             charged: AtomicU64::new(0),
+            promised: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            in_flight: AtomicU32::new(0),
         }
+    }
+
+    /// Marks an allocation from this pool in progress until the guard is dropped.
+    pub fn enter(&self) -> Flight<'_> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Flight(self)
+    }
+
+    /// Whether an allocation from this pool is in progress.
+    pub fn in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) != 0
+    }
+
+    /// Records a reading taken on an allocation path: only growth counts, since an allocation
+    /// never shrinks a pool (a lower reading is older than the charge).
+    pub fn raise(&self, reserved: u64) -> Delta {
+        let old = self.charged.fetch_max(reserved, Ordering::AcqRel);
+        Delta::Grew(reserved.saturating_sub(old))
+    }
+
+    /// How many allocations from this pool have completed: read before and after a reading of
+    /// the pool, so that a reading raced by a completion is not trusted.
+    pub fn completed(&self) -> u64 {
+        self.completed.load(Ordering::SeqCst)
+    }
+
+    /// Promises up to `size` bytes of the pool's `free` reserved memory (a fresh reading) to an
+    /// allocation, less what is promised to others already; returns the bytes granted.
+    pub fn promise(&self, size: u64, free: u64) -> u64 {
+        let mut granted = 0;
+        let _ = self
+            .promised
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
+                granted = size.min(free.saturating_sub(p));
+                Some(p + granted)
+            });
+        granted
+    }
+
+    /// Takes a promise back (the allocation did not go ahead).
+    pub fn unpromise(&self, granted: u64) {
+        let _ = self
+            .promised
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
+                Some(p.saturating_sub(granted))
+            });
+    }
+
+    /// An allocation holding `granted` completed (the pool's used size now shows it).
+    pub fn complete(&self, granted: u64) {
+        self.completed.fetch_add(1, Ordering::SeqCst);
+        self.unpromise(granted);
     }
 
     /// CUDA ordinal of the pool's device; `None` for host pools.
@@ -60,6 +130,9 @@ impl Entry {
 pub struct Pools {
     entries: [Entry; MAX_POOLS],
     edit: Mutex<()>,
+    /// Calls in progress after which pools may have shrunk (synchronisation, trim): while one
+    /// runs, no allocation is promised a pool's free memory, which may be going away.
+    shrinking: AtomicU32,
 }
 
 /// The process's watched pools.
@@ -76,6 +149,7 @@ impl Pools {
         Pools {
             entries: [const { Entry::new() }; MAX_POOLS],
             edit: Mutex::new(()),
+            shrinking: AtomicU32::new(0),
         }
     }
 
@@ -117,6 +191,30 @@ impl Pools {
         Some((e.ord(), e.charged.swap(0, Ordering::AcqRel)))
     }
 
+    /// Whether a call that may shrink pools is in progress.
+    pub fn shrinking(&self) -> bool {
+        self.shrinking.load(Ordering::SeqCst) != 0
+    }
+
+    /// Runs `call`, which may make pools give memory back, once no allocation in flight holds
+    /// a promise of a pool's free memory (waiting at most `max_wait_ns`); no new promise is
+    /// made until it returns.
+    pub fn shrink<T>(&self, max_wait_ns: u64, call: impl FnOnce() -> T) -> T {
+        self.shrinking.fetch_add(1, Ordering::SeqCst);
+        let start = crate::sys::now_ns();
+        while self
+            .entries
+            .iter()
+            .any(|e| e.promised.load(Ordering::SeqCst) != 0)
+            && crate::sys::now_ns().saturating_sub(start) < max_wait_ns
+        {
+            std::thread::yield_now();
+        }
+        let r = call();
+        self.shrinking.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
     /// Every watched pool with its handle.
     pub fn iter(&self) -> impl Iterator<Item = (usize, &Entry)> {
         self.entries.iter().filter_map(|e| {
@@ -143,7 +241,38 @@ mod tests {
         for (what, reserved, want) in rows {
             assert_eq!(e.update(*reserved), *want, "{what}");
         }
+        let raises: &[(&str, u64, Delta)] = &[
+            ("growth on an allocation path", 5, Delta::Grew(3)),
+            ("an older, lower reading is ignored", 4, Delta::Grew(0)),
+        ];
+        for (what, reserved, want) in raises {
+            assert_eq!(e.raise(*reserved), *want, "{what}");
+        }
         assert_eq!(e.ord(), Some(1));
+    }
+
+    #[test]
+    fn promises_never_hand_out_free_memory_twice() {
+        let p = Pools::new();
+        let e = p.register(0x10, 0).unwrap();
+        assert_eq!(
+            e.promise(60, 100),
+            60,
+            "first allocation served from free memory"
+        );
+        assert_eq!(e.promise(60, 100), 40, "the second gets only what is left");
+        assert_eq!(e.promise(10, 100), 0, "nothing left to promise");
+        let before = e.completed();
+        e.complete(60);
+        assert_ne!(e.completed(), before, "a completion is seen");
+        assert_eq!(
+            e.promise(30, 100),
+            30,
+            "the first promise is given back on completion"
+        );
+        e.unpromise(40);
+        e.unpromise(30);
+        assert_eq!(e.promise(100, 100), 100, "all back");
     }
 
     #[test]

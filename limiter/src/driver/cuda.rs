@@ -5,7 +5,7 @@
 use super::{extra, real, Extra};
 use crate::sys::Lib;
 use cuda_abi::result::SUCCESS;
-use cuda_abi::{ArrayMemoryRequirements, CuResult};
+use cuda_abi::{ArrayMemoryRequirements, CuResult, MemAllocationProp};
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +23,7 @@ static DEVICE_GET_DEFAULT_MEM_POOL: Extra = Extra::new(Lib::Cuda, c"cuDeviceGetD
 static ARRAY_REQUIREMENTS: Extra = Extra::new(Lib::Cuda, c"cuArrayGetMemoryRequirements");
 static MIPMAPPED_REQUIREMENTS: Extra =
     Extra::new(Lib::Cuda, c"cuMipmappedArrayGetMemoryRequirements");
+static ALLOCATION_GRANULARITY: Extra = Extra::new(Lib::Cuda, c"cuMemGetAllocationGranularity");
 static PRIMARY_CTX_GET_STATE: Extra = Extra::new(Lib::Cuda, c"cuDevicePrimaryCtxGetState");
 
 /// Bumped whenever a context is created or destroyed (invalidates the per-thread cache).
@@ -148,6 +149,28 @@ pub fn array_size(handle: usize, ord: usize, mipmapped: bool) -> Option<u64> {
     // `req` is a valid out-pointer and `handle` an array the driver just created.
     let r = unsafe { f(&mut req, handle as Opaque, c_int::try_from(ord).ok()?) };
     (r == SUCCESS).then_some(req.size as u64)
+}
+
+/// The minimum granularity of `cuMemCreate` sizes for `prop`.
+///
+/// # Safety
+/// `prop` is a valid `CUmemAllocationProp` (the one the caller passed to `cuMemCreate`).
+pub unsafe fn allocation_granularity(prop: *const MemAllocationProp) -> Option<u64> {
+    let f = extra!(
+        ALLOCATION_GRANULARITY,
+        unsafe extern "C" fn(*mut usize, *const MemAllocationProp, c_uint) -> CuResult
+    )?;
+    let mut g: usize = 0;
+    // SAFETY: cuMemGetAllocationGranularity(size_t*, const CUmemAllocationProp*, MINIMUM = 0)
+    // with a valid out-pointer and `prop` valid per the caller.
+    (unsafe { f(&mut g, prop, 0) } == SUCCESS && g != 0).then_some(g as u64)
+}
+
+/// Releases `cuMemCreate` handle `h` through the real `cuMemRelease` (undoing an allocation).
+pub fn release(h: u64) -> CuResult {
+    let f = real!(cuMemRelease as unsafe extern "C" fn(u64) -> CuResult);
+    // SAFETY: `h` is a handle the driver has just created and nobody else knows.
+    unsafe { f(h) }
 }
 
 /// Whether the primary context of CUDA ordinal `ord` is active.

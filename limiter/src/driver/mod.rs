@@ -53,6 +53,7 @@ macro_rules! hook_list {
             Cuda launch::cuCtxSynchronize;
             Cuda launch::cuStreamSynchronize;
             Cuda launch::cuStreamSynchronize_ptsz;
+            Cuda launch::cuEventSynchronize;
             Cuda memory::cuMemGetInfo_v2;
             Cuda memory::cuDeviceTotalMem_v2;
             Cuda contexts::cuCtxCreate_v2;

@@ -4,7 +4,7 @@
 use super::memory::{device_give, device_take, free_ptr, new_ptr};
 use super::{
     current_dev, dev_index, enter, put, token, with_driver, CuDevice, CuDevicePtr, CuResult,
-    Driver, Opaque, INVALID_VALUE, SUCCESS,
+    Driver, Opaque, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS,
 };
 use cuda_abi::{MemPoolPropsHead, ALLOCATION_PINNED, LOCATION_DEVICE};
 use std::ffi::{c_int, c_void};
@@ -69,7 +69,9 @@ fn pool_alloc(pool: usize, size: u64) -> Result<u64, CuResult> {
             .ok_or(INVALID_VALUE)?;
         let free = p.reserved - p.used;
         if free < size {
-            let grow = (size - free).div_ceil(POOL_CHUNK) * POOL_CHUNK;
+            let grow = (size - free)
+                .checked_next_multiple_of(POOL_CHUNK)
+                .ok_or(OUT_OF_MEMORY)?;
             device_take(p.dev, grow)?;
             p.reserved += grow;
             p.reserved_high = p.reserved_high.max(p.reserved);
