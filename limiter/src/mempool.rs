@@ -34,19 +34,17 @@ fn apply(l: &Limiter, ord: usize, d: Delta) {
 
 /// Re-reads the reserved size of `pool` and charges or credits the change.
 ///
-/// A reading taken while an allocation from the pool ran may be older than the growth that
-/// allocation already charged: then the pool is read once more and only growth is applied.
+/// A reading may be older than growth an allocation running meanwhile has already charged:
+/// so the pool is read once more afterwards and only growth is applied from that reading
+/// (growth charged before the first update is in the second reading).
 fn resync(l: &Limiter, pool: usize, e: &Entry) {
     let Some(ord) = e.ord() else {
         return;
     };
-    let since = e.completed();
     if let Some(reserved) = drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT) {
         apply(l, ord, e.update(reserved));
     }
-    if e.in_flight() || e.completed() != since {
-        grow(l, pool, e);
-    }
+    grow(l, pool, e);
 }
 
 /// Re-reads the reserved size of `pool` and charges any growth (an allocation never shrinks a
@@ -119,8 +117,7 @@ fn counted_async(
     }
     // The most the pool can grow by: the request less the pool's free reserved memory that no
     // other allocation in flight has been promised. A reading taken while another allocation
-    // of this pool completed may count memory that one took: then read again.
-    let _flight = e.enter();
+    // of this pool completed may count memory that one took: then it is read again.
     let mut granted = 0;
     let mut readings = 0;
     loop {
@@ -143,13 +140,16 @@ fn counted_async(
             // The free memory read may be going away right now: promise nothing.
             break;
         }
-        let g = e.promise(size, reserved.saturating_sub(used));
-        // A shrink that began after the check above waits for this promise to be settled.
-        if e.completed() == since && !POOLS.shrinking() {
-            granted = g;
+        if let Some(g) = e.promise(size, reserved.saturating_sub(used), since) {
+            // A shrink that began after the check above waits for this promise to settle;
+            // one that began before it may have taken the memory: promise nothing then.
+            if !POOLS.shrinking() {
+                granted = g;
+            } else {
+                e.unpromise(g);
+            }
             break;
         }
-        e.unpromise(g);
         readings += 1;
         if readings == 3 {
             // Busy pool: assume nothing free (may refuse what would fit, never over-admit).

@@ -19,22 +19,14 @@ pub struct Entry {
     handle: AtomicUsize,
     ord: AtomicU32,
     charged: AtomicU64,
-    /// Free reserved memory promised to allocations in flight (they need not grow the pool).
-    promised: AtomicU64,
-    /// Allocations from this pool completed so far.
-    completed: AtomicU64,
-    /// Allocations from this pool in progress.
-    in_flight: AtomicU32,
+    /// Free reserved memory promised to allocations in flight (they need not grow the pool),
+    /// in the low 48 bits, and a count of completed allocations (mod 2^16) above: one word, so
+    /// that a promise is made only if no allocation completed since the pool was read.
+    promises: AtomicU64,
 }
 
-/// An allocation from a pool in progress (see [`Entry::enter`]).
-pub struct Flight<'a>(&'a Entry);
-
-impl Drop for Flight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
+const PROMISED: u64 = (1 << 48) - 1;
+const ONE_COMPLETED: u64 = 1 << 48;
 
 /// A change of a pool's charged size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,62 +41,65 @@ impl Entry {
             handle: AtomicUsize::new(0),
             ord: AtomicU32::new(NOT_DEVICE),
             charged: AtomicU64::new(0),
-            promised: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            in_flight: AtomicU32::new(0),
+            promises: AtomicU64::new(0),
         }
-    }
-
-    /// Marks an allocation from this pool in progress until the guard is dropped.
-    pub fn enter(&self) -> Flight<'_> {
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        Flight(self)
-    }
-
-    /// Whether an allocation from this pool is in progress.
-    pub fn in_flight(&self) -> bool {
-        self.in_flight.load(Ordering::SeqCst) != 0
     }
 
     /// Records a reading taken on an allocation path: only growth counts, since an allocation
     /// never shrinks a pool (a lower reading is older than the charge).
+    #[inline]
     pub fn raise(&self, reserved: u64) -> Delta {
+        if reserved <= self.charged.load(Ordering::Acquire) {
+            return Delta::Grew(0);
+        }
         let old = self.charged.fetch_max(reserved, Ordering::AcqRel);
         Delta::Grew(reserved.saturating_sub(old))
     }
 
-    /// How many allocations from this pool have completed: read before and after a reading of
-    /// the pool, so that a reading raced by a completion is not trusted.
+    /// How many allocations from this pool have completed (mod 2^16): read before a reading
+    /// of the pool and handed to [`Self::promise`].
+    #[inline]
     pub fn completed(&self) -> u64 {
-        self.completed.load(Ordering::SeqCst)
+        self.promises.load(Ordering::SeqCst) >> 48
     }
 
-    /// Promises up to `size` bytes of the pool's `free` reserved memory (a fresh reading) to an
-    /// allocation, less what is promised to others already; returns the bytes granted.
-    pub fn promise(&self, size: u64, free: u64) -> u64 {
+    /// Promises up to `size` bytes of the pool's `free` reserved memory (a reading taken after
+    /// [`Self::completed`] returned `since`) to an allocation, less what is promised to others
+    /// already; returns the bytes granted. `None` (nothing promised) when an allocation
+    /// completed since: the reading may count memory that one took.
+    #[inline]
+    pub fn promise(&self, size: u64, free: u64, since: u64) -> Option<u64> {
         let mut granted = 0;
-        let _ = self
-            .promised
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
-                granted = size.min(free.saturating_sub(p));
-                Some(p + granted)
-            });
-        granted
+        self.promises
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                if w >> 48 != since {
+                    return None;
+                }
+                granted = size.min(free.saturating_sub(w & PROMISED));
+                Some(w + granted)
+            })
+            .ok()
+            .map(|_| granted)
     }
 
     /// Takes a promise back (the allocation did not go ahead).
     pub fn unpromise(&self, granted: u64) {
-        let _ = self
-            .promised
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
-                Some(p.saturating_sub(granted))
-            });
+        if granted != 0 {
+            self.promises.fetch_sub(granted, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether any allocation in flight holds a promise.
+    pub fn promised(&self) -> bool {
+        self.promises.load(Ordering::SeqCst) & PROMISED != 0
     }
 
     /// An allocation holding `granted` completed (the pool's used size now shows it).
+    #[inline]
     pub fn complete(&self, granted: u64) {
-        self.completed.fetch_add(1, Ordering::SeqCst);
-        self.unpromise(granted);
+        // One step: the count goes up (wrapping off the top) and the promise is released.
+        self.promises
+            .fetch_add(ONE_COMPLETED.wrapping_sub(granted), Ordering::SeqCst);
     }
 
     /// CUDA ordinal of the pool's device; `None` for host pools.
@@ -202,10 +197,7 @@ impl Pools {
     pub fn shrink<T>(&self, max_wait_ns: u64, call: impl FnOnce() -> T) -> T {
         self.shrinking.fetch_add(1, Ordering::SeqCst);
         let start = crate::sys::now_ns();
-        while self
-            .entries
-            .iter()
-            .any(|e| e.promised.load(Ordering::SeqCst) != 0)
+        while self.entries.iter().any(Entry::promised)
             && crate::sys::now_ns().saturating_sub(start) < max_wait_ns
         {
             std::thread::yield_now();
@@ -255,24 +247,36 @@ mod tests {
     fn promises_never_hand_out_free_memory_twice() {
         let p = Pools::new();
         let e = p.register(0x10, 0).unwrap();
-        assert_eq!(
-            e.promise(60, 100),
-            60,
-            "first allocation served from free memory"
-        );
-        assert_eq!(e.promise(60, 100), 40, "the second gets only what is left");
-        assert_eq!(e.promise(10, 100), 0, "nothing left to promise");
-        let before = e.completed();
+        let since = e.completed();
+        let rows: &[(&str, u64, Option<u64>)] = &[
+            ("first allocation served from free memory", 60, Some(60)),
+            ("the second gets only what is left", 60, Some(40)),
+            ("nothing left to promise", 10, Some(0)),
+        ];
+        for (what, size, want) in rows {
+            assert_eq!(e.promise(*size, 100, since), *want, "{what}");
+        }
         e.complete(60);
-        assert_ne!(e.completed(), before, "a completion is seen");
+        assert_ne!(e.completed(), since, "a completion is seen");
         assert_eq!(
-            e.promise(30, 100),
-            30,
-            "the first promise is given back on completion"
+            e.promise(30, 100, since),
+            None,
+            "a reading older than a completion earns no promise"
+        );
+        assert_eq!(
+            e.promise(30, 100, e.completed()),
+            Some(30),
+            "the completed allocation's promise was given back"
         );
         e.unpromise(40);
         e.unpromise(30);
-        assert_eq!(e.promise(100, 100), 100, "all back");
+        assert!(!e.promised(), "all back");
+        for _ in 0..70_000 {
+            e.complete(0);
+        }
+        assert_eq!(e.promise(5, 100, e.completed()), Some(5), "the count wraps");
+        e.unpromise(5);
+        assert!(!e.promised());
     }
 
     #[test]

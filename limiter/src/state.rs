@@ -7,7 +7,7 @@ use crate::limits::{self, Limits, MAX_DEVICES};
 use crate::region::{self, OpenError, Region};
 use crate::sm::{self, Sm};
 use crate::sys;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -60,6 +60,9 @@ pub struct Limiter {
     refused: OnceLock<String>,
     pub sm: Sm,
     allocs: Mutex<HashMap<(Kind, u64), Counted>>,
+    /// How many allocations `allocs` holds (written under its lock): a free finds nothing to
+    /// forget without taking the lock when it is 0.
+    allocs_live: AtomicUsize,
     footprints: Mutex<HashMap<usize, Footprint>>,
     /// Region device entry per CUDA ordinal (`u32::MAX`: not yet known).
     ord_dev: [AtomicU32; MAX_DEVICES],
@@ -178,8 +181,9 @@ fn init() -> Option<Limiter> {
         region,
         region_path,
         refused,
-        allocs: Mutex::new(HashMap::new()),
-        footprints: Mutex::new(HashMap::new()),
+        allocs: Mutex::new(HashMap::default()),
+        allocs_live: AtomicUsize::new(0),
+        footprints: Mutex::new(HashMap::default()),
         ord_dev: [const { AtomicU32::new(u32::MAX) }; MAX_DEVICES],
         footprint_done: [const { AtomicBool::new(false) }; MAX_DEVICES],
     })
@@ -324,11 +328,12 @@ impl Limiter {
     /// Remembers a successful allocation, owned by context `ctx` (0: by the process), so its
     /// free, or its context's destruction, can be matched.
     pub fn commit(&self, kind: Kind, key: u64, t: Ticket, ctx: usize) {
-        let old = self
-            .allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((kind, key), Counted { ctx, ..t.0 });
+        let old = {
+            let mut allocs = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+            let old = allocs.insert((kind, key), Counted { ctx, ..t.0 });
+            self.allocs_live.store(allocs.len(), Ordering::Release);
+            old
+        };
         if let Some(c) = old {
             // The driver reused a key we still counted: the earlier free bypassed us.
             self.release_bytes(&c, c.size);
@@ -337,11 +342,17 @@ impl Limiter {
 
     /// Forgets an allocation after a successful free; unknown keys are left alone.
     pub fn forget(&self, kind: Kind, key: u64) {
-        let c = self
-            .allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(kind, key));
+        // The allocation being freed was committed before the program could free it, so its
+        // count is visible here.
+        if self.allocs_live.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let c = {
+            let mut allocs = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+            let c = allocs.remove(&(kind, key));
+            self.allocs_live.store(allocs.len(), Ordering::Release);
+            c
+        };
         if let Some(c) = c {
             self.release_bytes(&c, c.size);
         }
@@ -360,7 +371,9 @@ impl Limiter {
                 .filter(|(_, c)| c.ctx == ctx)
                 .map(|(k, _)| *k)
                 .collect();
-            keys.iter().filter_map(|k| allocs.remove(k)).collect()
+            let gone = keys.iter().filter_map(|k| allocs.remove(k)).collect();
+            self.allocs_live.store(allocs.len(), Ordering::Release);
+            gone
         };
         for c in &gone {
             self.release_bytes(c, c.size);
