@@ -32,18 +32,24 @@ fn apply(l: &Limiter, ord: usize, d: Delta) {
     }
 }
 
-/// Re-reads the reserved size of `pool` and charges or credits the change.
-///
-/// A reading may be older than growth an allocation running meanwhile has already charged:
-/// so the pool is read once more afterwards and only growth is applied from that reading
-/// (growth charged before the first update is in the second reading).
+/// Re-reads the reserved size of `pool` and charges or credits the change. The reading replaces
+/// the charge only if no allocation charged growth meanwhile (else it may be older than that
+/// growth): then the pool is read again.
 fn resync(l: &Limiter, pool: usize, e: &Entry) {
     let Some(ord) = e.ord() else {
         return;
     };
-    if let Some(reserved) = drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT) {
-        apply(l, ord, e.update(reserved));
+    for _ in 0..3 {
+        let before = e.charged();
+        let Some(reserved) = drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT) else {
+            return;
+        };
+        if let Some(d) = e.replace(before, reserved) {
+            apply(l, ord, d);
+            return;
+        }
     }
+    // A busy pool: growth only, the shrinkage is credited at the next synchronisation.
     grow(l, pool, e);
 }
 

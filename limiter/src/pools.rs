@@ -20,8 +20,9 @@ pub struct Entry {
     ord: AtomicU32,
     charged: AtomicU64,
     /// Free reserved memory promised to allocations in flight (they need not grow the pool),
-    /// in the low 48 bits, and a count of completed allocations (mod 2^16) above: one word, so
-    /// that a promise is made only if no allocation completed since the pool was read.
+    /// in the low 48 bits, and a count of changes (allocations completed, shrinks done; mod
+    /// 2^16) above: one word, so that a promise is made only if nothing changed the pool since
+    /// it was read.
     promises: AtomicU64,
 }
 
@@ -45,6 +46,26 @@ impl Entry {
         }
     }
 
+    /// The reserved size charged so far.
+    pub fn charged(&self) -> u64 {
+        self.charged.load(Ordering::Acquire)
+    }
+
+    /// Records a fresh reading `reserved` in place of the charge `expected` read before it.
+    /// `None` when the charge changed meanwhile (an allocation charged growth): read again.
+    pub fn replace(&self, expected: u64, reserved: u64) -> Option<Delta> {
+        self.charged
+            .compare_exchange(expected, reserved, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|old| {
+                if reserved >= old {
+                    Delta::Grew(reserved - old)
+                } else {
+                    Delta::Shrank(old - reserved)
+                }
+            })
+    }
+
     /// Records a reading taken on an allocation path: only growth counts, since an allocation
     /// never shrinks a pool (a lower reading is older than the charge).
     #[inline]
@@ -56,8 +77,8 @@ impl Entry {
         Delta::Grew(reserved.saturating_sub(old))
     }
 
-    /// How many allocations from this pool have completed (mod 2^16): read before a reading
-    /// of the pool and handed to [`Self::promise`].
+    /// How many changes (completed allocations, shrinks) this pool has seen (mod 2^16): read
+    /// before a reading of the pool and handed to [`Self::promise`].
     #[inline]
     pub fn completed(&self) -> u64 {
         self.promises.load(Ordering::SeqCst) >> 48
@@ -66,7 +87,7 @@ impl Entry {
     /// Promises up to `size` bytes of the pool's `free` reserved memory (a reading taken after
     /// [`Self::completed`] returned `since`) to an allocation, less what is promised to others
     /// already; returns the bytes granted. `None` (nothing promised) when an allocation
-    /// completed since: the reading may count memory that one took.
+    /// completed or the pool shrank since: the reading may count memory that is gone.
     #[inline]
     pub fn promise(&self, size: u64, free: u64, since: u64) -> Option<u64> {
         let mut granted = 0;
@@ -106,18 +127,6 @@ impl Entry {
     pub fn ord(&self) -> Option<usize> {
         let o = self.ord.load(Ordering::Acquire);
         (o != NOT_DEVICE).then_some(o as usize)
-    }
-
-    /// Records `reserved` (a fresh reading of the pool's reserved size) as charged and returns
-    /// the change to apply. Concurrent readings may be applied out of order; the changes always
-    /// add up to the last recorded reading, so nothing leaks and the next reading corrects it.
-    pub fn update(&self, reserved: u64) -> Delta {
-        let old = self.charged.swap(reserved, Ordering::AcqRel);
-        if reserved >= old {
-            Delta::Grew(reserved - old)
-        } else {
-            Delta::Shrank(old - reserved)
-        }
     }
 }
 
@@ -203,6 +212,10 @@ impl Pools {
             std::thread::yield_now();
         }
         let r = call();
+        // Readings taken before or during the call are stale now (see `Entry::promise`).
+        for e in &self.entries {
+            e.promises.fetch_add(ONE_COMPLETED, Ordering::SeqCst);
+        }
         self.shrinking.fetch_sub(1, Ordering::SeqCst);
         r
     }
@@ -221,7 +234,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn update_reports_growth_and_shrinkage_that_add_up() {
+    fn readings_report_growth_and_shrinkage_that_add_up() {
         let p = Pools::new();
         let e = p.register(0x10, 1).unwrap();
         let rows: &[(&str, u64, Delta)] = &[
@@ -231,8 +244,13 @@ mod tests {
             ("trim", 2, Delta::Shrank(8)),
         ];
         for (what, reserved, want) in rows {
-            assert_eq!(e.update(*reserved), *want, "{what}");
+            assert_eq!(e.replace(e.charged(), *reserved), Some(*want), "{what}");
         }
+        assert_eq!(
+            e.replace(7, 3),
+            None,
+            "a charge that changed since it was read is not replaced"
+        );
         let raises: &[(&str, u64, Delta)] = &[
             ("growth on an allocation path", 5, Delta::Grew(3)),
             ("an older, lower reading is ignored", 4, Delta::Grew(0)),
@@ -285,7 +303,7 @@ mod tests {
         assert!(p.find(0x10).is_none(), "unknown pool");
         assert!(p.register(0, 0).is_none(), "null handle is never watched");
         let e = p.register(0x10, 0).unwrap();
-        e.update(5);
+        e.raise(5);
         assert!(
             std::ptr::eq(p.register(0x10, 3).unwrap(), e),
             "registering again returns the same entry"
