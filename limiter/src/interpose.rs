@@ -163,14 +163,9 @@ fn concrete(symbol: &str, version: c_int, flags: u64) -> Option<usize> {
         .filter(|(base, min, _)| *base == symbol && version >= *min)
         .map(|(_, _, name)| *name)
         .next_back();
-    let versioned = VERSIONED.iter().any(|(base, _, _)| *base == symbol);
-    match newest {
-        Some(name) => driver::find(name.as_bytes()),
-        // Below the first version the driver hands out the original export (intercepted
-        // only if it is in the table: the 32-bit-size legacy ones are not).
-        None if versioned => driver::find(symbol.as_bytes()),
-        None => driver::find(symbol.as_bytes()),
-    }
+    // Below the first version the driver hands out the original export (intercepted only if
+    // it is in the table: the 32-bit-size legacy ones are not).
+    driver::find(newest.unwrap_or(symbol).as_bytes())
 }
 
 /// After a successful real `cuGetProcAddress`: swap in our wrapper if `*pfn` is an
