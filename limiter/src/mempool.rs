@@ -1,7 +1,7 @@
 //! Exported wrappers for stream-ordered allocation: `cuMemAllocAsync`,
 //! `cuMemAllocFromPoolAsync` (and `_ptsz`), and the calls after which a pool may have shrunk
 //! (`cuMemPoolTrimTo`, `cuMemPoolDestroy`; `cuCtxSynchronize` and `cuStreamSynchronize` live
-//! in [`crate::launch`]; they and `cuMemPoolTrimTo` run through [`shrinking`]).
+//! in `launch.rs`; they and `cuMemPoolTrimTo` run through `shrinking`).
 //!
 //! What counts is a pool's *reserved* memory (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, read from
 //! the real driver), not the requests: memory a pool keeps after `cuMemFreeAsync` (up to its

@@ -1,5 +1,5 @@
 //! The SM cap's token buckets: one per CUDA device, taken from on every launch path and
-//! refilled by the watcher thread ([`crate::watcher`]).
+//! refilled by the watcher thread (`watcher.rs`).
 //!
 //! Hot path (under the cap): two relaxed/acq-rel atomic operations, no `getenv`, no
 //! allocation, no lock.
@@ -23,7 +23,7 @@ pub struct Sm {
     pub buckets: [Bucket; MAX_DEVICES],
 }
 
-/// Set once the watcher thread of this process runs (claimed by [`crate::watcher::start`]).
+/// Set once the watcher thread of this process runs (claimed by `watcher::start`).
 pub static WATCHER_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// The watcher thread does not survive `fork`; the child starts its own.
