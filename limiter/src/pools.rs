@@ -206,14 +206,14 @@ impl Pools {
     pub fn shrink<T>(&self, max_wait_ns: u64, call: impl FnOnce() -> T) -> T {
         self.shrinking.fetch_add(1, Ordering::SeqCst);
         let start = crate::sys::now_ns();
-        while self.entries.iter().any(Entry::promised)
+        while self.iter().any(|(_, e)| e.promised())
             && crate::sys::now_ns().saturating_sub(start) < max_wait_ns
         {
             std::thread::yield_now();
         }
         let r = call();
         // Readings taken before or during the call are stale now (see `Entry::promise`).
-        for e in &self.entries {
+        for (_, e) in self.iter() {
             e.promises.fetch_add(ONE_COMPLETED, Ordering::SeqCst);
         }
         self.shrinking.fetch_sub(1, Ordering::SeqCst);
