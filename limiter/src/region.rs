@@ -443,6 +443,19 @@ mod tests {
         assert_eq!(r.used(dev), 0);
         // Reopening maps the same data; a foreign file is a mismatch, not a crash.
         assert!(open(&path).is_ok());
+        assert!(r.layout_ok(), "our own layout");
+        // Another program rewrites the header while the file is attached.
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.write_all_at(&[0x4e, 0xf7, 0x12, 0x01, 0, 0, 0, 0], 0)
+                .unwrap();
+        }
+        assert!(!r.layout_ok(), "a rewritten header is seen at once");
+        assert!(
+            matches!(open(&path), Err(OpenError::Mismatch { .. })),
+            "and refused at the next attach"
+        );
         let bad = dir.join("bad");
         std::fs::write(&bad, b"not a region at all").unwrap();
         assert!(matches!(open(&bad), Err(OpenError::Mismatch { .. })));
