@@ -20,7 +20,8 @@ static PRIMARY: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX
 /// Creates a context through `call` and counts its own footprint (device memory used before
 /// vs after, as the real NVML reports it; once per device until that context is destroyed).
 fn with_footprint(dev: c_int, ctx: *mut Opaque, call: impl FnOnce() -> CuResult) -> CuResult {
-    let turn = usize::try_from(dev).ok().and_then(|o| {
+    let ord = usize::try_from(dev).ok();
+    let turn = ord.and_then(|o| {
         state::get()
             .filter(|l| l.take_footprint_turn(o))
             .map(|l| (l, o))
@@ -28,6 +29,9 @@ fn with_footprint(dev: c_int, ctx: *mut Opaque, call: impl FnOnce() -> CuResult)
     let Some((l, ord)) = turn else {
         let r = call();
         drv::contexts_changed();
+        if let (SUCCESS, Some(l), Some(o)) = (r, state::get(), ord) {
+            l.context_created(read_ptr(ctx.cast()) as usize, o);
+        }
         return r;
     };
     let before = nvml::used_by_ordinal(ord);
@@ -38,6 +42,7 @@ fn with_footprint(dev: c_int, ctx: *mut Opaque, call: impl FnOnce() -> CuResult)
         return r;
     }
     let handle = read_ptr(ctx.cast()) as usize;
+    l.context_created(handle, ord);
     match (before, nvml::used_by_ordinal(ord)) {
         (Some(b), Some(a)) => l.add_footprint(handle, ord, a.saturating_sub(b).min(2 << 30)),
         _ => l.return_footprint_turn(ord),

@@ -52,6 +52,15 @@ struct Footprint {
     bytes: u64,
 }
 
+/// The contexts this process created (context → CUDA ordinal) and the measured footprints.
+/// The footprint stays counted while any context of the process on that device lives: the
+/// driver's per-device share goes only with the last one.
+#[derive(Default)]
+struct Footprints {
+    live: HashMap<usize, usize>,
+    measured: HashMap<usize, Footprint>,
+}
+
 pub struct Limiter {
     pub limits: Limits,
     pub region: &'static Region,
@@ -63,7 +72,7 @@ pub struct Limiter {
     /// How many allocations `allocs` holds (written under its lock): a free finds nothing to
     /// forget without taking the lock when it is 0.
     allocs_live: AtomicUsize,
-    footprints: Mutex<HashMap<usize, Footprint>>,
+    footprints: Mutex<Footprints>,
     /// Region device entry per CUDA ordinal (`u32::MAX`: not yet known).
     ord_dev: [AtomicU32; MAX_DEVICES],
     footprint_done: [AtomicBool; MAX_DEVICES],
@@ -183,7 +192,7 @@ fn init() -> Option<Limiter> {
         refused,
         allocs: Mutex::new(HashMap::default()),
         allocs_live: AtomicUsize::new(0),
-        footprints: Mutex::new(HashMap::default()),
+        footprints: Mutex::new(Footprints::default()),
         ord_dev: [const { AtomicU32::new(u32::MAX) }; MAX_DEVICES],
         footprint_done: [const { AtomicBool::new(false) }; MAX_DEVICES],
     })
@@ -378,12 +387,28 @@ impl Limiter {
         for c in &gone {
             self.release_bytes(c, c.size);
         }
-        let fp = self
-            .footprints
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&ctx);
-        if let Some(fp) = fp {
+        let credit = {
+            let mut fps = self.footprints.lock().unwrap_or_else(|e| e.into_inner());
+            fps.live.remove(&ctx);
+            match fps.measured.remove(&ctx) {
+                Some(fp) => {
+                    let heir = fps
+                        .live
+                        .iter()
+                        .find(|&(_, &o)| o == fp.ord)
+                        .map(|(&c, _)| c);
+                    match heir {
+                        Some(other) => {
+                            fps.measured.insert(other, fp);
+                            None
+                        }
+                        None => Some(fp),
+                    }
+                }
+                None => None,
+            }
+        };
+        if let Some(fp) = credit {
             self.credit(fp.ord, fp.bytes);
             // The next context on the device is measured again.
             if let Some(done) = self.footprint_done.get(fp.ord) {
@@ -392,7 +417,19 @@ impl Limiter {
         }
     }
 
-    /// Whether the context footprint on `ord` still has to be measured (true once).
+    /// Records context `ctx` on `ord`, just created (or the primary context, retained).
+    pub fn context_created(&self, ctx: usize, ord: usize) {
+        if ctx != 0 {
+            self.footprints
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .live
+                .insert(ctx, ord);
+        }
+    }
+
+    /// Whether the context footprint on `ord` still has to be measured (true once, until the
+    /// measured context's device has no context of this process left).
     pub fn take_footprint_turn(&self, ord: usize) -> bool {
         self.mem_limit(ord).is_some()
             && self
@@ -402,13 +439,14 @@ impl Limiter {
     }
 
     /// Counts the own footprint of context `ctx` on `ord` (no cap check: the context exists
-    /// already); credited again when the context is destroyed.
+    /// already); credited again when the last context of the process on `ord` is destroyed.
     pub fn add_footprint(&self, ctx: usize, ord: usize, bytes: u64) {
         self.charge(ord, bytes);
         if ctx != 0 && bytes != 0 {
             self.footprints
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
+                .measured
                 .insert(ctx, Footprint { ord, bytes });
         }
     }

@@ -261,6 +261,16 @@ fn destroying_a_context_gives_its_memory_back() {
             "cuCtxCreate_v4 too, after v3's destruction",
         ),
         ("V4_ALLOC_RC", 0, "and 900 MiB fit in it"),
+        (
+            "TWO_ONE_LEFT_FREE",
+            GIB - 100 * MIB,
+            "with one of two contexts left, the context memory stays",
+        ),
+        (
+            "TWO_NEXT_FREE",
+            GIB - 100 * MIB,
+            "after both, a new context is measured again (not twice)",
+        ),
     ];
     for (k, want, what) in rows {
         assert_eq!(got.u(k), *want, "{what}; stderr {}", got.stderr);

@@ -286,6 +286,14 @@ static int scenario_contexts(void) {
     printf("V4_FREE=%zu\n", meminfo_free());
     printf("V4_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
     printf("V4_DESTROY_RC=%d\n", cuCtxDestroy(c));
+    /* Two contexts: the device's share of context memory goes only with the last one. */
+    CUcontext c2;
+    if ((r = cuCtxCreate(&c, 0, dev)) || (r = cuCtxCreate(&c2, 0, dev))) die("two contexts", r);
+    printf("TWO_DESTROY_FIRST_RC=%d\n", cuCtxDestroy(c));
+    printf("TWO_ONE_LEFT_FREE=%zu\n", meminfo_free());
+    printf("TWO_DESTROY_SECOND_RC=%d\n", cuCtxDestroy(c2));
+    if ((r = cuCtxCreate(&c, 0, dev))) die("cuCtxCreate", r);
+    printf("TWO_NEXT_FREE=%zu\n", meminfo_free());
     return 0;
 }
 
