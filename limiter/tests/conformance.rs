@@ -20,7 +20,7 @@ fn pair(name: &str) -> Option<(Scratch, Scratch)> {
     let b = match common::built() {
         Ok(b) => b,
         Err(why) => {
-            eprintln!("SKIPPED {name}: {why}");
+            common::skip(name, why);
             return None;
         }
     };

@@ -169,13 +169,21 @@ pub fn built() -> Result<&'static Built, &'static str> {
         .map_err(|e| *e)
 }
 
+/// A test that cannot run: fails under `CI=true`, else says SKIPPED loudly.
+pub fn skip(name: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{name}: {why} (CI=true: the test must run)");
+    }
+    eprintln!("SKIPPED {name}: {why}");
+}
+
 #[macro_export]
 macro_rules! setup {
     ($name:expr) => {
         match $crate::common::built() {
             Ok(b) => $crate::common::Scratch::new(b, $name),
             Err(why) => {
-                eprintln!("SKIPPED {}: {why}", $name);
+                $crate::common::skip($name, why);
                 return;
             }
         }
