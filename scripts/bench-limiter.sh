@@ -1,7 +1,8 @@
 #!/bin/sh
 # Benchmark of libgpushare_limiter.so's added cost per call on the TEST-ONLY simulated driver:
 # cuLaunchKernel under an SM cap (target <= 100 ns added, median) and a cuMemAlloc+cuMemFree
-# pair under a memory cap (target <= 1 us added, median). Driver vs limiter in the same run.
+# pair and a cuMemAllocAsync+cuMemFreeAsync pair under a memory cap (target <= 1 us added,
+# median). Driver vs limiter in the same run.
 # Usage: scripts/bench-limiter.sh [ROUNDS]     (needs cargo, cc and Debian's nvidia-cuda-dev)
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)

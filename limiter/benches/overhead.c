@@ -5,6 +5,8 @@
  * and the limiter's wrappers (dlopen of the limiter, RTLD_LOCAL, so it does not interpose on
  * the program) are timed in alternating rounds; each round gives ns per call; the report is
  * the median over rounds, and the median of the per-round differences ("added").
+ * Three pairs: cuLaunchKernel, cuMemAlloc_v2+cuMemFree_v2 and cuMemAllocAsync+cuMemFreeAsync
+ * (1 MiB from the default pool, NULL stream).
  * Run through scripts/bench-limiter.sh, which sets the limits and the simulated driver up.
  *
  * usage: overhead LIMITER.so [ROUNDS]
@@ -19,6 +21,8 @@
 typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
 typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
 typedef CUresult (*free_t)(CUdeviceptr);
+typedef CUresult (*alloc_async_t)(CUdeviceptr *, size_t, CUstream);
+typedef CUresult (*free_async_t)(CUdeviceptr, CUstream);
 
 static double now_ns(void) {
     struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -59,6 +63,15 @@ static double time_alloc(alloc_t a, free_t fr, int n) {
     return (now_ns() - t0) / n;
 }
 
+static double time_async(alloc_async_t a, free_async_t fr, int n) {
+    CUdeviceptr p;
+    double t0 = now_ns();
+    for (int i = 0; i < n; i++) {
+        if (a(&p, 1 << 20, NULL) || fr(p, NULL)) { fprintf(stderr, "async alloc/free failed\n"); exit(2); }
+    }
+    return (now_ns() - t0) / n;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: overhead LIMITER.so [ROUNDS]\n"); return 2; }
     int rounds = argc > 2 ? atoi(argv[2]) : 101;
@@ -75,6 +88,8 @@ int main(int argc, char **argv) {
     launch_t raw_launch = need(drv, "cuLaunchKernel"), lim_launch = need(lim, "cuLaunchKernel");
     alloc_t raw_alloc = need(drv, "cuMemAlloc_v2"), lim_alloc = need(lim, "cuMemAlloc_v2");
     free_t raw_free = need(drv, "cuMemFree_v2"), lim_free = need(lim, "cuMemFree_v2");
+    alloc_async_t raw_aasync = need(drv, "cuMemAllocAsync"), lim_aasync = need(lim, "cuMemAllocAsync");
+    free_async_t raw_fasync = need(drv, "cuMemFreeAsync"), lim_fasync = need(lim, "cuMemFreeAsync");
 
     CUdevice d; CUcontext c; CUmodule m;
     CUresult r;
@@ -91,6 +106,7 @@ int main(int argc, char **argv) {
     const int NL = 20000, NA = 2000;
     double *rl = malloc(rounds * sizeof(double)), *ll = malloc(rounds * sizeof(double)), *dl = malloc(rounds * sizeof(double));
     double *ra = malloc(rounds * sizeof(double)), *la = malloc(rounds * sizeof(double)), *da = malloc(rounds * sizeof(double));
+    double *rs = malloc(rounds * sizeof(double)), *ls = malloc(rounds * sizeof(double)), *ds = malloc(rounds * sizeof(double));
     for (int r = 0; r < rounds; r++) {
         rl[r] = time_launch(raw_launch, NL);
         ll[r] = time_launch(lim_launch, NL);
@@ -98,11 +114,16 @@ int main(int argc, char **argv) {
         ra[r] = time_alloc(raw_alloc, raw_free, NA);
         la[r] = time_alloc(lim_alloc, lim_free, NA);
         da[r] = la[r] - ra[r];
+        rs[r] = time_async(raw_aasync, raw_fasync, NA);
+        ls[r] = time_async(lim_aasync, lim_fasync, NA);
+        ds[r] = ls[r] - rs[r];
     }
     printf("rounds: %d (launch: %d calls/round, alloc+free: %d pairs/round)\n", rounds, NL, NA);
     printf("cuLaunchKernel (SM cap set, under the cap): driver %.1f ns, with limiter %.1f ns, added %.1f ns (median)\n",
            median(rl, rounds), median(ll, rounds), median(dl, rounds));
     printf("cuMemAlloc+cuMemFree pair (memory cap set): driver %.1f ns, with limiter %.1f ns, added %.1f ns (median)\n",
            median(ra, rounds), median(la, rounds), median(da, rounds));
+    printf("cuMemAllocAsync+cuMemFreeAsync pair (default pool, memory cap set): driver %.1f ns, with limiter %.1f ns, added %.1f ns (median)\n",
+           median(rs, rounds), median(ls, rounds), median(ds, rounds));
     return 0;
 }

@@ -1,160 +1,47 @@
-//! How calls reach the wrappers: the table of intercepted entry points, lazy resolution of the
-//! real ones, the `dlsym` override and the `cuGetProcAddress` fix-up.
+//! How calls reach the wrappers: the table of wrappers (in the order of
+//! [`crate::driver::SLOTS`]), the `dlsym` override and `cuGetProcAddress`.
 //!
 //! `dlsym` is a naked trampoline: it asks [`dlsym_decide`] whether to hand out a wrapper and
 //! otherwise *jumps* to glibc's `dlsym`, so glibc still sees the caller's return address and
-//! `RTLD_NEXT` lookups keep their meaning for every other library.
+//! `RTLD_NEXT` lookups keep their meaning for every other library. A wrapper is handed out only
+//! when the caller's handle resolves the name to the driver's own export (or to the wrapper
+//! itself): a lookup through any other library's handle returns what that library has.
 
+use crate::driver::{self, hook_list, real, H, SLOTS};
 use crate::sys::{self, Lib};
-use crate::{cuda, mempool, nvml, state};
+use crate::{arrays, contexts, interpose, launch, memory, mempool, nvml, state};
+use cuda_abi::result::SUCCESS;
+use cuda_abi::{proc_flags, CuResult, VERSIONED};
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicPtr, Ordering};
 
-/// One intercepted entry point.
-pub struct Hook {
-    pub name: &'static CStr,
-    pub lib: Lib,
-    pub wrapper: *const c_void,
-    pub real: AtomicPtr<c_void>,
-}
+/// The address of one exported wrapper.
+pub struct Wrapper(pub *const c_void);
 
-// SAFETY: `wrapper` is an immutable function address; `real` is atomic.
-unsafe impl Sync for Hook {}
+// SAFETY: a function address is immutable and valid from every thread.
+unsafe impl Sync for Wrapper {}
 
-const fn cstr(b: &'static [u8]) -> &'static CStr {
-    match CStr::from_bytes_with_nul(b) {
-        Ok(c) => c,
-        Err(_) => panic!("hook name"),
-    }
-}
-
-macro_rules! hooks {
+macro_rules! wrappers {
     ($($lib:ident $module:ident :: $name:ident;)*) => {
-        /// Index of each hook in [`HOOKS`], named after the C symbol.
-        #[allow(non_camel_case_types)]
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        #[repr(usize)]
-        pub enum H { $($name),* }
-
-        /// Every intercepted symbol, in the order of [`H`].
-        pub static HOOKS: [Hook; [$(stringify!($name)),*].len()] = [$(Hook {
-            name: cstr(concat!(stringify!($name), "\0").as_bytes()),
-            lib: Lib::$lib,
-            wrapper: $module::$name as *const c_void,
-            real: AtomicPtr::new(std::ptr::null_mut()),
-        }),*];
+        /// Every wrapper, in the order of [`crate::driver::H`].
+        pub static WRAPPERS: [Wrapper; driver::COUNT] = [$(Wrapper($module::$name as *const c_void)),*];
     };
 }
+hook_list!(wrappers);
 
-hooks! {
-    Cuda cuda::cuMemAlloc_v2;
-    Cuda cuda::cuMemAllocPitch_v2;
-    Cuda cuda::cuMemAllocManaged;
-    Cuda mempool::cuMemAllocAsync;
-    Cuda mempool::cuMemAllocAsync_ptsz;
-    Cuda mempool::cuMemAllocFromPoolAsync;
-    Cuda mempool::cuMemAllocFromPoolAsync_ptsz;
-    Cuda cuda::cuMemCreate;
-    Cuda cuda::cuMemRelease;
-    Cuda cuda::cuMemFree_v2;
-    Cuda cuda::cuMemFreeAsync;
-    Cuda cuda::cuMemFreeAsync_ptsz;
-    Cuda mempool::cuMemPoolCreate;
-    Cuda mempool::cuMemPoolDestroy;
-    Cuda mempool::cuMemPoolTrimTo;
-    Cuda mempool::cuCtxSynchronize;
-    Cuda mempool::cuStreamSynchronize;
-    Cuda mempool::cuStreamSynchronize_ptsz;
-    Cuda cuda::cuMemGetInfo_v2;
-    Cuda cuda::cuDeviceTotalMem_v2;
-    Cuda cuda::cuCtxCreate_v2;
-    Cuda cuda::cuCtxDestroy_v2;
-    Cuda cuda::cuDevicePrimaryCtxRetain;
-    Cuda cuda::cuLaunchKernel;
-    Cuda cuda::cuLaunchKernel_ptsz;
-    Cuda cuda::cuLaunchKernelEx;
-    Cuda cuda::cuLaunchKernelEx_ptsz;
-    Cuda cuda::cuLaunchCooperativeKernel;
-    Cuda cuda::cuLaunchCooperativeKernel_ptsz;
-    Cuda cuda::cuGraphLaunch;
-    Cuda cuda::cuGraphLaunch_ptsz;
-    Cuda cuda::cuGetProcAddress;
-    Cuda cuda::cuGetProcAddress_v2;
-    Nvml nvml::nvmlDeviceGetMemoryInfo;
-    Nvml nvml::nvmlDeviceGetMemoryInfo_v2;
-}
-
-/// Entry points the wrappers call that are not themselves intercepted.
-pub mod extra {
-    use std::ffi::CStr;
-    pub const CU_CTX_GET_CURRENT: &CStr = c"cuCtxGetCurrent";
-    pub const CU_CTX_GET_DEVICE: &CStr = c"cuCtxGetDevice";
-    pub const CU_DEVICE_GET_UUID: &CStr = c"cuDeviceGetUuid";
-    pub const CU_MEM_POOL_GET_ATTRIBUTE: &CStr = c"cuMemPoolGetAttribute";
-    pub const CU_DEVICE_GET_MEM_POOL: &CStr = c"cuDeviceGetMemPool";
-    pub const CU_DEVICE_GET_DEFAULT_MEM_POOL: &CStr = c"cuDeviceGetDefaultMemPool";
+/// Our wrapper for intercepted entry point `h`.
+pub fn wrapper(h: H) -> *mut c_void {
+    WRAPPERS[h as usize].0 as *mut c_void
 }
 
 fn is_wrapper(p: *mut c_void) -> bool {
-    HOOKS
+    WRAPPERS
         .iter()
-        .any(|h| std::ptr::eq(h.wrapper, p as *const c_void))
+        .any(|w| std::ptr::eq(w.0, p as *const c_void))
 }
 
-/// Stores `p` as the real function of `h` unless one is known or `p` is our own wrapper.
-fn adopt(h: &Hook, p: *mut c_void) {
-    if !p.is_null() && !is_wrapper(p) {
-        let _ =
-            h.real
-                .compare_exchange(std::ptr::null_mut(), p, Ordering::AcqRel, Ordering::Acquire);
-    }
-}
-
-/// The real function behind hook `h` (null when the driver library is missing).
-#[inline]
-pub fn real(h: H) -> *mut c_void {
-    let hook = &HOOKS[h as usize];
-    let p = hook.real.load(Ordering::Acquire);
-    if !p.is_null() {
-        return p;
-    }
-    resolve(hook)
-}
-
-#[cold]
-fn resolve(hook: &Hook) -> *mut c_void {
-    // The definition after this library in the global scope: the driver the program linked
-    // or loaded globally, whatever its file name.
-    // SAFETY: RTLD_NEXT is a glibc pseudo-handle.
-    adopt(hook, unsafe { sys::dlsym(libc::RTLD_NEXT, hook.name) });
-    let p = hook.real.load(Ordering::Acquire);
-    if !p.is_null() {
-        return p;
-    }
-    let handle = sys::lib_handle(hook.lib);
-    if !handle.is_null() {
-        // SAFETY: `handle` came from dlopen.
-        adopt(hook, unsafe { sys::dlsym(handle, hook.name) });
-    }
-    hook.real.load(Ordering::Acquire)
-}
-
-/// Looks up a non-intercepted symbol of a real library.
-pub fn real_extra(lib: Lib, name: &CStr) -> *mut c_void {
-    let handle = sys::lib_handle(lib);
-    if handle.is_null() {
-        return std::ptr::null_mut();
-    }
-    // SAFETY: `handle` came from dlopen.
-    unsafe { sys::dlsym(handle, name) }
-}
-
-fn find(name: &[u8]) -> Option<&'static Hook> {
-    HOOKS.iter().find(|h| h.name.to_bytes() == name)
-}
-
-/// The `dlsym` decision: our wrapper for an intercepted name found through `handle`, else null
-/// (the trampoline then jumps to glibc's `dlsym`). Also makes sure glibc's `dlsym` is known.
+/// The `dlsym` decision: our wrapper for an intercepted name that `handle` resolves to the
+/// driver's own export, else null (the trampoline then jumps to glibc's `dlsym`, which returns
+/// what the handle really has). Also makes sure glibc's `dlsym` is known.
 ///
 /// # Safety
 /// `name` is null or NUL-terminated (the `dlsym` contract).
@@ -168,7 +55,7 @@ pub unsafe extern "C" fn dlsym_decide(handle: *mut c_void, name: *const c_char) 
     if !(bytes.starts_with(b"cu") || bytes.starts_with(b"nvml")) {
         return std::ptr::null_mut();
     }
-    let Some(hook) = find(bytes) else {
+    let Some(i) = driver::find(bytes) else {
         return std::ptr::null_mut();
     };
     if state::get().is_none() {
@@ -179,11 +66,11 @@ pub unsafe extern "C" fn dlsym_decide(handle: *mut c_void, name: *const c_char) 
     };
     // SAFETY: glibc dlsym with the caller's own handle and name.
     let p = unsafe { real_dlsym(handle, name) };
-    if p.is_null() {
+    let ours = WRAPPERS[i].0 as *mut c_void;
+    if p.is_null() || !(p == ours || p == driver::real_at(i)) {
         return std::ptr::null_mut();
     }
-    adopt(hook, p);
-    hook.wrapper as *mut c_void
+    ours
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -262,38 +149,27 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
     }
 }
 
-/// Symbols whose default form became a newer versioned export at a given CUDA version.
-const VERSIONED: &[(&str, c_int, &str)] = &[
-    ("cuMemAlloc", 3020, "cuMemAlloc_v2"),
-    ("cuMemAllocPitch", 3020, "cuMemAllocPitch_v2"),
-    ("cuMemFree", 3020, "cuMemFree_v2"),
-    ("cuMemGetInfo", 3020, "cuMemGetInfo_v2"),
-    ("cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"),
-    ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
-    ("cuCtxDestroy", 4000, "cuCtxDestroy_v2"),
-    ("cuGetProcAddress", 12000, "cuGetProcAddress_v2"),
-];
-
-/// The export the driver hands out for `symbol` at `version` with `flags` (by name).
-fn concrete(symbol: &str, version: c_int, flags: u64) -> Option<&'static Hook> {
-    const PER_THREAD: u64 = 2;
-    if flags & PER_THREAD != 0 {
-        if let Some(h) = find(format!("{symbol}_ptsz").as_bytes()) {
-            return Some(h);
+/// The export the driver hands out for `symbol` at `version` with `flags`, by name: the
+/// `_ptsz` form for the per-thread default stream, else the newest versioned export the
+/// version allows (the unversioned one below the first). Intercepted ones only.
+fn concrete(symbol: &str, version: c_int, flags: u64) -> Option<usize> {
+    if flags & proc_flags::PER_THREAD_DEFAULT_STREAM != 0 {
+        if let Some(i) = driver::find(format!("{symbol}_ptsz").as_bytes()) {
+            return Some(i);
         }
     }
-    for &(base, min, name) in VERSIONED {
-        if base == symbol {
-            // Below `min` the driver hands out the original export (intercepted only if
-            // it is in the table: the 32-bit-size legacy ones are not).
-            return find(if version >= min { name } else { base }.as_bytes());
-        }
-    }
-    find(symbol.as_bytes())
+    let newest = VERSIONED
+        .iter()
+        .filter(|(base, min, _)| *base == symbol && version >= *min)
+        .map(|(_, _, name)| *name)
+        .next_back();
+    // Below the first version the driver hands out the original export (intercepted only if
+    // it is in the table: the 32-bit-size legacy ones are not).
+    driver::find(newest.unwrap_or(symbol).as_bytes())
 }
 
 /// After a successful real `cuGetProcAddress`: swap in our wrapper if `*pfn` is an
-/// intercepted entry point. Matched by address against the real exports first (exact for
+/// intercepted entry point. Matched by address against the driver's exports first (exact for
 /// any version/flag combination), by name, version and flags second.
 ///
 /// # Safety
@@ -309,36 +185,71 @@ pub unsafe fn fixup_proc_address(
     }
     // SAFETY: valid per the caller.
     let p = unsafe { *pfn };
-    if p.is_null() {
+    if p.is_null() || is_wrapper(p) {
         return;
     }
-    if is_wrapper(p) {
-        return;
-    }
-    for (i, h) in HOOKS.iter().enumerate() {
-        if h.lib == Lib::Cuda && real_by_index(i) == p {
-            // SAFETY: valid per the caller.
-            unsafe { *pfn = h.wrapper as *mut c_void };
-            return;
-        }
-    }
-    // SAFETY: NUL-terminated per the caller.
-    let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
-    if let Some(h) = concrete(name, version, flags) {
-        adopt(h, p);
+    let by_address =
+        (0..driver::COUNT).find(|&i| SLOTS[i].lib == Lib::Cuda && driver::real_at(i) == p);
+    let hit = by_address.or_else(|| {
+        // SAFETY: NUL-terminated per the caller.
+        let name = unsafe { CStr::from_ptr(symbol) }.to_str().unwrap_or("");
+        concrete(name, version, flags)
+    });
+    if let Some(i) = hit {
         // SAFETY: valid per the caller.
-        unsafe { *pfn = h.wrapper as *mut c_void };
+        unsafe { *pfn = WRAPPERS[i].0 as *mut c_void };
     }
 }
 
-fn real_by_index(i: usize) -> *mut c_void {
-    let hook = &HOOKS[i];
-    let p = hook.real.load(Ordering::Acquire);
-    if p.is_null() {
-        resolve(hook)
-    } else {
-        p
+/// # Safety
+/// The CUDA driver API contract of the function of the same name (CUDA 11.3–11.8 form).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CuResult {
+    let real = real!(
+        cuGetProcAddress
+            as unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult
+    );
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { real(symbol, pfn, version, flags) };
+    if r == SUCCESS {
+        // SAFETY: forwarded caller contract; the driver succeeded, so `pfn` is valid.
+        unsafe { fixup_proc_address(symbol, pfn, version, flags) };
     }
+    r
+}
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name (CUDA 12 form).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CuResult {
+    let real = real!(
+        cuGetProcAddress_v2
+            as unsafe extern "C" fn(
+                *const c_char,
+                *mut *mut c_void,
+                c_int,
+                u64,
+                *mut c_int,
+            ) -> CuResult
+    );
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { real(symbol, pfn, version, flags, status) };
+    if r == SUCCESS {
+        // SAFETY: forwarded caller contract; the driver succeeded, so `pfn` is valid.
+        unsafe { fixup_proc_address(symbol, pfn, version, flags) };
+    }
+    r
 }
 
 #[cfg(test)]
@@ -346,16 +257,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn table_order_matches_enum() {
-        assert_eq!(HOOKS[H::cuMemAlloc_v2 as usize].name, c"cuMemAlloc_v2");
+    fn tables_share_one_order() {
+        assert_eq!(SLOTS[H::cuMemAlloc_v2 as usize].name, c"cuMemAlloc_v2");
         assert_eq!(
-            HOOKS[H::nvmlDeviceGetMemoryInfo_v2 as usize].name,
+            SLOTS[H::nvmlDeviceGetMemoryInfo_v2 as usize].name,
             c"nvmlDeviceGetMemoryInfo_v2"
         );
-        assert_eq!(
-            HOOKS[H::cuGetProcAddress_v2 as usize].name,
-            c"cuGetProcAddress_v2"
-        );
+        assert!(std::ptr::eq(
+            wrapper(H::cuGetProcAddress_v2),
+            cuGetProcAddress_v2 as *const c_void
+        ));
+        assert!(std::ptr::eq(
+            wrapper(H::cuArrayDestroy),
+            arrays::cuArrayDestroy as *const c_void
+        ));
     }
 
     #[test]
@@ -406,10 +321,39 @@ mod tests {
                 0,
                 Some("cuGetProcAddress"),
             ),
+            (
+                "context, CUDA 11.0",
+                "cuCtxCreate",
+                11000,
+                0,
+                Some("cuCtxCreate_v2"),
+            ),
+            (
+                "context, CUDA 11.4",
+                "cuCtxCreate",
+                11040,
+                0,
+                Some("cuCtxCreate_v3"),
+            ),
+            (
+                "context, CUDA 12.5",
+                "cuCtxCreate",
+                12050,
+                0,
+                Some("cuCtxCreate_v4"),
+            ),
+            ("array", "cuArrayCreate", 12000, 0, Some("cuArrayCreate_v2")),
+            (
+                "primary release",
+                "cuDevicePrimaryCtxRelease",
+                11000,
+                0,
+                Some("cuDevicePrimaryCtxRelease_v2"),
+            ),
             ("not intercepted", "cuModuleLoad", 12000, 0, None),
         ];
         for (what, sym, ver, flags, want) in cases {
-            let got = concrete(sym, *ver, *flags).map(|h| h.name.to_str().unwrap_or(""));
+            let got = concrete(sym, *ver, *flags).map(|i| SLOTS[i].name.to_str().unwrap_or(""));
             assert_eq!(got, *want, "{what}");
         }
     }

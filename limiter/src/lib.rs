@@ -11,14 +11,22 @@
 //! programs), the `dlsym` override (programs that `dlopen` the driver), and
 //! `cuGetProcAddress`/`_v2` (the CUDA runtime 11.3+). See `limiter/README.md`.
 //!
-//! Module map: [`limits`] (pure parsing), [`region`] (shared accounting file), [`state`]
-//! (process-wide limiter), [`sm`] (token bucket), [`pools`] (watched stream-ordered memory
-//! pools), [`cuda`], [`mempool`] and [`nvml`] (exported wrappers),
-//! [`interpose`] (hook table, `dlsym`, `cuGetProcAddress`), [`sys`] (libc FFI).
+//! Module map, each depending only on those listed after it:
+//! - the exported wrappers: [`interpose`] (wrapper table, `dlsym`, `cuGetProcAddress`), then
+//!   [`launch`] (launch and synchronise), [`mempool`] (stream-ordered allocations),
+//!   [`arrays`], [`contexts`], [`memory`] (plain allocations, memory reports), [`nvml`];
+//! - the SM cap: [`watcher`] (refill thread) and [`sm`] (token buckets);
+//! - the accounting: [`state`] (process-wide limiter), [`pools`] (watched memory pools),
+//!   [`region`] (shared accounting file), [`limits`] (pure parsing);
+//! - [`driver`]: asking the real driver (entry points, queries), and [`sys`] (libc FFI).
 
-pub mod cuda;
+pub mod arrays;
+pub mod contexts;
+pub mod driver;
 pub mod interpose;
+pub mod launch;
 pub mod limits;
+pub mod memory;
 pub mod mempool;
 pub mod nvml;
 pub mod pools;
@@ -26,6 +34,7 @@ pub mod region;
 pub mod sm;
 pub mod state;
 pub mod sys;
+pub mod watcher;
 
 /// Resolves glibc's `dlsym` at load time, before any caller can reach our `dlsym`.
 extern "C" fn on_load() {

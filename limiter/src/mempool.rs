@@ -1,6 +1,7 @@
 //! Exported wrappers for stream-ordered allocation: `cuMemAllocAsync`,
 //! `cuMemAllocFromPoolAsync` (and `_ptsz`), and the calls after which a pool may have shrunk
-//! (`cuMemPoolTrimTo`, `cuMemPoolDestroy`, `cuCtxSynchronize`, `cuStreamSynchronize`).
+//! (`cuMemPoolTrimTo`, `cuMemPoolDestroy`; `cuCtxSynchronize` and `cuStreamSynchronize` live
+//! in `launch.rs`; they and `cuMemPoolTrimTo` run through `shrinking`).
 //!
 //! What counts is a pool's *reserved* memory (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, read from
 //! the real driver), not the requests: memory a pool keeps after `cuMemFreeAsync` (up to its
@@ -8,74 +9,17 @@
 //! limiter refuses it with `CUDA_ERROR_OUT_OF_MEMORY` when `request − the pool's free reserved
 //! memory` does not fit under the cap; after it, the pool's growth (new reading − last charged
 //! reading, [`crate::pools`]) is charged. Every other result is the driver's own `CUresult`.
-#![allow(clippy::too_many_arguments)]
 
-use crate::cuda::{self, extra_fn, read_ptr, real, CuResult, Opaque, NOT_INITIALIZED};
-use crate::cuda::{OUT_OF_MEMORY, SUCCESS};
-use crate::interpose::{self, extra, H};
-use crate::limits::MAX_DEVICES;
+use crate::driver::cuda::{self as drv, Opaque};
+use crate::driver::real;
+use crate::memory::{self, read_ptr};
 use crate::pools::{Delta, Entry, NOT_DEVICE, POOLS};
 use crate::state::{self, Kind, Limiter};
-use std::ffi::{c_int, c_uint, c_void, CStr};
-use std::sync::atomic::AtomicPtr;
-
-/// `CUmemPool_attribute` values (cuda.h).
-const ATTR_RESERVED_MEM_CURRENT: c_int = 5;
-const ATTR_USED_MEM_CURRENT: c_int = 7;
-
-static POOL_GET_ATTRIBUTE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-static DEVICE_GET_MEM_POOL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-static DEVICE_GET_DEFAULT_MEM_POOL: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
-
-/// A `cuuint64_t` attribute of `pool` from the real driver.
-fn attr(pool: usize, which: c_int) -> Option<u64> {
-    let p = extra_fn(&POOL_GET_ATTRIBUTE, extra::CU_MEM_POOL_GET_ATTRIBUTE);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: the driver's cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute, void*).
-    let f = unsafe {
-        std::mem::transmute::<
-            *mut c_void,
-            unsafe extern "C" fn(Opaque, c_int, *mut c_void) -> CuResult,
-        >(p)
-    };
-    let mut v: u64 = 0;
-    // SAFETY: both attributes asked for here are cuuint64_t; `v` is a valid out-pointer.
-    (unsafe { f(pool as Opaque, which, (&mut v as *mut u64).cast()) } == SUCCESS).then_some(v)
-}
-
-/// `cuDeviceGetMemPool` (current pool) or `cuDeviceGetDefaultMemPool` of ordinal `ord`.
-fn device_pool(slot: &AtomicPtr<c_void>, name: &CStr, ord: usize) -> Option<usize> {
-    let p = extra_fn(slot, name);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: both functions are CUresult f(CUmemoryPool*, CUdevice).
-    let f = unsafe {
-        std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut Opaque, c_int) -> CuResult>(p)
-    };
-    let mut pool: Opaque = std::ptr::null_mut();
-    // SAFETY: `pool` is a valid out-pointer.
-    let r = unsafe { f(&mut pool, c_int::try_from(ord).ok()?) };
-    (r == SUCCESS && !pool.is_null()).then_some(pool as usize)
-}
-
-/// The device of a pool the limiter has not seen created: the one whose default or current
-/// pool it is.
-fn device_of(pool: usize) -> Option<usize> {
-    (0..MAX_DEVICES)
-        .map_while(|ord| {
-            let default = device_pool(
-                &DEVICE_GET_DEFAULT_MEM_POOL,
-                extra::CU_DEVICE_GET_DEFAULT_MEM_POOL,
-                ord,
-            )?;
-            let current = device_pool(&DEVICE_GET_MEM_POOL, extra::CU_DEVICE_GET_MEM_POOL, ord);
-            Some((ord, default == pool || current == Some(pool)))
-        })
-        .find_map(|(ord, hit)| hit.then_some(ord))
-}
+use cuda_abi::pool_attr::{
+    RESERVED_MEM_CURRENT as ATTR_RESERVED_MEM_CURRENT, USED_MEM_CURRENT as ATTR_USED_MEM_CURRENT,
+};
+use cuda_abi::result::{OUT_OF_MEMORY, SUCCESS};
+use cuda_abi::{CuResult, MemPoolPropsHead, LOCATION_DEVICE};
 
 /// Applies a pool size change to the shared accounting (capped devices only).
 fn apply(l: &Limiter, ord: usize, d: Delta) {
@@ -88,15 +32,54 @@ fn apply(l: &Limiter, ord: usize, d: Delta) {
     }
 }
 
-/// Re-reads the reserved size of `pool` and charges or credits the change.
+/// Re-reads the reserved size of `pool` and charges or credits the change. The reading replaces
+/// the charge only if no allocation charged growth meanwhile (else it may be older than that
+/// growth): then the pool is read again.
 fn resync(l: &Limiter, pool: usize, e: &Entry) {
-    if let (Some(ord), Some(reserved)) = (e.ord(), attr(pool, ATTR_RESERVED_MEM_CURRENT)) {
-        apply(l, ord, e.update(reserved));
+    let Some(ord) = e.ord() else {
+        return;
+    };
+    for _ in 0..3 {
+        let before = e.charged();
+        let Some(reserved) = drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT) else {
+            return;
+        };
+        if let Some(d) = e.replace(before, reserved) {
+            apply(l, ord, d);
+            return;
+        }
+    }
+    // A busy pool: growth only, the shrinkage is credited at the next synchronisation.
+    grow(l, pool, e);
+}
+
+/// Re-reads the reserved size of `pool` and charges any growth (an allocation never shrinks a
+/// pool, so a reading lower than the charge is older than it and ignored).
+fn grow(l: &Limiter, pool: usize, e: &Entry) {
+    if let (Some(ord), Some(reserved)) = (e.ord(), drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT))
+    {
+        apply(l, ord, e.raise(reserved));
     }
 }
 
+/// Most time a call that may shrink pools waits for allocations in flight to settle.
+const SHRINK_WAIT_NS: u64 = 50_000_000;
+
+/// Runs a call after which pools may have shrunk (synchronisation, trim) so that no allocation
+/// counts on free pool memory that goes away meanwhile, then re-reads every watched pool.
+pub(crate) fn shrinking(call: impl FnOnce() -> CuResult) -> CuResult {
+    if !state::get().is_some_and(|l| l.limits.any_mem()) {
+        return call();
+    }
+    let r = POOLS.shrink(SHRINK_WAIT_NS, call);
+    if r == SUCCESS {
+        resync_all();
+    }
+    r
+}
+
 /// Re-reads every watched pool (after a synchronisation, when pools release memory).
-fn resync_all() {
+pub(crate) fn resync_all() {
     if let Some(l) = state::get().filter(|l| l.limits.any_mem()) {
         for (pool, e) in POOLS.iter() {
             resync(l, pool, e);
@@ -115,25 +98,22 @@ fn counted_async(
         return call();
     };
     let found = match pool {
-        None => cuda::current_ordinal().and_then(|ord| {
-            let p = device_pool(&DEVICE_GET_MEM_POOL, extra::CU_DEVICE_GET_MEM_POOL, ord)?;
-            Some((p, Some(ord)))
-        }),
+        None => drv::current_ordinal().and_then(|ord| Some((drv::current_pool(ord)?, Some(ord)))),
         Some(p) if p.is_null() => return call(),
         Some(p) => Some((p as usize, None)),
     };
     let entry = found.and_then(|(pool, ord)| {
         let e = POOLS.find(pool).or_else(|| {
             let ord = ord
-                .or_else(|| device_of(pool))
-                .or_else(cuda::current_ordinal)?;
+                .or_else(|| drv::device_of_pool(pool))
+                .or_else(drv::current_ordinal)?;
             POOLS.register(pool, u32::try_from(ord).ok()?)
         })?;
         Some((pool, e))
     });
     // No pool to watch (driver without pool queries, table full): count the request.
     let Some((pool, e)) = entry else {
-        return cuda::counted_current(size, call, key);
+        return memory::counted_current(size, call, key);
     };
     let Some(ord) = e.ord() else {
         return call();
@@ -141,27 +121,64 @@ fn counted_async(
     if l.mem_limit(ord).is_none() {
         return call();
     }
-    let (Some(reserved), Some(used)) = (
-        attr(pool, ATTR_RESERVED_MEM_CURRENT),
-        attr(pool, ATTR_USED_MEM_CURRENT),
-    ) else {
-        return cuda::counted(ord, size, Kind::Ptr, call, key);
-    };
-    apply(l, ord, e.update(reserved));
-    // The most the pool can grow by: the request less its free reserved memory.
-    let need = size.saturating_sub(reserved.saturating_sub(used));
+    // The most the pool can grow by: the request less the pool's free reserved memory that no
+    // other allocation in flight has been promised. A reading taken while another allocation
+    // of this pool completed may count memory that one took: then it is read again.
+    let mut granted = 0;
+    let mut readings = 0;
+    loop {
+        let since = e.completed();
+        let (Some(reserved), Some(used)) = (
+            drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT),
+            drv::pool_attr(pool, ATTR_USED_MEM_CURRENT),
+        ) else {
+            return memory::counted(
+                ord,
+                drv::current().map_or(0, |(c, _)| c),
+                size,
+                Kind::Ptr,
+                call,
+                key,
+            );
+        };
+        apply(l, ord, e.raise(reserved));
+        if POOLS.shrinking() {
+            // The free memory read may be going away right now: promise nothing.
+            break;
+        }
+        if let Some(g) = e.promise(size, reserved.saturating_sub(used), since) {
+            // A shrink that began after the check above waits for this promise to settle;
+            // one that began before it may have taken the memory: promise nothing then.
+            if !POOLS.shrinking() {
+                granted = g;
+            } else {
+                e.unpromise(g);
+            }
+            break;
+        }
+        readings += 1;
+        if readings == 3 {
+            // Busy pool: assume nothing free (may refuse what would fit, never over-admit).
+            break;
+        }
+    }
+    let need = size - granted;
     let ticket = if need == 0 {
         None
     } else {
         match l.reserve(ord, need) {
             Ok(t) => t,
-            Err(()) => return OUT_OF_MEMORY,
+            Err(()) => {
+                e.unpromise(granted);
+                return OUT_OF_MEMORY;
+            }
         }
     };
     let r = call();
     if r == SUCCESS {
-        resync(l, pool, e);
+        grow(l, pool, e);
     }
+    e.complete(granted);
     if let Some(t) = ticket {
         l.unreserve(t);
     }
@@ -170,7 +187,6 @@ fn counted_async(
 
 type AllocStreamFn = unsafe extern "C" fn(*mut u64, usize, Opaque) -> CuResult;
 type AllocPoolFn = unsafe extern "C" fn(*mut u64, usize, Opaque, Opaque) -> CuResult;
-type SyncStreamFn = unsafe extern "C" fn(Opaque) -> CuResult;
 
 /// # Safety
 /// The CUDA driver API contract of the function of the same name.
@@ -242,15 +258,6 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     )
 }
 
-/// Head of `CUmemPoolProps`: allocation type, handle types, location {type, id}.
-#[repr(C)]
-pub struct MemPoolPropsHead {
-    pub alloc_type: c_uint,
-    pub handle_types: c_uint,
-    pub location_type: c_uint,
-    pub location_id: c_int,
-}
-
 /// # Safety
 /// The CUDA driver API contract of the function of the same name.
 #[no_mangle]
@@ -271,7 +278,6 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     };
     // SAFETY: the driver accepted both; they are valid per the caller.
     let (handle, props) = unsafe { (*pool as usize, &*props) };
-    const LOCATION_DEVICE: c_uint = 1;
     let ord = if props.location_type == LOCATION_DEVICE {
         u32::try_from(props.location_id).unwrap_or(NOT_DEVICE)
     } else {
@@ -292,7 +298,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Opaque) -> CuResult {
     let f = real!(cuMemPoolDestroy as unsafe extern "C" fn(Opaque) -> CuResult);
     let watched = state::get().is_some() && POOLS.find(pool as usize).is_some();
     let used = if watched {
-        attr(pool as usize, ATTR_USED_MEM_CURRENT)
+        drv::pool_attr(pool as usize, ATTR_USED_MEM_CURRENT)
     } else {
         None
     };
@@ -316,50 +322,5 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Opaque) -> CuResult {
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Opaque, keep: usize) -> CuResult {
     let f = real!(cuMemPoolTrimTo as unsafe extern "C" fn(Opaque, usize) -> CuResult);
     // SAFETY: forwarded caller contract.
-    let r = unsafe { f(pool, keep) };
-    if r == SUCCESS {
-        if let (Some(l), Some(e)) = (state::get(), POOLS.find(pool as usize)) {
-            resync(l, pool as usize, e);
-        }
-    }
-    r
-}
-
-/// # Safety
-/// The CUDA driver API contract of the function of the same name.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxSynchronize() -> CuResult {
-    let f = real!(cuCtxSynchronize as unsafe extern "C" fn() -> CuResult);
-    // SAFETY: forwarded caller contract.
-    let r = unsafe { f() };
-    if r == SUCCESS {
-        resync_all();
-    }
-    r
-}
-
-/// # Safety
-/// The CUDA driver API contract of the function of the same name.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamSynchronize(stream: Opaque) -> CuResult {
-    let f = real!(cuStreamSynchronize as SyncStreamFn);
-    // SAFETY: forwarded caller contract.
-    let r = unsafe { f(stream) };
-    if r == SUCCESS {
-        resync_all();
-    }
-    r
-}
-
-/// # Safety
-/// The CUDA driver API contract of the function of the same name.
-#[no_mangle]
-pub unsafe extern "C" fn cuStreamSynchronize_ptsz(stream: Opaque) -> CuResult {
-    let f = real!(cuStreamSynchronize_ptsz as SyncStreamFn);
-    // SAFETY: forwarded caller contract.
-    let r = unsafe { f(stream) };
-    if r == SUCCESS {
-        resync_all();
-    }
-    r
+    shrinking(|| unsafe { f(pool, keep) })
 }

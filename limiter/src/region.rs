@@ -121,8 +121,15 @@ fn map(fd: i32) -> Result<&'static Region, OpenError> {
     Ok(unsafe { &*(p as *const Region) })
 }
 
-/// An anonymous region: accounting for this process only (fallback).
+/// An anonymous region: accounting for this process only (fallback when the file cannot be
+/// opened).
 pub fn private() -> &'static Region {
+    let r = private_zeroed();
+    r.init_header();
+    r
+}
+
+fn private_zeroed() -> &'static Region {
     // Anonymous mappings cannot fail short of address-space exhaustion; then there is
     // nothing sane left to do but leak a zeroed heap allocation instead.
     map(-1).unwrap_or_else(|_| {
@@ -180,11 +187,7 @@ pub fn open(path: &Path) -> Result<&'static Region, OpenError> {
     let r = map(fd.0)?;
     let magic = r.magic.load(SeqCst);
     if magic == 0 {
-        r.version.store(VERSION, SeqCst);
-        r.size.store(SIZE as u32, SeqCst);
-        r.max_devices.store(MAX_DEVICES as u32, SeqCst);
-        r.max_procs.store(MAX_PROCS as u32, SeqCst);
-        r.magic.store(MAGIC, SeqCst);
+        r.init_header();
     } else if magic != MAGIC
         || r.version.load(SeqCst) != VERSION
         || r.size.load(SeqCst) != SIZE as u32
@@ -250,6 +253,31 @@ fn uuid_words(uuid: &[u8; 16]) -> (u64, u64) {
 }
 
 impl Region {
+    fn init_header(&self) {
+        self.version.store(VERSION, SeqCst);
+        self.size.store(SIZE as u32, SeqCst);
+        self.max_devices.store(MAX_DEVICES as u32, SeqCst);
+        self.max_procs.store(MAX_PROCS as u32, SeqCst);
+        self.magic.store(MAGIC, SeqCst);
+    }
+
+    /// Whether the header still says this library's layout. Another program (HAMi-core shares
+    /// the variable that names this file) may rewrite the file in its own layout at any time;
+    /// from then on nothing in it may be read as counters or written.
+    #[inline]
+    pub fn layout_ok(&self) -> bool {
+        self.magic.load(SeqCst) == MAGIC && self.version.load(SeqCst) == VERSION
+    }
+
+    /// The header as it is now (for the message when [`Self::layout_ok`] turns false).
+    pub fn header(&self) -> OpenError {
+        OpenError::Mismatch {
+            magic: self.magic.load(SeqCst),
+            version: self.version.load(SeqCst),
+            size: self.size.load(SeqCst),
+        }
+    }
+
     /// Entry index of the device with `uuid`, if any process recorded it.
     pub fn find_dev(&self, uuid: &[u8; 16]) -> Option<usize> {
         let (a, b) = uuid_words(uuid);
@@ -415,6 +443,19 @@ mod tests {
         assert_eq!(r.used(dev), 0);
         // Reopening maps the same data; a foreign file is a mismatch, not a crash.
         assert!(open(&path).is_ok());
+        assert!(r.layout_ok(), "our own layout");
+        // Another program rewrites the header while the file is attached.
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.write_all_at(&[0x4e, 0xf7, 0x12, 0x01, 0, 0, 0, 0], 0)
+                .unwrap();
+        }
+        assert!(!r.layout_ok(), "a rewritten header is seen at once");
+        assert!(
+            matches!(open(&path), Err(OpenError::Mismatch { .. })),
+            "and refused at the next attach"
+        );
         let bad = dir.join("bad");
         std::fs::write(&bad, b"not a region at all").unwrap();
         assert!(matches!(open(&bad), Err(OpenError::Mismatch { .. })));

@@ -1,19 +1,13 @@
-//! The SM cap: a token bucket per CUDA device on every launch path, refilled by a watcher
-//! thread from NVML per-process utilisation of the container's processes.
+//! The SM cap's token buckets: one per CUDA device, taken from on every launch path and
+//! refilled by the watcher thread (`watcher.rs`).
 //!
 //! Hot path (under the cap): two relaxed/acq-rel atomic operations, no `getenv`, no
-//! allocation, no lock. The watcher estimates the GPU time one launch costs from this
-//! process's utilisation and launch count, and sets the refill rate to
-//! `(cap − other container processes' utilisation) / cost per launch`.
+//! allocation, no lock.
+#![forbid(unsafe_code)]
 
 use crate::limits::{Limits, MAX_DEVICES};
-use crate::{nvml, state, sys};
+use crate::sys;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-
-const TICK_NS: u64 = 20_000_000;
-const MEASURE_EVERY: u32 = 5;
-const INITIAL_RATE: f64 = 1000.0;
-const MAX_RATE: f64 = 1e9;
 
 /// One device's bucket.
 pub struct Bucket {
@@ -29,7 +23,8 @@ pub struct Sm {
     pub buckets: [Bucket; MAX_DEVICES],
 }
 
-static WATCHER_STARTED: AtomicBool = AtomicBool::new(false);
+/// Set once the watcher thread of this process runs (claimed by `watcher::start`).
+pub static WATCHER_STARTED: AtomicBool = AtomicBool::new(false);
 
 /// The watcher thread does not survive `fork`; the child starts its own.
 pub fn after_fork_child() {
@@ -49,189 +44,29 @@ impl Sm {
         }
     }
 
-    /// Takes one launch token for CUDA ordinal `ord`, waiting while the bucket is in debt.
+    /// Takes one launch token for CUDA ordinal `ord`. False when the caller must start the
+    /// watcher (if it does not run yet) and [`Self::wait`]: the bucket is in debt.
     #[inline(always)]
-    pub fn gate(&self, ord: usize) {
+    pub fn take(&self, ord: usize) -> bool {
+        let Some(b) = self.buckets.get(ord) else {
+            return true;
+        };
+        if b.target == 0 {
+            return true;
+        }
+        b.launched.fetch_add(1, Ordering::Relaxed);
+        b.tokens.fetch_sub(1, Ordering::AcqRel) > 0 && WATCHER_STARTED.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the bucket of `ord` is out of debt.
+    #[cold]
+    #[inline(never)]
+    pub fn wait(&self, ord: usize) {
         let Some(b) = self.buckets.get(ord) else {
             return;
         };
-        if b.target == 0 {
-            return;
-        }
-        b.launched.fetch_add(1, Ordering::Relaxed);
-        if b.tokens.fetch_sub(1, Ordering::AcqRel) > 0 && WATCHER_STARTED.load(Ordering::Relaxed) {
-            return;
-        }
-        self.wait(b);
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn wait(&self, b: &Bucket) {
-        start_watcher();
         while b.tokens.load(Ordering::Acquire) < 0 {
             sys::sleep_ns(200_000);
         }
-    }
-}
-
-fn start_watcher() {
-    if WATCHER_STARTED.swap(true, Ordering::AcqRel) {
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("gpushare-sm".into())
-        .spawn(watch);
-    if spawned.is_err() {
-        sys::warn("cannot start the SM watcher thread; SM cap not enforced");
-        if let Some(l) = state::get() {
-            for b in &l.sm.buckets {
-                b.tokens.store(i64::MAX / 2, Ordering::Release);
-            }
-        }
-    }
-}
-
-/// Controller state of one device (watcher-thread local).
-struct Ctl {
-    handle: Option<*mut std::ffi::c_void>,
-    tried_handle: bool,
-    last_seen: u64,
-    rate: f64,
-    cost: f64,
-    carry: f64,
-    last_measure: u64,
-    /// Integral correction on the container's measured utilisation vs the cap.
-    corr: f64,
-}
-
-fn watch() {
-    let Some(l) = state::get() else {
-        return;
-    };
-    // Become a member of the container in the shared file, so that the others count our
-    // utilisation as the container's (and we theirs) even without any memory cap.
-    let _ = l.slot();
-    let mut ctl: Vec<Ctl> = (0..MAX_DEVICES)
-        .map(|_| Ctl {
-            handle: None,
-            tried_handle: false,
-            last_seen: 0,
-            rate: INITIAL_RATE,
-            cost: 0.0,
-            carry: 0.0,
-            last_measure: sys::now_ns(),
-            corr: 1.0,
-        })
-        .collect();
-    let mut last = sys::now_ns();
-    let mut tick: u32 = 0;
-    loop {
-        sys::sleep_ns(TICK_NS);
-        let now = sys::now_ns();
-        let dt = (now - last) as f64 / 1e9;
-        last = now;
-        tick = tick.wrapping_add(1);
-        for (ord, (b, c)) in l.sm.buckets.iter().zip(ctl.iter_mut()).enumerate() {
-            if b.target == 0 {
-                continue;
-            }
-            if tick.is_multiple_of(MEASURE_EVERY) {
-                measure(l, ord, b, c, now);
-            }
-            let add = c.rate * dt + c.carry;
-            let whole = add.floor();
-            c.carry = add - whole;
-            let burst = (c.rate * TICK_NS as f64 / 1e9).max(1.0) as i64;
-            let _ = b
-                .tokens
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                    Some(t.saturating_add(whole as i64).min(burst.max(t)))
-                });
-        }
-    }
-}
-
-fn measure(l: &state::Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
-    if !c.tried_handle {
-        c.tried_handle = true;
-        c.handle = nvml::handle_for_ordinal(ord);
-        if c.handle.is_none() {
-            // Without utilisation figures a fixed rate would be an arbitrary cap: fail open,
-            // loudly.
-            sys::warn(&format!(
-                "NVML (libnvidia-ml.so.1) does not answer for CUDA device {ord}; its SM cap is not enforced"
-            ));
-            c.rate = MAX_RATE;
-        }
-    }
-    let window = (now - c.last_measure) as f64 / 1e9;
-    c.last_measure = now;
-    let launched = b.launched.swap(0, Ordering::AcqRel);
-    let Some(h) = c.handle else {
-        return;
-    };
-    // SAFETY: `h` came from the real nvmlDeviceGetHandleByUUID.
-    let Some(samples) = (unsafe { nvml::process_util(h, c.last_seen) }) else {
-        return;
-    };
-    if c.last_seen == 0 {
-        // The first answer covers an unknown span: it only sets the timestamp baseline.
-        c.last_seen = samples.iter().map(|s| s.time_stamp).max().unwrap_or(0);
-        return;
-    }
-    let own = sys::getpid();
-    let members = l.region.pids();
-    let mut per_pid: Vec<(u32, u32, u32)> = Vec::new(); // pid, sum, count
-    for s in &samples {
-        c.last_seen = c.last_seen.max(s.time_stamp);
-        match per_pid.iter_mut().find(|p| p.0 == s.pid) {
-            Some(p) => {
-                p.1 += s.sm_util;
-                p.2 += 1;
-            }
-            None => per_pid.push((s.pid, s.sm_util, 1)),
-        }
-    }
-    let avg = |p: &(u32, u32, u32)| f64::from(p.1) / f64::from(p.2.max(1));
-    let mut own_util = per_pid.iter().find(|p| p.0 == own).map(avg);
-    let matched: Vec<&(u32, u32, u32)> =
-        per_pid.iter().filter(|p| members.contains(&p.0)).collect();
-    let container = if matched.is_empty() {
-        // Pids not visible as the container sees them (PID namespace): count the device.
-        per_pid.iter().map(avg).sum::<f64>()
-    } else {
-        matched.iter().map(|p| avg(p)).sum::<f64>()
-    };
-    if own_util.is_none() && matched.is_empty() {
-        own_util = Some(container);
-    }
-    let own_util = own_util.unwrap_or(0.0);
-    let target = f64::from(b.target) / 100.0;
-    if launched > 0 && window > 0.0 {
-        if own_util > 0.5 {
-            let sample = own_util / 100.0 * window / launched as f64;
-            c.cost = if c.cost == 0.0 {
-                sample
-            } else {
-                0.5 * c.cost + 0.5 * sample
-            };
-        } else {
-            // Launches that leave no measurable trace: the kernels got cheaper (or NVML has
-            // no samples); let the rate grow.
-            c.cost = if c.cost < 1e-12 { 0.0 } else { c.cost * 0.5 };
-        }
-    }
-    let others = ((container - own_util) / 100.0).max(0.0);
-    let budget = (target - others).max(target * 0.1);
-    if c.cost > 0.0 && container > 0.5 {
-        // Estimation bias and the other processes' lag: nudge toward the cap itself.
-        let err = (target * 100.0 - container) / (target * 100.0);
-        c.corr = (c.corr * (1.0 + 0.3 * err).clamp(0.8, 1.2)).clamp(0.5, 1.5);
-    }
-    if c.cost > 0.0 {
-        c.rate = (c.corr * budget / c.cost).min(MAX_RATE);
-    } else if launched > 0 {
-        c.rate = (c.rate * 2.0).min(MAX_RATE);
     }
 }

@@ -2,20 +2,24 @@
 //! allocations it has counted. `None` (inert) when no limit is configured.
 #![forbid(unsafe_code)]
 
+use crate::driver::cuda as drv;
 use crate::limits::{self, Limits, MAX_DEVICES};
-use crate::region::{self, Region};
-use crate::sm::Sm;
-use crate::{cuda, sys};
-use std::collections::HashMap;
+use crate::region::{self, OpenError, Region};
+use crate::sm::{self, Sm};
+use crate::sys;
+use rustc_hash::FxHashMap as HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-/// Kinds of counted objects (device pointers and `cuMemCreate` handles live apart).
+/// Kinds of counted objects: device pointers, `cuMemCreate` handles, arrays and mipmapped
+/// arrays live in separate key spaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     Ptr,
     Handle,
+    Array,
+    Mipmapped,
 }
 
 /// What one counted allocation holds.
@@ -24,18 +28,51 @@ pub struct Counted {
     slot: usize,
     dev: usize,
     size: u64,
+    /// The context that owns it (0: none; `cuMemCreate` memory belongs to the process).
+    ctx: usize,
+    /// The process that counted it: a forked child inherits the table but not the memory.
+    pid: u32,
 }
 
 /// A reservation made before calling the driver.
 #[derive(Debug, Clone, Copy)]
 pub struct Ticket(Counted);
 
+impl Ticket {
+    /// Bytes reserved.
+    pub fn size(&self) -> u64 {
+        self.0.size
+    }
+}
+
+/// A context whose own footprint was measured: its device and the bytes charged.
+#[derive(Debug, Clone, Copy)]
+struct Footprint {
+    ord: usize,
+    bytes: u64,
+}
+
+/// The contexts this process created (context → CUDA ordinal) and the measured footprints.
+/// The footprint stays counted while any context of the process on that device lives: the
+/// driver's per-device share goes only with the last one.
+#[derive(Default)]
+struct Footprints {
+    live: HashMap<usize, usize>,
+    measured: HashMap<usize, Footprint>,
+}
+
 pub struct Limiter {
     pub limits: Limits,
     pub region: &'static Region,
     region_path: Option<PathBuf>,
+    /// Why allocations are refused (the shared file has another layout), if they are.
+    refused: OnceLock<String>,
     pub sm: Sm,
     allocs: Mutex<HashMap<(Kind, u64), Counted>>,
+    /// How many allocations `allocs` holds (written under its lock): a free finds nothing to
+    /// forget without taking the lock when it is 0.
+    allocs_live: AtomicUsize,
+    footprints: Mutex<Footprints>,
     /// Region device entry per CUDA ordinal (`u32::MAX`: not yet known).
     ord_dev: [AtomicU32; MAX_DEVICES],
     footprint_done: [AtomicBool; MAX_DEVICES],
@@ -43,6 +80,7 @@ pub struct Limiter {
 
 static LIMITER: OnceLock<Option<Limiter>> = OnceLock::new();
 static OWN_SLOT: AtomicUsize = AtomicUsize::new(usize::MAX);
+static OWN_PID: AtomicU32 = AtomicU32::new(0);
 static SLOT_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// The limiter, initialised on first use; `None` when inert.
@@ -103,7 +141,19 @@ fn shared_path(limits: &Limits) -> PathBuf {
 
 extern "C" fn after_fork_child() {
     OWN_SLOT.store(usize::MAX, Ordering::SeqCst);
-    crate::sm::after_fork_child();
+    OWN_PID.store(sys::getpid(), Ordering::SeqCst);
+    sm::after_fork_child();
+}
+
+/// The message for a shared file that is not (or no longer) this library's layout.
+fn refusal(path: &Path, e: &OpenError) -> String {
+    format!(
+        "shared accounting file {}: {e}: another program (HAMi-core's libvgpu.so reads the same \
+         CUDA_DEVICE_MEMORY_SHARED_CACHE variable) or another gpushare version uses it; refusing \
+         device-memory allocations rather than counting them apart: give this container its own \
+         file or remove the stale one",
+        path.display()
+    )
 }
 
 fn init() -> Option<Limiter> {
@@ -115,8 +165,15 @@ fn init() -> Option<Limiter> {
         return None;
     }
     let path = shared_path(&limits);
+    let refused = OnceLock::new();
     let (region, region_path) = match region::open(&path) {
         Ok(r) => (r, Some(path)),
+        Err(e @ OpenError::Mismatch { .. }) => {
+            let msg = refusal(&path, &e);
+            sys::error(&msg);
+            let _ = refused.set(msg);
+            (region::private(), None)
+        }
         Err(e) => {
             sys::warn(&format!(
                 "shared accounting file {}: {e}; counting this process's memory alone",
@@ -125,13 +182,17 @@ fn init() -> Option<Limiter> {
             (region::private(), None)
         }
     };
+    OWN_PID.store(sys::getpid(), Ordering::SeqCst);
     sys::at_fork_child(after_fork_child);
     Some(Limiter {
         sm: Sm::new(&limits),
         limits,
         region,
         region_path,
-        allocs: Mutex::new(HashMap::new()),
+        refused,
+        allocs: Mutex::new(HashMap::default()),
+        allocs_live: AtomicUsize::new(0),
+        footprints: Mutex::new(Footprints::default()),
         ord_dev: [const { AtomicU32::new(u32::MAX) }; MAX_DEVICES],
         footprint_done: [const { AtomicBool::new(false) }; MAX_DEVICES],
     })
@@ -143,8 +204,37 @@ impl Limiter {
         self.limits.mem.get(ord).copied().flatten()
     }
 
+    /// Whether the shared file can be used: its header is still this library's layout. The
+    /// first time it is not, the refusal is recorded and printed once.
+    #[inline]
+    pub fn shared_ok(&self) -> bool {
+        if self.refused.get().is_some() {
+            return false;
+        }
+        if self.region.layout_ok() {
+            return true;
+        }
+        self.refuse_changed();
+        false
+    }
+
+    #[cold]
+    fn refuse_changed(&self) {
+        let path = self
+            .region_path
+            .as_deref()
+            .unwrap_or(Path::new("(private)"));
+        let msg = refusal(path, &self.region.header());
+        if self.refused.set(msg.clone()).is_ok() {
+            sys::error(&msg);
+        }
+    }
+
     /// This process's slot in the region.
     pub fn slot(&self) -> Option<usize> {
+        if !self.shared_ok() {
+            return None;
+        }
         let s = OWN_SLOT.load(Ordering::Acquire);
         if s != usize::MAX {
             return Some(s);
@@ -172,7 +262,10 @@ impl Limiter {
         if cached != u32::MAX {
             return Some(cached as usize);
         }
-        let uuid = cuda::real_uuid(ord)?;
+        if !self.shared_ok() {
+            return None;
+        }
+        let uuid = drv::uuid(ord)?;
         let e = self.region.dev_entry(
             self.region_path.as_deref(),
             &uuid,
@@ -183,56 +276,160 @@ impl Limiter {
     }
 
     /// Reserves `size` bytes on `ord` before the driver call. `Ok(None)`: not counted
-    /// (device uncapped or bookkeeping unavailable); `Err(())`: over the cap.
+    /// (device uncapped or bookkeeping unavailable); `Err(())`: over the cap, or the shared
+    /// file has another layout (fail closed).
     #[allow(clippy::result_unit_err)]
     pub fn reserve(&self, ord: usize, size: u64) -> Result<Option<Ticket>, ()> {
         let Some(limit) = self.mem_limit(ord) else {
             return Ok(None);
         };
+        if !self.shared_ok() {
+            return Err(());
+        }
         let (Some(dev), Some(slot)) = (self.dev_entry(ord), self.slot()) else {
             return Ok(None);
         };
-        if self
-            .region
-            .try_reserve(slot, dev, size, limit, sys::getpid())
-        {
-            Ok(Some(Ticket(Counted { slot, dev, size })))
+        let pid = OWN_PID.load(Ordering::Relaxed);
+        if self.region.try_reserve(slot, dev, size, limit, pid) {
+            Ok(Some(Ticket(Counted {
+                slot,
+                dev,
+                size,
+                ctx: 0,
+                pid,
+            })))
         } else {
             Err(())
         }
     }
 
-    /// Gives a reservation back (the driver call failed).
-    pub fn unreserve(&self, t: Ticket) {
-        self.region.release(t.0.slot, t.0.dev, t.0.size);
+    /// Grows or shrinks a reservation to `size` (the driver's own figure, known only after the
+    /// call). Growth is checked against the cap: `Err` (the ticket unchanged) when it does not
+    /// fit.
+    pub fn resize(&self, ord: usize, t: Ticket, size: u64) -> Result<Ticket, Ticket> {
+        let c = t.0;
+        if size <= c.size {
+            self.release_bytes(&c, c.size - size);
+            return Ok(Ticket(Counted { size, ..c }));
+        }
+        match self.reserve(ord, size - c.size) {
+            Ok(Some(extra)) => {
+                // Both live in this process's slot on the same device: merge them.
+                debug_assert!(extra.0.slot == c.slot && extra.0.dev == c.dev);
+                Ok(Ticket(Counted { size, ..c }))
+            }
+            Ok(None) => Ok(t),
+            Err(()) => Err(t),
+        }
     }
 
-    /// Remembers a successful allocation so its free can be matched.
-    pub fn commit(&self, kind: Kind, key: u64, t: Ticket) {
-        let old = self
-            .allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((kind, key), t.0);
+    fn release_bytes(&self, c: &Counted, bytes: u64) {
+        if bytes != 0 && c.pid == OWN_PID.load(Ordering::Relaxed) && self.shared_ok() {
+            self.region.release(c.slot, c.dev, bytes);
+        }
+    }
+
+    /// Gives a reservation back (the driver call failed).
+    pub fn unreserve(&self, t: Ticket) {
+        self.release_bytes(&t.0, t.0.size);
+    }
+
+    /// Remembers a successful allocation, owned by context `ctx` (0: by the process), so its
+    /// free, or its context's destruction, can be matched.
+    pub fn commit(&self, kind: Kind, key: u64, t: Ticket, ctx: usize) {
+        let old = {
+            let mut allocs = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+            let old = allocs.insert((kind, key), Counted { ctx, ..t.0 });
+            self.allocs_live.store(allocs.len(), Ordering::Release);
+            old
+        };
         if let Some(c) = old {
             // The driver reused a key we still counted: the earlier free bypassed us.
-            self.region.release(c.slot, c.dev, c.size);
+            self.release_bytes(&c, c.size);
         }
     }
 
     /// Forgets an allocation after a successful free; unknown keys are left alone.
     pub fn forget(&self, kind: Kind, key: u64) {
-        let c = self
-            .allocs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(kind, key));
+        // The allocation being freed was committed before the program could free it, so its
+        // count is visible here.
+        if self.allocs_live.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let c = {
+            let mut allocs = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+            let c = allocs.remove(&(kind, key));
+            self.allocs_live.store(allocs.len(), Ordering::Release);
+            c
+        };
         if let Some(c) = c {
-            self.region.release(c.slot, c.dev, c.size);
+            self.release_bytes(&c, c.size);
         }
     }
 
-    /// Whether the context footprint on `ord` still has to be measured (true once).
+    /// Context `ctx` was destroyed: the driver freed everything it owned, and its own
+    /// footprint, if this process measured one.
+    pub fn forget_context(&self, ctx: usize) {
+        if ctx == 0 {
+            return;
+        }
+        let gone: Vec<Counted> = {
+            let mut allocs = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<(Kind, u64)> = allocs
+                .iter()
+                .filter(|(_, c)| c.ctx == ctx)
+                .map(|(k, _)| *k)
+                .collect();
+            let gone = keys.iter().filter_map(|k| allocs.remove(k)).collect();
+            self.allocs_live.store(allocs.len(), Ordering::Release);
+            gone
+        };
+        for c in &gone {
+            self.release_bytes(c, c.size);
+        }
+        let credit = {
+            let mut fps = self.footprints.lock().unwrap_or_else(|e| e.into_inner());
+            fps.live.remove(&ctx);
+            match fps.measured.remove(&ctx) {
+                Some(fp) => {
+                    let heir = fps
+                        .live
+                        .iter()
+                        .find(|&(_, &o)| o == fp.ord)
+                        .map(|(&c, _)| c);
+                    match heir {
+                        Some(other) => {
+                            fps.measured.insert(other, fp);
+                            None
+                        }
+                        None => Some(fp),
+                    }
+                }
+                None => None,
+            }
+        };
+        if let Some(fp) = credit {
+            self.credit(fp.ord, fp.bytes);
+            // The next context on the device is measured again.
+            if let Some(done) = self.footprint_done.get(fp.ord) {
+                done.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Records context `ctx` on `ord`, just created (or the primary context, retained).
+    pub fn context_created(&self, ctx: usize, ord: usize) {
+        if ctx != 0 {
+            self.footprints
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .live
+                .insert(ctx, ord);
+        }
+    }
+
+    /// Whether the context footprint on `ord` still has to be measured (true once, until the
+    /// measured context's device has no context of this process left).
     pub fn take_footprint_turn(&self, ord: usize) -> bool {
         self.mem_limit(ord).is_some()
             && self
@@ -241,17 +438,33 @@ impl Limiter {
                 .is_some_and(|f| !f.swap(true, Ordering::AcqRel))
     }
 
-    /// Counts a context's own footprint (no cap check: the context exists already).
-    pub fn add_footprint(&self, ord: usize, bytes: u64) {
-        if let (Some(dev), Some(slot)) = (self.dev_entry(ord), self.slot()) {
-            self.region.add(slot, dev, bytes);
+    /// Counts the own footprint of context `ctx` on `ord` (no cap check: the context exists
+    /// already); credited again when the last context of the process on `ord` is destroyed.
+    pub fn add_footprint(&self, ctx: usize, ord: usize, bytes: u64) {
+        self.charge(ord, bytes);
+        if ctx != 0 && bytes != 0 {
+            self.footprints
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .measured
+                .insert(ctx, Footprint { ord, bytes });
+        }
+    }
+
+    /// Gives the footprint-measuring turn on `ord` back (the context creation failed).
+    pub fn return_footprint_turn(&self, ord: usize) {
+        if let Some(done) = self.footprint_done.get(ord) {
+            done.store(false, Ordering::Release);
         }
     }
 
     /// Charges `bytes` on `ord` without a cap check (memory the driver already handed out).
     pub fn charge(&self, ord: usize, bytes: u64) {
-        if bytes != 0 {
-            self.add_footprint(ord, bytes);
+        if bytes == 0 {
+            return;
+        }
+        if let (Some(dev), Some(slot)) = (self.dev_entry(ord), self.slot()) {
+            self.region.add(slot, dev, bytes);
         }
     }
 
@@ -265,9 +478,22 @@ impl Limiter {
         }
     }
 
-    /// Bytes the container uses on region entry `dev` (dead processes reclaimed first).
+    /// Bytes the container uses on region entry `dev` (dead processes reclaimed first). With a
+    /// shared file of another layout: `u64::MAX` (nothing is free).
     pub fn container_used(&self, dev: usize) -> u64 {
+        if !self.shared_ok() {
+            return u64::MAX;
+        }
         self.region.reclaim_dead(sys::getpid());
         self.region.used(dev)
+    }
+
+    /// Pids of the container's processes in the shared file (none if it has another layout).
+    pub fn member_pids(&self) -> Vec<u32> {
+        if self.shared_ok() {
+            self.region.pids()
+        } else {
+            Vec::new()
+        }
     }
 }

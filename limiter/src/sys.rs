@@ -148,6 +148,13 @@ pub fn warn(msg: &str) {
     let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
+/// Writes one error line to stderr (something is refused); a failing stderr is ignored.
+pub fn error(msg: &str) {
+    use std::io::Write;
+    let line = format!("gpushare-limiter: error: {msg}\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

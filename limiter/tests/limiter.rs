@@ -411,16 +411,28 @@ fn unknown_free_is_passed_through_untouched() {
 }
 
 #[test]
-fn a_mismatched_shared_file_is_an_error_message_not_a_crash() {
+fn a_mismatched_shared_file_refuses_allocations_with_a_message_not_a_crash() {
     let mut s = setup!("mismatch");
     s.set("CUDA_DEVICE_MEMORY_LIMIT", "1g");
     std::fs::write(s.dir.join("cache"), vec![0xab; 4096]).expect("write");
     let p = s.run(&["direct", "cap", "0", "100"]).ok();
-    assert!(p.stderr.contains("layout mismatch"), "stderr: {}", p.stderr);
+    assert!(
+        p.stderr.contains("layout mismatch")
+            && p.stderr.contains("refusing device-memory allocations"),
+        "stderr: {}",
+        p.stderr
+    );
     assert_eq!(
         p.u("ALLOC_TOTAL"),
-        1000 * MIB,
-        "cap still enforced for the process itself"
+        0,
+        "fail closed: nothing allocated rather than counted apart"
+    );
+    assert_eq!(p.u("OOM_RC"), 2, "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(p.u("MEMINFO_FREE"), 0, "nothing reported free");
+    assert_eq!(
+        std::fs::read(s.dir.join("cache")).expect("read"),
+        vec![0xab; 4096],
+        "the file is not touched"
     );
 }
 
@@ -494,6 +506,25 @@ fn two_processes_of_one_container_share_one_sm_cap() {
     // Approximate by design (each process subtracts the others' measured share), so a wider
     // band than the single-process tests; two independent 30% caps would give about 60%.
     assert!((22.0..=40.0).contains(&util), "container total {util:.1}%");
+}
+
+#[test]
+fn the_sm_watcher_asks_nvml_only_about_devices_that_exist() {
+    let mut s = setup!("sm-one-gpu");
+    // CUDA_DEVICE_SM_LIMIT caps all 16 ordinals; the machine has one GPU.
+    s.set("CUDA_DEVICE_SM_LIMIT", "30")
+        .set("GPUSHARE_SIM_DEVICES", "4096");
+    let p = s.run(&["direct", "launch", "0", "1", "kernel"]).ok();
+    assert!(p.stderr.is_empty(), "no warnings: {}", p.stderr);
+    s.set("GPUSHARE_SIM_FAIL", "nvmlInit_v2");
+    let p = s.run(&["direct", "launch", "0", "1", "kernel"]).ok();
+    assert_eq!(
+        p.stderr.lines().count(),
+        1,
+        "one warning, for the one device: {}",
+        p.stderr
+    );
+    assert!(p.stderr.contains("CUDA device 0"), "{}", p.stderr);
 }
 
 #[test]

@@ -26,6 +26,9 @@ pub struct Config {
     pub kernel_ns: u64,
     /// `GPUSHARE_SIM_CTX_MIB`: device memory a context itself occupies.
     pub ctx_bytes: u64,
+    /// `GPUSHARE_SIM_PITCH_ALIGN`: row alignment of `cuMemAllocPitch` and CUDA arrays, bytes (a
+    /// power of two; 512 by default).
+    pub pitch_align: u64,
 }
 
 fn warn(msg: &str) {
@@ -93,6 +96,15 @@ impl Config {
             fail,
             kernel_ns: parse_u64("GPUSHARE_SIM_KERNEL_US", DEFAULT_KERNEL_US).saturating_mul(1000),
             ctx_bytes: parse_u64("GPUSHARE_SIM_CTX_MIB", 0).saturating_mul(1 << 20),
+            pitch_align: match parse_u64("GPUSHARE_SIM_PITCH_ALIGN", 512) {
+                a if a.is_power_of_two() && a <= 1 << 20 => a,
+                a => {
+                    warn(&format!(
+                        "GPUSHARE_SIM_PITCH_ALIGN={a} is not a power of two up to 1 MiB; using 512"
+                    ));
+                    512
+                }
+            },
         }
     }
 }

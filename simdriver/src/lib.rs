@@ -11,6 +11,7 @@
 //! | `GPUSHARE_SIM_FAIL` | comma list of exported function names that fail: NVML ones return `NVML_ERROR_UNKNOWN` (999), CUDA ones `CUDA_ERROR_UNKNOWN` (999) | none |
 //! | `GPUSHARE_SIM_KERNEL_US` | simulated GPU time of one kernel launch, microseconds | `500` |
 //! | `GPUSHARE_SIM_CTX_MIB` | device memory a context itself occupies, MiB | `0` |
+//! | `GPUSHARE_SIM_PITCH_ALIGN` | row alignment of pitched memory and CUDA arrays, bytes | `512` |
 //!
 //! GPU `i`: UUID `GPU-5a1e0000-0000-4000-8000-{i:012x}`, name
 //! `Simulated GPU (gpushare test driver)`, minor number `i`, NVML index `i` (CUDA ordinal `i`
@@ -31,7 +32,10 @@
 //! are pointers into a static table and are validated when passed back. Utilisation sample
 //! timestamps are CLOCK_MONOTONIC microseconds.
 //!
-//! CUDA: allocations are bookkeeping only (fake device pointers, no host memory behind them);
+//! CUDA: allocations are bookkeeping only (fake device pointers, no host memory behind them),
+//! owned by the context that was current (freed when it is destroyed, as a real driver does;
+//! `cuMemCreate` memory belongs to the process); arrays take driver-like rounded sizes; host
+//! allocations are real host memory;
 //! a launch queues `GPUSHARE_SIM_KERNEL_US` of simulated busy time on the calling process's
 //! timeline for the context's device (blocking once more than 20 ms is queued), which NVML
 //! reports as that process's SM utilisation. Synchronise calls wait for the queue to drain.

@@ -82,21 +82,22 @@ static const char *path;
 
 static void die(const char *what) { fprintf(stderr, "cuprobe: %s\n", what); exit(3); }
 
-static void *resolve(const char *versioned, const char *base) {
+/* `version` 0: the CUDA version the path stands for (11.8 or 12.2). */
+static void *resolve_at(const char *versioned, const char *base, int version) {
     void *p = NULL;
     if (!strcmp(path, "dlopen")) {
         p = dlsym(lib, versioned);
     } else if (!strcmp(path, "procaddr")) {
-        if (gp11(base, &p, 11080, CU_GET_PROC_ADDRESS_DEFAULT) != CUDA_SUCCESS) p = NULL;
+        if (gp11(base, &p, version ? version : 11080, CU_GET_PROC_ADDRESS_DEFAULT) != CUDA_SUCCESS) p = NULL;
     } else {
         int status = -1;
-        if (gp12(base, &p, 12020, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) p = NULL;
+        if (gp12(base, &p, version ? version : 12020, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) p = NULL;
     }
     if (!p) { fprintf(stderr, "cuprobe: cannot resolve %s\n", versioned); exit(3); }
     return p;
 }
 
-#define R(field, versioned, base) cu.field = resolve(versioned, base)
+#define R(field, versioned, base) cu.field = resolve_at(versioned, base, 0)
 
 static void setup(void) {
     if (!strcmp(path, "direct")) {
@@ -130,7 +131,8 @@ static void setup(void) {
         die("unknown path");
     }
     R(Init, "cuInit", "cuInit"); R(DeviceGet, "cuDeviceGet", "cuDeviceGet");
-    R(CtxCreate, "cuCtxCreate_v2", "cuCtxCreate");
+    /* From CUDA 11.4 on "cuCtxCreate" is cuCtxCreate_v3 (another signature): ask for 3.2's. */
+    cu.CtxCreate = resolve_at("cuCtxCreate_v2", "cuCtxCreate", 3020);
     R(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
     R(CtxSetCurrent, "cuCtxSetCurrent", "cuCtxSetCurrent");
     R(CtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize");

@@ -22,7 +22,27 @@ pub struct Built {
     pub probe: PathBuf,
     pub nvmlprobe: PathBuf,
     pub interposer: PathBuf,
+    pub conformance: PathBuf,
+    pub foreign: PathBuf,
     pub nested: PathBuf,
+}
+
+/// Compiles a C test program or library with `cc`.
+fn cc(args: &[&str], out: &Path, src: &Path, libs: &[String]) {
+    let o = Command::new("cc")
+        .args(args)
+        .arg("-o")
+        .arg(out)
+        .arg(src)
+        .args(libs)
+        .output()
+        .expect("cc");
+    assert!(
+        o.status.success(),
+        "cc {} failed: {}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 pub fn root() -> PathBuf {
@@ -116,17 +136,45 @@ pub fn built() -> Result<&'static Built, &'static str> {
                 "cc nvmlprobe.c failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
+            let conformance = nested.join("conformance");
+            cc(
+                &["-O2", "-Wall", "-pthread"],
+                &conformance,
+                &root.join("tests/limiter/conformance.c"),
+                &[
+                    format!("-L{}", simlib.display()),
+                    "-lcuda".into(),
+                    "-ldl".into(),
+                ],
+            );
+            let foreign = nested.join("libforeign.so");
+            cc(
+                &["-O2", "-Wall", "-shared", "-fPIC"],
+                &foreign,
+                &root.join("tests/limiter/foreign.c"),
+                &[],
+            );
             Ok(Built {
                 limiter: debug.join("libgpushare_limiter.so"),
                 simlib,
                 probe,
                 nvmlprobe,
                 interposer,
+                conformance,
+                foreign,
                 nested,
             })
         })
         .as_ref()
         .map_err(|e| *e)
+}
+
+/// A test that cannot run: fails under `CI=true`, else says SKIPPED loudly.
+pub fn skip(name: &str, why: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{name}: {why} (CI=true: the test must run)");
+    }
+    eprintln!("SKIPPED {name}: {why}");
 }
 
 #[macro_export]
@@ -135,7 +183,7 @@ macro_rules! setup {
         match $crate::common::built() {
             Ok(b) => $crate::common::Scratch::new(b, $name),
             Err(why) => {
-                eprintln!("SKIPPED {}: {why}", $name);
+                $crate::common::skip($name, why);
                 return;
             }
         }
@@ -220,6 +268,55 @@ impl Scratch {
         self.command(args).spawn().expect("spawn cuprobe")
     }
 
+    /// Runs the conformance probe to completion (60 s watchdog).
+    pub fn conform(&self, args: &[&str]) -> Probe {
+        use std::io::Read;
+        let mut child = self
+            .program(&self.b.conformance, args)
+            .spawn()
+            .expect("spawn conformance");
+        // Drained while it runs: the output may be larger than a pipe holds.
+        let drain = |r: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut buf);
+                }
+                buf
+            })
+        };
+        let out = drain(
+            child
+                .stdout
+                .take()
+                .map(|o| Box::new(o) as Box<dyn Read + Send>),
+        );
+        let err = drain(
+            child
+                .stderr
+                .take()
+                .map(|e| Box::new(e) as Box<dyn Read + Send>),
+        );
+        let start = Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                break st;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("conformance {args:?} hung");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let output = Output {
+            status,
+            stdout: out.join().expect("stdout reader"),
+            stderr: err.join().expect("stderr reader"),
+        };
+        Probe::from(output, args)
+    }
+
     /// Runs nvmlprobe to completion.
     pub fn nvml(&self, args: &[&str]) -> Probe {
         let out = self
@@ -254,6 +351,7 @@ impl Drop for Scratch {
 
 pub struct Probe {
     pub vals: HashMap<String, String>,
+    pub stdout: String,
     pub stderr: String,
     pub code: Option<i32>,
     args: String,
@@ -269,6 +367,7 @@ impl Probe {
             .collect();
         Probe {
             vals,
+            stdout,
             stderr: String::from_utf8_lossy(&o.stderr).to_string(),
             code: o.status.code(),
             args: format!("{args:?}"),

@@ -1,10 +1,12 @@
 //! TEST-ONLY: simulated CUDA contexts (created and primary), the per-thread current-context
-//! stack and context synchronisation.
+//! stack and context synchronisation. Destroying a context (`cuCtxDestroy`, and for the
+//! primary context `cuDevicePrimaryCtxReset` or its last `cuDevicePrimaryCtxRelease`) frees
+//! every allocation and array it owns, as a real driver does.
 
-use super::memory::device_give;
+use super::memory::{device_give, free_owned_by};
 use super::{
     current_dev, dev_index, enter, put, record, with_driver, CuDevice, CuResult, Driver, Opaque,
-    CTX_STACK, INVALID_CONTEXT, INVALID_VALUE, SUCCESS,
+    CONTEXT_ALREADY_IN_USE, CTX_STACK, INVALID_CONTEXT, INVALID_VALUE, SUCCESS,
 };
 use crate::config::config;
 use crate::state;
@@ -47,26 +49,51 @@ fn new_ctx(d: &mut Driver, dev: usize) -> usize {
     p
 }
 
-/// # Safety
-/// `ctx` null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v2(
-    ctx: *mut Opaque,
-    _flags: c_uint,
-    dev: CuDevice,
-) -> CuResult {
-    tri!(enter("cuCtxCreate_v2"));
+fn create(name: &str, ctx: *mut Opaque, dev: CuDevice) -> CuResult {
+    tri!(enter(name));
     let i = tri!(dev_index(dev));
     if ctx.is_null() {
         return INVALID_VALUE;
     }
     if state::compute_mode(i) == 2 {
-        return 216; // CUDA_ERROR_CONTEXT_ALREADY_IN_USE is close; prohibited devices refuse contexts
+        // A prohibited device refuses contexts; the real driver's code is close to this one.
+        return CONTEXT_ALREADY_IN_USE;
     }
     let p = with_driver(|d| new_ctx(d, i));
     CTX_STACK.with(|s| s.borrow_mut().push(p));
     // SAFETY: checked non-null; writable per the caller.
     unsafe { put(ctx, p as Opaque) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxCreate_v2(ctx: *mut Opaque, _flags: c_uint, dev: CuDevice) -> CuResult {
+    create("cuCtxCreate_v2", ctx, dev)
+}
+
+/// CUDA 11.4 form with execution-affinity parameters (accepted and ignored).
+#[no_mangle]
+pub extern "C" fn cuCtxCreate_v3(
+    ctx: *mut Opaque,
+    params: *mut std::ffi::c_void,
+    num_params: c_int,
+    _flags: c_uint,
+    dev: CuDevice,
+) -> CuResult {
+    if num_params < 0 || (num_params > 0 && params.is_null()) {
+        return INVALID_VALUE;
+    }
+    create("cuCtxCreate_v3", ctx, dev)
+}
+
+/// CUDA 12.5 form with `CUctxCreateParams` (null or ignored).
+#[no_mangle]
+pub extern "C" fn cuCtxCreate_v4(
+    ctx: *mut Opaque,
+    _params: *mut std::ffi::c_void,
+    _flags: c_uint,
+    dev: CuDevice,
+) -> CuResult {
+    create("cuCtxCreate_v4", ctx, dev)
 }
 
 #[no_mangle]
@@ -79,6 +106,7 @@ pub extern "C" fn cuCtxDestroy_v2(ctx: Opaque) -> CuResult {
             return None;
         }
         let dev = d.contexts.remove(&p)?;
+        free_owned_by(d, p);
         ctx_removed(d, dev);
         Some(())
     });
@@ -220,6 +248,7 @@ fn primary_release(name: &str, dev: CuDevice, reset: bool) -> CuResult {
         }
         let (p, _) = d.primary.remove(&i)?;
         d.contexts.remove(&p);
+        free_owned_by(d, p);
         ctx_removed(d, i);
         Some(Some(p))
     });

@@ -127,15 +127,50 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
     attrib: c_int,
     dev: CuDevice,
 ) -> CuResult {
+    use cuda_abi::device_attr::*;
     tri!(enter("cuDeviceGetAttribute"));
     let i = tri!(dev_index(dev));
+    // An H100 SXM's figures, which SM limiters size their budgets from.
     let v = match attrib {
-        1 => 1024,            // max threads per block
-        16 => 132,            // multiprocessor count
-        33 => i as c_int + 1, // PCI bus id
-        75 => 9,              // compute capability major
-        76 => 0,              // compute capability minor
-        _ => 0,
+        MAX_THREADS_PER_BLOCK => 1024,
+        MAX_BLOCK_DIM_X | MAX_BLOCK_DIM_Y => 1024,
+        MAX_BLOCK_DIM_Z => 64,
+        MAX_GRID_DIM_X => c_int::MAX,
+        MAX_GRID_DIM_Y | MAX_GRID_DIM_Z => 65535,
+        MAX_SHARED_MEMORY_PER_BLOCK => 48 << 10,
+        TOTAL_CONSTANT_MEMORY => 64 << 10,
+        WARP_SIZE => 32,
+        MAX_PITCH => c_int::MAX,
+        MAX_REGISTERS_PER_BLOCK | MAX_REGISTERS_PER_MULTIPROCESSOR => 65536,
+        CLOCK_RATE => 1_980_000,
+        TEXTURE_ALIGNMENT => 512,
+        TEXTURE_PITCH_ALIGNMENT => 32,
+        GPU_OVERLAP | CAN_MAP_HOST_MEMORY | CONCURRENT_KERNELS | ECC_ENABLED => 1,
+        UNIFIED_ADDRESSING | STREAM_PRIORITIES_SUPPORTED | MANAGED_MEMORY => 1,
+        CONCURRENT_MANAGED_ACCESS | COOPERATIVE_LAUNCH => 1,
+        VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED | MEMORY_POOLS_SUPPORTED => 1,
+        MULTIPROCESSOR_COUNT => 132,
+        INTEGRATED => 0,
+        COMPUTE_MODE => match crate::state::compute_mode(i) {
+            // NVML's EXCLUSIVE_PROCESS is 3, CUDA's CU_COMPUTEMODE_EXCLUSIVE_PROCESS 3 too;
+            // PROHIBITED is 2 in both.
+            m @ (0 | 2 | 3) => m as c_int,
+            _ => 0,
+        },
+        PCI_BUS_ID => i as c_int + 1,
+        PCI_DEVICE_ID | PCI_DOMAIN_ID => 0,
+        MEMORY_CLOCK_RATE => 2_619_000,
+        GLOBAL_MEMORY_BUS_WIDTH => 5120,
+        L2_CACHE_SIZE => 50 << 20,
+        MAX_THREADS_PER_MULTIPROCESSOR => 2048,
+        ASYNC_ENGINE_COUNT => 3,
+        COMPUTE_CAPABILITY_MAJOR => 9,
+        COMPUTE_CAPABILITY_MINOR => 0,
+        MAX_SHARED_MEMORY_PER_MULTIPROCESSOR => 228 << 10,
+        MAX_SHARED_MEMORY_PER_BLOCK_OPTIN => 227 << 10,
+        MAX_BLOCKS_PER_MULTIPROCESSOR => 32,
+        a if (1..=124).contains(&a) => 0,
+        _ => return INVALID_VALUE,
     };
     // SAFETY: forwarded caller contract.
     unsafe { put(value, v) }

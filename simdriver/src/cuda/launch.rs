@@ -229,3 +229,42 @@ pub extern "C" fn cuGraphLaunch(exec: Opaque, _stream: Opaque) -> CuResult {
 pub extern "C" fn cuGraphLaunch_ptsz(exec: Opaque, _stream: Opaque) -> CuResult {
     launch("cuGraphLaunch_ptsz", exec)
 }
+
+/// # Safety
+/// `out` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(out: *mut Opaque, _flags: c_uint) -> CuResult {
+    tri!(enter("cuEventCreate"));
+    tri!(current_dev());
+    // SAFETY: forwarded caller contract.
+    unsafe { put(out, token()) }
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventRecord(ev: Opaque, _stream: Opaque) -> CuResult {
+    tri!(enter("cuEventRecord"));
+    if ev.is_null() {
+        return INVALID_HANDLE;
+    }
+    SUCCESS
+}
+
+/// Waits for the device's queued work, like a synchronisation (pools release memory).
+#[no_mangle]
+pub extern "C" fn cuEventSynchronize(ev: Opaque) -> CuResult {
+    tri!(enter("cuEventSynchronize"));
+    if ev.is_null() {
+        return INVALID_HANDLE;
+    }
+    sync_and_release(tri!(current_dev()));
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn cuEventDestroy_v2(ev: Opaque) -> CuResult {
+    tri!(enter("cuEventDestroy_v2"));
+    if ev.is_null() {
+        return INVALID_HANDLE;
+    }
+    SUCCESS
+}

@@ -1,14 +1,20 @@
 //! TEST-ONLY: simulated CUDA device memory: per-process accounting against the GPU's size,
-//! plain allocations (`cuMemAlloc*`, `cuMemCreate`), frees and `cuMemGetInfo`.
+//! plain allocations (`cuMemAlloc*`, `cuMemCreate`), frees, `cuMemGetInfo`, the allocation
+//! granularity, and two test-only probes of what happened underneath an interposer
+//! (`gpushare_sim_mem_peak`, `gpushare_sim_last_free`).
 
 use super::{
-    current_dev, dev_index, enter, record, with_driver, CuDevicePtr, CuResult, INVALID_VALUE,
-    NEXT_PTR, OUT_OF_MEMORY, SUCCESS,
+    current_ctx, dev_index, enter, put, record, with_driver, Alloc, CuDevicePtr, CuResult, Driver,
+    INVALID_VALUE, NEXT_PTR, OUT_OF_MEMORY, SUCCESS,
 };
 use crate::config::{self, config};
 use crate::state;
+use cuda_abi::{MemAllocationProp, ALLOCATION_PINNED, LOCATION_DEVICE};
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Granularity of `cuMemCreate` sizes (`cuMemGetAllocationGranularity`), as on current GPUs.
+pub const GRANULARITY: u64 = 2 << 20;
 
 fn others_used(dev: usize) -> u64 {
     let own = record(dev).map_or(0, |r| r.mem_used.load(Ordering::Relaxed));
@@ -18,6 +24,12 @@ fn others_used(dev: usize) -> u64 {
 /// Cached "memory used by other processes" per device, refreshed every 100 ms.
 static OTHERS: [(AtomicU64, AtomicU64); config::MAX_DEVICES] =
     [const { (AtomicU64::new(0), AtomicU64::new(0)) }; config::MAX_DEVICES];
+
+/// Most device memory this process has held at once, per GPU.
+static PEAK: [AtomicU64; config::MAX_DEVICES] = [const { AtomicU64::new(0) }; config::MAX_DEVICES];
+
+/// The last pointer or handle passed to a free entry point.
+static LAST_FREE: AtomicU64 = AtomicU64::new(0);
 
 fn others_used_cached(dev: usize) -> u64 {
     let (val, at) = &OTHERS[dev];
@@ -42,7 +54,8 @@ pub(super) fn device_take(dev: usize, size: u64) -> Result<(), CuResult> {
         return Err(OUT_OF_MEMORY);
     }
     if let Some(r) = rec {
-        r.mem_used.fetch_add(size, Ordering::Relaxed);
+        let now = r.mem_used.fetch_add(size, Ordering::Relaxed) + size;
+        PEAK[dev].fetch_max(now, Ordering::Relaxed);
     }
     Ok(())
 }
@@ -62,20 +75,38 @@ pub(super) fn device_give(dev: usize, size: u64) {
 }
 
 pub(super) fn new_ptr(size: u64) -> u64 {
-    NEXT_PTR.fetch_add(size.div_ceil(512) * 512, Ordering::Relaxed)
+    NEXT_PTR.fetch_add(size.div_ceil(512).max(1) * 512, Ordering::Relaxed)
 }
 
-fn alloc_on(dev: usize, size: u64) -> Result<u64, CuResult> {
+fn alloc_on(dev: usize, size: u64, ctx: usize) -> Result<u64, CuResult> {
     if size == 0 {
         return Err(INVALID_VALUE);
     }
     device_take(dev, size)?;
     let ptr = new_ptr(size);
-    with_driver(|d| d.allocs.insert(ptr, (dev, size)));
+    with_driver(|d| d.allocs.insert(ptr, Alloc { dev, size, ctx }));
     Ok(ptr)
 }
 
+/// Frees every allocation and array context `ctx` owns (the driver does so when a context is
+/// destroyed). The caller holds the driver lock.
+pub(super) fn free_owned_by(d: &mut Driver, ctx: usize) {
+    d.allocs.retain(|_, a| {
+        if a.ctx == ctx {
+            device_give(a.dev, a.size);
+        }
+        a.ctx != ctx
+    });
+    d.arrays.retain(|_, a| {
+        if a.ctx == ctx {
+            device_give(a.dev, a.size);
+        }
+        a.ctx != ctx
+    });
+}
+
 pub(super) fn free_ptr(ptr: u64) -> CuResult {
+    LAST_FREE.store(ptr, Ordering::Relaxed);
     if ptr == 0 {
         return SUCCESS;
     }
@@ -92,8 +123,8 @@ pub(super) fn free_ptr(ptr: u64) -> CuResult {
             return SUCCESS;
         }
         match d.allocs.remove(&ptr) {
-            Some((dev, size)) => {
-                device_give(dev, size);
+            Some(a) => {
+                device_give(a.dev, a.size);
                 SUCCESS
             }
             None => INVALID_VALUE,
@@ -101,13 +132,13 @@ pub(super) fn free_ptr(ptr: u64) -> CuResult {
     })
 }
 
-fn alloc_current(name: &str, dptr: *mut CuDevicePtr, size: usize) -> CuResult {
+fn alloc_current(name: &str, dptr: *mut CuDevicePtr, size: u64) -> CuResult {
     tri!(enter(name));
-    let dev = tri!(current_dev());
+    let (ctx, dev) = tri!(current_ctx());
     if dptr.is_null() {
         return INVALID_VALUE;
     }
-    let p = tri!(alloc_on(dev, size as u64));
+    let p = tri!(alloc_on(dev, size, ctx));
     // SAFETY: checked non-null; writable per the C API contract.
     unsafe { dptr.write(p) };
     SUCCESS
@@ -115,7 +146,7 @@ fn alloc_current(name: &str, dptr: *mut CuDevicePtr, size: usize) -> CuResult {
 
 #[no_mangle]
 pub extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, size: usize) -> CuResult {
-    alloc_current("cuMemAlloc_v2", dptr, size)
+    alloc_current("cuMemAlloc_v2", dptr, size as u64)
 }
 
 /// # Safety
@@ -126,16 +157,21 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     pitch: *mut usize,
     width: usize,
     height: usize,
-    _elem: c_uint,
+    elem: c_uint,
 ) -> CuResult {
-    if pitch.is_null() {
+    tri!(enter("cuMemAllocPitch_v2"));
+    if pitch.is_null() || !matches!(elem, 4 | 8 | 16) {
         return INVALID_VALUE;
     }
-    let p = width.div_ceil(512) * 512;
-    let r = alloc_current("cuMemAllocPitch_v2", dptr, p.saturating_mul(height));
+    let align = config().pitch_align;
+    let p = (width as u64).div_ceil(align).saturating_mul(align);
+    let Some(size) = p.checked_mul(height as u64) else {
+        return INVALID_VALUE;
+    };
+    let r = alloc_current("cuMemAllocPitch_v2", dptr, size);
     if r == SUCCESS {
         // SAFETY: checked non-null; writable per the caller.
-        unsafe { pitch.write(p) };
+        unsafe { pitch.write(p as usize) };
     }
     r
 }
@@ -146,22 +182,13 @@ pub extern "C" fn cuMemAllocManaged(
     size: usize,
     _flags: c_uint,
 ) -> CuResult {
-    alloc_current("cuMemAllocManaged", dptr, size)
+    alloc_current("cuMemAllocManaged", dptr, size as u64)
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemFree_v2(ptr: CuDevicePtr) -> CuResult {
     tri!(enter("cuMemFree_v2"));
     free_ptr(ptr)
-}
-
-/// `CUmemAllocationProp` head: type, requested handle types, location {type, id}.
-#[repr(C)]
-pub struct MemAllocationProp {
-    pub kind: c_uint,
-    pub handle_types: c_uint,
-    pub location_type: c_uint,
-    pub location_id: c_int,
 }
 
 /// # Safety
@@ -174,13 +201,16 @@ pub unsafe extern "C" fn cuMemCreate(
     _flags: u64,
 ) -> CuResult {
     tri!(enter("cuMemCreate"));
-    if handle.is_null() || prop.is_null() {
+    if handle.is_null() || prop.is_null() || !(size as u64).is_multiple_of(GRANULARITY) {
         return INVALID_VALUE;
     }
     // SAFETY: non-null; valid per the caller.
-    let id = unsafe { (*prop).location_id };
-    let dev = tri!(dev_index(id));
-    let h = tri!(alloc_on(dev, size as u64));
+    let prop = unsafe { &*prop };
+    if prop.kind != ALLOCATION_PINNED || prop.location_type != LOCATION_DEVICE {
+        return INVALID_VALUE;
+    }
+    let dev = tri!(dev_index(prop.location_id));
+    let h = tri!(alloc_on(dev, size as u64, 0));
     // SAFETY: checked non-null.
     unsafe { handle.write(h) };
     SUCCESS
@@ -190,9 +220,32 @@ pub unsafe extern "C" fn cuMemCreate(
 pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
     tri!(enter("cuMemRelease"));
     if handle == 0 {
+        LAST_FREE.store(0, Ordering::Relaxed);
         return INVALID_VALUE;
     }
     free_ptr(handle)
+}
+
+/// # Safety
+/// `granularity` null or writable; `prop` null or a valid `CUmemAllocationProp`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const MemAllocationProp,
+    option: c_uint,
+) -> CuResult {
+    tri!(enter("cuMemGetAllocationGranularity"));
+    if prop.is_null() || option > 1 {
+        return INVALID_VALUE;
+    }
+    // SAFETY: non-null; valid per the caller.
+    let prop = unsafe { &*prop };
+    if prop.location_type != LOCATION_DEVICE {
+        return INVALID_VALUE;
+    }
+    tri!(dev_index(prop.location_id));
+    // SAFETY: forwarded caller contract (null is refused by `put`).
+    unsafe { put(granularity, GRANULARITY as usize) }
 }
 
 /// # Safety
@@ -200,7 +253,7 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
     tri!(enter("cuMemGetInfo_v2"));
-    let dev = tri!(current_dev());
+    let (_, dev) = tri!(current_ctx());
     if free.is_null() || total.is_null() {
         return INVALID_VALUE;
     }
@@ -212,4 +265,21 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         total.write(t as usize);
     }
     SUCCESS
+}
+
+/// TEST-ONLY probe (not a CUDA entry point): the most device memory this process has held at
+/// once on GPU `dev`, as the simulated driver counted it underneath any interposer.
+#[no_mangle]
+pub extern "C" fn gpushare_sim_mem_peak(dev: c_int) -> u64 {
+    usize::try_from(dev)
+        .ok()
+        .and_then(|d| PEAK.get(d))
+        .map_or(0, |p| p.load(Ordering::Relaxed))
+}
+
+/// TEST-ONLY probe (not a CUDA entry point): the pointer or handle the last free entry point
+/// (`cuMemFree_v2`, `cuMemFreeAsync`, `cuMemRelease`) received, exactly as it arrived.
+#[no_mangle]
+pub extern "C" fn gpushare_sim_last_free() -> u64 {
+    LAST_FREE.load(Ordering::Relaxed)
 }

@@ -6,32 +6,21 @@
 //! everything returns valid `CUresult` codes.
 //!
 //! This module holds the shared driver state (contexts, allocations, pools) and helpers; the
-//! exported functions live in `devices`, `contexts`, `memory`, `pools`, `launch` and
-//! `proc_address`, all re-exported here.
+//! exported functions live in `devices`, `contexts`, `memory`, `arrays`, `host`, `pools`,
+//! `launch` and `proc_address`, all re-exported here.
 
 use crate::config::{self, device_count};
 use crate::state::{self, DevRecord};
 use pools::Pool;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::ffi::{c_int, c_uint, c_void};
+use std::collections::HashSet;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-pub type CuResult = c_uint;
-pub const SUCCESS: CuResult = 0;
-pub const INVALID_VALUE: CuResult = 1;
-pub const OUT_OF_MEMORY: CuResult = 2;
-pub const NOT_INITIALIZED: CuResult = 3;
-pub const INVALID_DEVICE: CuResult = 101;
-pub const INVALID_CONTEXT: CuResult = 201;
-pub const INVALID_HANDLE: CuResult = 400;
-pub const NOT_FOUND: CuResult = 500;
-pub const NOT_SUPPORTED: CuResult = 801;
-pub const UNKNOWN: CuResult = 999;
-
-pub type CuDevice = c_int;
-pub type CuDevicePtr = u64;
+pub use cuda_abi::result::*;
+pub use cuda_abi::{CuDevice, CuDevicePtr, CuResult};
 pub type Opaque = *mut c_void;
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
@@ -43,8 +32,14 @@ struct Driver {
     primary: HashMap<usize, (usize, u32)>,
     /// Contexts per device in this process (for the footprint).
     ctx_count: [u32; config::MAX_DEVICES],
-    /// Live allocations: pointer or handle -> (device, bytes).
-    allocs: HashMap<u64, (usize, u64)>,
+    /// Live allocations: pointer or `cuMemCreate` handle -> what it holds.
+    allocs: HashMap<u64, Alloc>,
+    /// Live CUDA arrays and mipmapped arrays by handle.
+    arrays: HashMap<usize, Array>,
+    /// Live page-locked host allocations (`cuMemAllocHost`, `cuMemHostAlloc`): pointer -> bytes.
+    host: HashMap<usize, usize>,
+    /// Host ranges registered with `cuMemHostRegister`: start pointer.
+    registered: HashSet<usize>,
     /// Memory pools by handle (default, current and created ones).
     pools: HashMap<usize, Pool>,
     /// Default pool per device (0: not created yet).
@@ -53,6 +48,24 @@ struct Driver {
     current_pool: [usize; config::MAX_DEVICES],
     /// Live stream-ordered allocations: pointer -> (pool, bytes).
     pool_allocs: HashMap<u64, (usize, u64)>,
+}
+
+/// A device allocation: its GPU, size and the context that owns it (0: none, `cuMemCreate`
+/// memory belongs to the process, not to a context).
+#[derive(Debug, Clone, Copy)]
+struct Alloc {
+    dev: usize,
+    size: u64,
+    ctx: usize,
+}
+
+/// A CUDA array (or mipmapped array): GPU, bytes, owning context, which kind.
+#[derive(Debug, Clone, Copy)]
+struct Array {
+    dev: usize,
+    size: u64,
+    ctx: usize,
+    mipmapped: bool,
 }
 
 static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);
@@ -69,6 +82,9 @@ fn with_driver<T>(f: impl FnOnce(&mut Driver) -> T) -> T {
         primary: HashMap::new(),
         ctx_count: [0; config::MAX_DEVICES],
         allocs: HashMap::new(),
+        arrays: HashMap::new(),
+        host: HashMap::new(),
+        registered: HashSet::new(),
         pools: HashMap::new(),
         default_pool: [0; config::MAX_DEVICES],
         current_pool: [0; config::MAX_DEVICES],
@@ -119,24 +135,34 @@ fn record(dev: usize) -> Option<&'static DevRecord> {
 }
 
 fn current_dev() -> Result<usize, CuResult> {
+    current_ctx().map(|(_, dev)| dev)
+}
+
+/// The calling thread's current context and its device.
+fn current_ctx() -> Result<(usize, usize), CuResult> {
     let top = CTX_STACK.with(|s| s.borrow().last().copied());
     let ctx = top.ok_or(INVALID_CONTEXT)?;
-    with_driver(|d| d.contexts.get(&ctx).copied()).ok_or(INVALID_CONTEXT)
+    let dev = with_driver(|d| d.contexts.get(&ctx).copied()).ok_or(INVALID_CONTEXT)?;
+    Ok((ctx, dev))
 }
 
 fn token() -> Opaque {
     NEXT_PTR.fetch_add(512, Ordering::Relaxed) as Opaque
 }
 
+mod arrays;
 mod contexts;
 mod devices;
+mod host;
 mod launch;
 mod memory;
 mod pools;
 mod proc_address;
 
+pub use arrays::*;
 pub use contexts::*;
 pub use devices::*;
+pub use host::*;
 pub use launch::*;
 pub use memory::*;
 pub use pools::*;

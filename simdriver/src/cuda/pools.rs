@@ -4,9 +4,10 @@
 use super::memory::{device_give, device_take, free_ptr, new_ptr};
 use super::{
     current_dev, dev_index, enter, put, token, with_driver, CuDevice, CuDevicePtr, CuResult,
-    Driver, Opaque, INVALID_VALUE, SUCCESS,
+    Driver, Opaque, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS,
 };
-use std::ffi::{c_int, c_uint, c_void};
+use cuda_abi::{MemPoolPropsHead, ALLOCATION_PINNED, LOCATION_DEVICE};
+use std::ffi::{c_int, c_void};
 
 /// Granularity in which a pool's reserved memory grows and shrinks.
 pub const POOL_CHUNK: u64 = 2 << 20;
@@ -68,7 +69,9 @@ fn pool_alloc(pool: usize, size: u64) -> Result<u64, CuResult> {
             .ok_or(INVALID_VALUE)?;
         let free = p.reserved - p.used;
         if free < size {
-            let grow = (size - free).div_ceil(POOL_CHUNK) * POOL_CHUNK;
+            let grow = (size - free)
+                .checked_next_multiple_of(POOL_CHUNK)
+                .ok_or(OUT_OF_MEMORY)?;
             device_take(p.dev, grow)?;
             p.reserved += grow;
             p.reserved_high = p.reserved_high.max(p.reserved);
@@ -156,18 +159,7 @@ pub extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     alloc_async("cuMemAllocFromPoolAsync_ptsz", dptr, size, Some(pool))
 }
 
-/// `CUmempool_attribute` values (cuda.h).
-pub mod pool_attr {
-    use std::ffi::c_int;
-    pub const REUSE_FOLLOW_EVENT_DEPENDENCIES: c_int = 1;
-    pub const REUSE_ALLOW_OPPORTUNISTIC: c_int = 2;
-    pub const REUSE_ALLOW_INTERNAL_DEPENDENCIES: c_int = 3;
-    pub const RELEASE_THRESHOLD: c_int = 4;
-    pub const RESERVED_MEM_CURRENT: c_int = 5;
-    pub const RESERVED_MEM_HIGH: c_int = 6;
-    pub const USED_MEM_CURRENT: c_int = 7;
-    pub const USED_MEM_HIGH: c_int = 8;
-}
+pub use cuda_abi::pool_attr;
 
 /// # Safety
 /// `pool` null or writable.
@@ -205,15 +197,6 @@ pub extern "C" fn cuDeviceSetMemPool(dev: CuDevice, pool: Opaque) -> CuResult {
     })
 }
 
-/// Head of `CUmemPoolProps`: allocation type, handle types, location {type, id}.
-#[repr(C)]
-pub struct MemPoolPropsHead {
-    pub alloc_type: c_uint,
-    pub handle_types: c_uint,
-    pub location_type: c_uint,
-    pub location_id: c_int,
-}
-
 /// # Safety
 /// `pool` null or writable; `props` null or a valid `CUmemPoolProps`.
 #[no_mangle]
@@ -227,9 +210,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     }
     // SAFETY: non-null; valid per the caller.
     let props = unsafe { &*props };
-    const PINNED: c_uint = 1;
-    const LOCATION_DEVICE: c_uint = 1;
-    if props.alloc_type != PINNED || props.location_type != LOCATION_DEVICE {
+    if props.alloc_type != ALLOCATION_PINNED || props.location_type != LOCATION_DEVICE {
         return INVALID_VALUE;
     }
     let i = tri!(dev_index(props.location_id));

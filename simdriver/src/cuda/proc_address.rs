@@ -1,8 +1,10 @@
 //! TEST-ONLY: simulated CUDA entry-point lookup: error strings, `cuGetExportTable` and
 //! `cuGetProcAddress` with its symbol table.
 
+use super::arrays::*;
 use super::contexts::*;
 use super::devices::*;
+use super::host::*;
 use super::launch::*;
 use super::memory::*;
 use super::pools::*;
@@ -61,36 +63,7 @@ pub extern "C" fn cuGetExportTable(_out: *mut *const c_void, _id: *const c_void)
     NOT_SUPPORTED
 }
 
-/// Symbols whose default form got a `_v2` (or later) at a given CUDA version.
-const VERSIONED: &[(&str, c_int, &str)] = &[
-    ("cuMemAlloc", 3020, "cuMemAlloc_v2"),
-    ("cuMemAllocPitch", 3020, "cuMemAllocPitch_v2"),
-    ("cuMemFree", 3020, "cuMemFree_v2"),
-    ("cuMemGetInfo", 3020, "cuMemGetInfo_v2"),
-    ("cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2"),
-    ("cuCtxCreate", 3020, "cuCtxCreate_v2"),
-    ("cuCtxDestroy", 4000, "cuCtxDestroy_v2"),
-    ("cuCtxPushCurrent", 4000, "cuCtxPushCurrent_v2"),
-    ("cuCtxPopCurrent", 4000, "cuCtxPopCurrent_v2"),
-    ("cuStreamDestroy", 4000, "cuStreamDestroy_v2"),
-    (
-        "cuDevicePrimaryCtxRelease",
-        11000,
-        "cuDevicePrimaryCtxRelease_v2",
-    ),
-    (
-        "cuDevicePrimaryCtxReset",
-        11000,
-        "cuDevicePrimaryCtxReset_v2",
-    ),
-    (
-        "cuDevicePrimaryCtxSetFlags",
-        11000,
-        "cuDevicePrimaryCtxSetFlags_v2",
-    ),
-    ("cuDeviceGetUuid", 11040, "cuDeviceGetUuid_v2"),
-    ("cuGetProcAddress", 12000, "cuGetProcAddress_v2"),
-];
+use cuda_abi::VERSIONED;
 
 macro_rules! table {
     ($($f:ident),* $(,)?) => {
@@ -114,6 +87,8 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuDeviceTotalMem_v2,
         cuDeviceGetAttribute,
         cuCtxCreate_v2,
+        cuCtxCreate_v3,
+        cuCtxCreate_v4,
         cuCtxDestroy_v2,
         cuCtxGetCurrent,
         cuCtxSetCurrent,
@@ -139,6 +114,20 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuMemCreate,
         cuMemRelease,
         cuMemGetInfo_v2,
+        cuMemGetAllocationGranularity,
+        cuArrayCreate_v2,
+        cuArray3DCreate_v2,
+        cuMipmappedArrayCreate,
+        cuArrayDestroy,
+        cuMipmappedArrayDestroy,
+        cuArrayGetMemoryRequirements,
+        cuMipmappedArrayGetMemoryRequirements,
+        cuMemAllocHost_v2,
+        cuMemHostAlloc,
+        cuMemFreeHost,
+        cuMemHostRegister_v2,
+        cuMemHostUnregister,
+        cuMemHostGetDevicePointer_v2,
         cuDeviceGetDefaultMemPool,
         cuDeviceGetMemPool,
         cuDeviceSetMemPool,
@@ -154,6 +143,10 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuStreamDestroy_v2,
         cuStreamSynchronize,
         cuStreamSynchronize_ptsz,
+        cuEventCreate,
+        cuEventRecord,
+        cuEventSynchronize,
+        cuEventDestroy_v2,
         cuGraphCreate,
         cuGraphInstantiateWithFlags,
         cuLaunchKernel,
@@ -181,7 +174,7 @@ fn lookup(name: &str) -> Option<*const c_void> {
 /// stream is asked for (flag 2), the newest versioned form the requested version allows.
 /// Returns the pointer, or the `CUdriverProcAddressQueryResult` (1 not found, 2 version too low).
 fn resolve(symbol: &str, version: c_int, flags: u64) -> Result<*const c_void, c_int> {
-    if flags & 2 != 0 {
+    if flags & cuda_abi::proc_flags::PER_THREAD_DEFAULT_STREAM != 0 {
         if let Some(p) = lookup(&format!("{symbol}_ptsz")) {
             return Ok(p);
         }

@@ -1,0 +1,347 @@
+//! Exported wrappers of the plain device-memory entry points: `cuMemAlloc_v2`,
+//! `cuMemAllocPitch_v2`, `cuMemAllocManaged`, `cuMemCreate` and their frees, and the two calls
+//! that report memory (`cuMemGetInfo_v2`, `cuDeviceTotalMem_v2`). Over the cap a wrapper returns
+//! `CUDA_ERROR_OUT_OF_MEMORY` without calling the driver; every other result is the driver's
+//! own `CUresult`, and a free the limiter did not count reaches the driver untouched.
+
+use crate::driver::cuda::{self as drv, Opaque};
+use crate::driver::real;
+use crate::state::{self, Kind, Limiter, Ticket};
+use cuda_abi::result::{OUT_OF_MEMORY, SUCCESS};
+use cuda_abi::{CuResult, MemAllocationProp, LOCATION_DEVICE};
+use std::ffi::{c_int, c_uint};
+
+/// Runs an allocation on CUDA ordinal `ord` under the cap, owned by context `ctx`. `key` reads
+/// the new pointer or handle after success.
+pub(crate) fn counted(
+    ord: usize,
+    ctx: usize,
+    size: u64,
+    kind: Kind,
+    call: impl FnOnce() -> CuResult,
+    key: impl FnOnce() -> u64,
+) -> CuResult {
+    let Some(l) = state::get() else {
+        return call();
+    };
+    let ticket = match l.reserve(ord, size) {
+        Ok(t) => t,
+        Err(()) => return OUT_OF_MEMORY,
+    };
+    let r = call();
+    if let Some(t) = ticket {
+        if r == SUCCESS {
+            l.commit(kind, key(), t, ctx);
+        } else {
+            l.unreserve(t);
+        }
+    }
+    r
+}
+
+/// An allocation on the current context's device, owned by that context.
+pub(crate) fn counted_current(
+    size: u64,
+    call: impl FnOnce() -> CuResult,
+    key: impl FnOnce() -> u64,
+) -> CuResult {
+    match state::get() {
+        Some(l) if l.limits.any_mem() => match drv::current() {
+            Some((ctx, ord)) => counted(ord, ctx, size, Kind::Ptr, call, key),
+            None => call(),
+        },
+        _ => call(),
+    }
+}
+
+/// An allocation whose real size is known only after the driver made it (pitched memory,
+/// arrays): `estimate` is reserved first (`None`: the estimate overflows, nothing is reserved
+/// and the driver decides), then the reservation is brought to the driver's own figure; when
+/// that does not fit under the cap, `undo` frees the allocation again and the caller gets
+/// `CUDA_ERROR_OUT_OF_MEMORY`. So the cap holds exactly, whatever the driver's rounding.
+pub(crate) struct Sized<'a> {
+    pub kind: Kind,
+    /// The device, for memory of the process (`cuMemCreate`); `None`: the current context's
+    /// device, and the context owns the memory.
+    pub device: Option<usize>,
+    pub estimate: Option<u64>,
+    pub call: &'a mut dyn FnMut() -> CuResult,
+    /// The new pointer or handle.
+    pub key: &'a dyn Fn() -> u64,
+    /// The driver's own size of the new object on the given ordinal.
+    pub real_size: &'a dyn Fn(u64, usize) -> Option<u64>,
+    pub undo: &'a dyn Fn(u64) -> CuResult,
+}
+
+pub(crate) fn counted_sized(s: Sized<'_>) -> CuResult {
+    let Some(l) = state::get().filter(|l| l.limits.any_mem()) else {
+        return (s.call)();
+    };
+    let target = match s.device {
+        Some(ord) => Some((0, ord)),
+        None => drv::current(),
+    };
+    let Some((ctx, ord)) = target else {
+        return (s.call)();
+    };
+    if l.mem_limit(ord).is_none() {
+        return (s.call)();
+    }
+    let ticket = match s.estimate.map(|e| l.reserve(ord, e)) {
+        Some(Err(())) => return OUT_OF_MEMORY,
+        Some(Ok(t)) => t,
+        None => None,
+    };
+    let r = (s.call)();
+    if r != SUCCESS {
+        if let Some(t) = ticket {
+            l.unreserve(t);
+        }
+        return r;
+    }
+    let key = (s.key)();
+    let size = (s.real_size)(key, ord).or(s.estimate);
+    match settle(l, ord, ticket, size) {
+        Ok(Some(t)) => l.commit(s.kind, key, t, ctx),
+        Ok(None) => {}
+        Err(()) => {
+            (s.undo)(key);
+            return OUT_OF_MEMORY;
+        }
+    }
+    r
+}
+
+/// Brings a reservation (or none) to `size` bytes.
+fn settle(
+    l: &Limiter,
+    ord: usize,
+    ticket: Option<Ticket>,
+    size: Option<u64>,
+) -> Result<Option<Ticket>, ()> {
+    match (ticket, size) {
+        (Some(t), Some(size)) => match l.resize(ord, t, size) {
+            Ok(t) => Ok(Some(t)),
+            Err(t) => {
+                l.unreserve(t);
+                Err(())
+            }
+        },
+        (Some(t), None) => Ok(Some(t)),
+        (None, Some(size)) => l.reserve(ord, size),
+        (None, None) => Ok(None),
+    }
+}
+
+pub(crate) fn read_ptr(p: *const u64) -> u64 {
+    if p.is_null() {
+        return 0;
+    }
+    // SAFETY: the driver just wrote a result through this caller-provided pointer.
+    unsafe { p.read() }
+}
+
+pub(crate) fn forget(kind: Kind, key: u64, r: CuResult) -> CuResult {
+    if r == SUCCESS && key != 0 {
+        if let Some(l) = state::get() {
+            l.forget(kind, key);
+        }
+    }
+    r
+}
+
+type AllocFn = unsafe extern "C" fn(*mut u64, usize) -> CuResult;
+type FreeFn = unsafe extern "C" fn(u64) -> CuResult;
+type FreeStreamFn = unsafe extern "C" fn(u64, Opaque) -> CuResult;
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> CuResult {
+    let f = real!(cuMemAlloc_v2 as AllocFn);
+    // SAFETY: forwarded caller contract.
+    counted_current(size as u64, || unsafe { f(dptr, size) }, || read_ptr(dptr))
+}
+
+/// Rows are charged at the pitch the driver returned, not at an assumed alignment.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut u64,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CuResult {
+    let f = real!(
+        cuMemAllocPitch_v2
+            as unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, c_uint) -> CuResult
+    );
+    // The smallest pitch current GPUs use; the driver's own pitch settles it afterwards.
+    let estimate = (width as u64)
+        .checked_next_multiple_of(512)
+        .and_then(|w| w.checked_mul(height as u64));
+    counted_sized(Sized {
+        kind: Kind::Ptr,
+        device: None,
+        estimate,
+        // SAFETY: forwarded caller contract.
+        call: &mut || unsafe { f(dptr, pitch, width, height, elem) },
+        key: &|| read_ptr(dptr),
+        real_size: &|_, _| {
+            // SAFETY: the driver succeeded, so it wrote the pitch through the caller's pointer.
+            let p = (!pitch.is_null()).then(|| unsafe { pitch.read() })?;
+            (p as u64).checked_mul(height as u64)
+        },
+        undo: &drv::free,
+    })
+}
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: c_uint) -> CuResult {
+    let f = real!(cuMemAllocManaged as unsafe extern "C" fn(*mut u64, usize, c_uint) -> CuResult);
+    counted_current(
+        size as u64,
+        // SAFETY: forwarded caller contract.
+        || unsafe { f(dptr, size, flags) },
+        || read_ptr(dptr),
+    )
+}
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const MemAllocationProp,
+    flags: u64,
+) -> CuResult {
+    let f = real!(
+        cuMemCreate
+            as unsafe extern "C" fn(*mut u64, usize, *const MemAllocationProp, u64) -> CuResult
+    );
+    // SAFETY: null or a valid CUmemAllocationProp per the caller.
+    let ord = unsafe { prop.as_ref() }.and_then(|p| {
+        (p.location_type == LOCATION_DEVICE)
+            .then(|| usize::try_from(p.location_id).ok())
+            .flatten()
+    });
+    let capped = |o: usize| state::get().is_some_and(|l| l.mem_limit(o).is_some());
+    let Some(ord) = ord.filter(|&o| capped(o)) else {
+        // SAFETY: forwarded caller contract.
+        return unsafe { f(handle, size, prop, flags) };
+    };
+    // A size that is not a multiple of the granularity is the driver's to refuse, not the cap's.
+    // SAFETY: `prop` is non-null (it named a device) and valid per the caller.
+    let granularity = unsafe { drv::allocation_granularity(prop) }.unwrap_or(1);
+    let size64 = size as u64;
+    // Physical memory of the process, not of a context: only cuMemRelease frees it.
+    counted_sized(Sized {
+        kind: Kind::Handle,
+        device: Some(ord),
+        estimate: size64.is_multiple_of(granularity).then_some(size64),
+        // SAFETY: forwarded caller contract.
+        call: &mut || unsafe { f(handle, size, prop, flags) },
+        key: &|| read_ptr(handle),
+        real_size: &|_, _| Some(size64),
+        undo: &drv::release,
+    })
+}
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
+    let f = real!(cuMemRelease as FreeFn);
+    // SAFETY: forwarded caller contract.
+    forget(Kind::Handle, handle, unsafe { f(handle) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
+    let f = real!(cuMemFree_v2 as FreeFn);
+    // SAFETY: forwarded caller contract.
+    forget(Kind::Ptr, ptr, unsafe { f(ptr) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: Opaque) -> CuResult {
+    let f = real!(cuMemFreeAsync as FreeStreamFn);
+    // SAFETY: forwarded caller contract.
+    forget(Kind::Ptr, ptr, unsafe { f(ptr, stream) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: Opaque) -> CuResult {
+    let f = real!(cuMemFreeAsync_ptsz as FreeStreamFn);
+    // SAFETY: forwarded caller contract.
+    forget(Kind::Ptr, ptr, unsafe { f(ptr, stream) })
+}
+
+/// `(total, used)` the container should see on CUDA ordinal `ord`, if it is capped.
+fn capped_view(ord: usize, real_total: u64) -> Option<(u64, u64)> {
+    let l = state::get()?;
+    let limit = l.mem_limit(ord)?;
+    let total = limit.min(real_total);
+    if !l.shared_ok() {
+        // Allocations are refused: report nothing free.
+        return Some((total, total));
+    }
+    let used = l.dev_entry(ord).map_or(0, |d| l.container_used(d));
+    Some((total, used))
+}
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
+    let f = real!(cuMemGetInfo_v2 as unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult);
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { f(free, total) };
+    if r != SUCCESS || free.is_null() || total.is_null() {
+        return r;
+    }
+    if let Some(ord) = drv::current_ordinal() {
+        // SAFETY: the driver just filled both; they are valid per the caller.
+        let (real_free, real_total) = unsafe { (*free as u64, *total as u64) };
+        if let Some((t, used)) = capped_view(ord, real_total) {
+            let fr = t.saturating_sub(used).min(real_free);
+            // SAFETY: as above.
+            unsafe {
+                *free = fr as usize;
+                *total = t as usize;
+            }
+        }
+    }
+    r
+}
+
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CuResult {
+    let f = real!(cuDeviceTotalMem_v2 as unsafe extern "C" fn(*mut usize, c_int) -> CuResult);
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { f(bytes, dev) };
+    if r == SUCCESS && !bytes.is_null() {
+        let limit = usize::try_from(dev)
+            .ok()
+            .and_then(|o| state::get()?.mem_limit(o));
+        if let Some(limit) = limit {
+            // SAFETY: the driver just filled it; valid per the caller.
+            unsafe { *bytes = (*bytes as u64).min(limit) as usize };
+        }
+    }
+    r
+}

@@ -1,0 +1,388 @@
+//! Driver-API conformance of libgpushare_limiter.so on the TEST-ONLY simulated driver, through
+//! `tests/limiter/conformance.c`. The oracle is the simulated driver itself: a probe run with
+//! the limiter under a 1 GiB cap on a 4 GiB device must print exactly what the same probe
+//! prints without the limiter on a 1 GiB device (the simulated driver frees on context
+//! destruction, rounds pitches and arrays like a GPU and counts pools' reserved memory, as a
+//! real driver does). Harness: `common/mod.rs`.
+
+mod common;
+
+use common::{Probe, Scratch, GIB, MIB};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Row alignment of pitched memory and arrays in these runs: coarser than the 512 bytes the
+/// limiter assumes before the call, so that only the driver's own figures add up.
+const PITCH_ALIGN: &str = "4096";
+
+/// The two runs: (limiter, 1 GiB cap, 4 GiB device) and (no limiter, 1 GiB device).
+fn pair(name: &str) -> Option<(Scratch, Scratch)> {
+    let b = match common::built() {
+        Ok(b) => b,
+        Err(why) => {
+            common::skip(name, why);
+            return None;
+        }
+    };
+    let mut lim = Scratch::new(b, &format!("{name}-limiter"));
+    lim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .set("GPUSHARE_SIM_DEVICES", "4096")
+        .set("GPUSHARE_SIM_PITCH_ALIGN", PITCH_ALIGN);
+    let mut oracle = Scratch::new(b, &format!("{name}-oracle"));
+    oracle.preload = false;
+    oracle
+        .set("GPUSHARE_SIM_DEVICES", "1024")
+        .set("GPUSHARE_SIM_PITCH_ALIGN", PITCH_ALIGN);
+    Some((lim, oracle))
+}
+
+fn sorted(p: &Probe) -> BTreeMap<String, String> {
+    p.vals.clone().into_iter().collect()
+}
+
+const PATHS: &[&str] = &[
+    "alloc",
+    "pitch",
+    "managed",
+    "async",
+    "pool",
+    "create",
+    "array",
+    "array3d",
+    "mipmapped",
+];
+
+#[test]
+fn every_allocation_path_at_the_cap_edges_matches_a_device_of_the_caps_size() {
+    let Some((lim, oracle)) = pair("edges") else {
+        return;
+    };
+    let mut checked = 0;
+    for path in PATHS {
+        let mut edges = vec!["below", "exact", "over", "zero", "overflow"];
+        if *path == "pitch" {
+            edges.extend(["rows", "tallrows"]);
+        }
+        if *path == "mipmapped" {
+            edges.push("mip2");
+        }
+        for edge in edges {
+            let got = lim.conform(&["edge", path, edge]).ok();
+            let want = oracle.conform(&["edge", path, edge]).ok();
+            assert_eq!(
+                sorted(&got),
+                sorted(&want),
+                "{path} at {edge}: limiter under a 1 GiB cap vs a 1 GiB device; limiter stderr: {}",
+                got.stderr
+            );
+            assert_eq!(
+                got.u("FREE_AFTER"),
+                GIB,
+                "{path} at {edge}: everything back"
+            );
+            assert!(got.stderr.is_empty(), "{path} {edge}: {}", got.stderr);
+            checked += 1;
+        }
+    }
+    // The edges themselves, so that both sides cannot agree on nonsense.
+    let p = lim.conform(&["edge", "alloc", "below"]).ok();
+    assert_eq!(
+        (p.u("RC"), p.u("FREE")),
+        (0, MIB),
+        "cap - 1 MiB leaves 1 MiB"
+    );
+    let p = lim.conform(&["edge", "alloc", "exact"]).ok();
+    assert_eq!((p.u("RC"), p.u("FREE")), (0, 0), "exactly the cap fits");
+    let p = lim.conform(&["edge", "alloc", "over"]).ok();
+    assert_eq!(
+        (p.u("RC"), p.u("FREE")),
+        (2, GIB),
+        "one byte over is refused"
+    );
+    let p = lim.conform(&["edge", "pitch", "rows"]).ok();
+    assert_eq!(
+        (p.u("RC"), p.u("FREE")),
+        (0, GIB - 200_000 * 4096),
+        "pitched rows are charged at the driver's 4096-byte pitch"
+    );
+    let p = lim.conform(&["edge", "pitch", "tallrows"]).ok();
+    assert_eq!(p.u("RC"), 2, "300000 rows of 4096 bytes exceed the cap");
+    let p = lim.conform(&["edge", "array", "below"]).ok();
+    assert_eq!(
+        (p.u("RC"), p.u("FREE")),
+        (0, MIB),
+        "a 1023 MiB array is counted"
+    );
+    assert!(checked >= 47, "{checked} edge rows");
+}
+
+#[test]
+fn many_threads_at_the_cap_never_get_more_than_the_cap_from_the_driver() {
+    let Some((lim, _)) = pair("threads") else {
+        return;
+    };
+    for path in ["alloc", "pitch", "managed", "create", "array", "async"] {
+        let p = lim.conform(&["threads", path, "16", "1"]).ok();
+        eprintln!(
+            "{path}: {} allocations, {} refused, peak {} MiB underneath",
+            p.u("OK"),
+            p.u("OOM"),
+            p.u("PEAK") / MIB
+        );
+        assert!(
+            p.u("PEAK") <= GIB,
+            "{path}: the driver handed out {} MiB under a 1 GiB cap",
+            p.u("PEAK") / MIB
+        );
+        assert!(
+            p.u("OK") > 0 && p.u("OOM") > 0,
+            "{path}: contention expected"
+        );
+        assert_eq!(p.u("OTHER"), 0, "{path}: only successes and OOM");
+        assert_eq!(p.u("FREE_AFTER"), GIB, "{path}: everything back");
+    }
+}
+
+#[test]
+fn processes_killed_midway_leave_nothing_counted() {
+    let Some((lim, _)) = pair("killed") else {
+        return;
+    };
+    for (i, delay_ms) in [50u64, 150, 300, 500].into_iter().enumerate() {
+        let path = ["alloc", "array", "async", "create"][i];
+        let mut child = lim
+            .program(&lim.b.conformance, &["threads", path, "16", "30"])
+            .spawn()
+            .expect("spawn");
+        common::wait_for_line(&mut child, "STARTED=1");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        let p = lim.conform(&["edge", "alloc", "exact"]).ok();
+        assert_eq!(
+            p.u("RC"),
+            0,
+            "{path}, killed after {delay_ms} ms: the whole cap is usable again"
+        );
+    }
+}
+
+#[test]
+fn fork_after_cu_init_keeps_parent_and_child_apart() {
+    let Some((lim, _)) = pair("fork") else {
+        return;
+    };
+    let p = lim.conform(&["fork"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("PARENT_HELD_RC", 0, "the parent holds 600 MiB"),
+        ("CHILD_OVER_RC", 2, "the child sees the parent's 600 MiB"),
+        ("CHILD_FITS_RC", 0, "and may use the rest"),
+        ("CHILD_EXIT", 0, "the child exits cleanly"),
+        (
+            "PARENT_OVER_RC",
+            2,
+            "the child's free of the inherited pointer did not give the parent's memory away",
+        ),
+        ("PARENT_FITS_RC", 0, "the exited child's 300 MiB came back"),
+    ];
+    for (k, want, what) in rows {
+        assert_eq!(p.u(k), *want, "{what}; stderr {}", p.stderr);
+    }
+}
+
+#[test]
+fn frees_the_limiter_did_not_count_reach_the_driver_untouched() {
+    let Some((lim, oracle)) = pair("frees") else {
+        return;
+    };
+    let got = lim.conform(&["frees"]).ok();
+    let want = oracle.conform(&["frees"]).ok();
+    assert_eq!(sorted(&got), sorted(&want), "the driver's own answers");
+    for k in [
+        "UNKNOWN_SEEN",
+        "INTERIOR_SEEN",
+        "DOUBLE_SEEN",
+        "ASYNC_UNKNOWN_SEEN",
+    ] {
+        assert_eq!(got.u(k), 1, "{k}: the driver got the very pointer");
+    }
+    assert_eq!(got.u("DOUBLE_RC"), 1, "a double free is the driver's error");
+    assert_eq!(got.u("FREE_AFTER"), GIB, "and nothing stays counted");
+}
+
+#[test]
+fn destroying_a_context_gives_its_memory_back() {
+    let Some((mut lim, mut oracle)) = pair("contexts") else {
+        return;
+    };
+    lim.set("GPUSHARE_SIM_CTX_MIB", "100");
+    oracle.set("GPUSHARE_SIM_CTX_MIB", "100");
+    let got = lim.conform(&["contexts"]).ok();
+    let want = oracle.conform(&["contexts"]).ok();
+    assert_eq!(sorted(&got), sorted(&want), "limiter vs the driver alone");
+    let rows: &[(&str, u64, &str)] = &[
+        (
+            "CTX_FREE",
+            GIB - 800 * MIB,
+            "context 100 + 600 + array 100 MiB",
+        ),
+        (
+            "AFTER_DESTROY_FREE",
+            GIB - 100 * MIB,
+            "cuCtxDestroy gave 700 MiB back",
+        ),
+        ("AFTER_DESTROY_ALLOC_RC", 0, "so 900 MiB fit again"),
+        (
+            "PRIMARY_STILL_OVER_RC",
+            2,
+            "a primary context retained twice lives on",
+        ),
+        (
+            "AFTER_RELEASE_FREE",
+            GIB - 100 * MIB,
+            "its last release gave everything back",
+        ),
+        ("AFTER_RELEASE_ALLOC_RC", 0, "so 900 MiB fit again"),
+        (
+            "AFTER_RESET_FREE",
+            GIB - 100 * MIB,
+            "cuDevicePrimaryCtxReset too",
+        ),
+        ("AFTER_RESET_ALLOC_RC", 0, "so 900 MiB fit again"),
+        (
+            "V3_FREE",
+            GIB - 100 * MIB,
+            "cuCtxCreate_v3's footprint is counted",
+        ),
+        ("V3_ALLOC_RC", 0, "and its memory"),
+        (
+            "V4_FREE",
+            GIB - 100 * MIB,
+            "cuCtxCreate_v4 too, after v3's destruction",
+        ),
+        ("V4_ALLOC_RC", 0, "and 900 MiB fit in it"),
+        (
+            "TWO_ONE_LEFT_FREE",
+            GIB - 100 * MIB,
+            "with one of two contexts left, the context memory stays",
+        ),
+        (
+            "TWO_NEXT_FREE",
+            GIB - 100 * MIB,
+            "after both, a new context is measured again (not twice)",
+        ),
+    ];
+    for (k, want, what) in rows {
+        assert_eq!(got.u(k), *want, "{what}; stderr {}", got.stderr);
+    }
+}
+
+/// `PA form symbol version flags rc=… status=… name=… lib=…` lines by their first five fields.
+fn proc_table(p: &Probe) -> BTreeMap<String, BTreeMap<String, String>> {
+    p.stdout
+        .lines()
+        .filter(|l| l.starts_with("PA "))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let key = f[..5].join(" ");
+            let vals = f[5..]
+                .iter()
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            (key, vals)
+        })
+        .collect()
+}
+
+#[test]
+fn cu_get_proc_address_with_every_version_and_flag_hands_out_exactly_the_wrappers() {
+    let Some((lim, oracle)) = pair("procaddr") else {
+        return;
+    };
+    let got = proc_table(&lim.conform(&["procaddr"]).ok());
+    let want = proc_table(&oracle.conform(&["procaddr"]).ok());
+    let intercepted: Vec<&str> = gpushare_limiter::driver::SLOTS
+        .iter()
+        .filter_map(|s| s.name.to_str().ok())
+        .collect();
+    let limiter_lib = "libgpushare_limiter.so";
+    assert_eq!(got.len(), want.len());
+    assert!(got.len() > 2000, "{} combinations", got.len());
+    let mut wrapped = 0;
+    for (key, w) in &want {
+        let g = &got[key];
+        assert_eq!(g["rc"], w["rc"], "{key}: result");
+        assert_eq!(g["status"], w["status"], "{key}: symbol status");
+        assert_eq!(g["name"], w["name"], "{key}: the same entry point");
+        let ours = intercepted.contains(&w["name"].as_str());
+        let from = if ours { limiter_lib } else { w["lib"].as_str() };
+        assert_eq!(g["lib"], from, "{key}: {} handed out by", w["name"]);
+        wrapped += usize::from(ours);
+    }
+    assert!(wrapped > 500, "{wrapped} lookups answered with a wrapper");
+}
+
+#[test]
+fn a_dlsym_through_an_unrelated_library_returns_that_librarys_function() {
+    let Some((lim, _)) = pair("foreign") else {
+        return;
+    };
+    let foreign = lim.b.foreign.display().to_string();
+    let p = lim.conform(&["foreign", &foreign]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("FOREIGN_IS_ITS_OWN", 1, "the library's own cuMemAlloc_v2"),
+        ("FOREIGN_CALL_RC", 77, "which answers as it does"),
+        (
+            "LINKED_RC",
+            0,
+            "the program's linked calls still reach the driver",
+        ),
+        ("LINKED_OVER_RC", 2, "through the limiter"),
+        ("FREE", GIB - 600 * MIB, "and are counted"),
+    ];
+    for (k, want, what) in rows {
+        assert_eq!(p.u(k), *want, "{what}; stderr {}", p.stderr);
+    }
+}
+
+#[test]
+fn a_shared_file_of_another_layout_refuses_allocations_with_a_message() {
+    let Some((mut lim, _)) = pair("layout") else {
+        return;
+    };
+    // At attach: a file another program (or version) wrote.
+    let cache = lim.dir.join("cache");
+    let mut hami = vec![0u8; 8 << 20];
+    hami[..4].copy_from_slice(&19_920_718u32.to_le_bytes());
+    std::fs::write(&cache, &hami).expect("write foreign file");
+    let p = lim.conform(&["edge", "alloc", "below"]).ok();
+    assert_eq!(p.u("RC"), 2, "refused (fail closed), not counted apart");
+    assert_eq!(p.u("FREE"), 0, "cuMemGetInfo shows nothing free");
+    assert!(
+        p.stderr.contains("refusing device-memory allocations")
+            && p.stderr.contains(&cache.display().to_string()),
+        "one clear message: {}",
+        p.stderr
+    );
+    assert_eq!(
+        std::fs::read(&cache).expect("read"),
+        hami,
+        "the foreign file is left as it was"
+    );
+    // While running: another program rewrites the file in its own layout.
+    lim.set(
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        &lim.dir.join("cache2").display().to_string(),
+    );
+    let p = lim.conform(&["rewrite"]).ok();
+    assert_eq!(p.u("BEFORE_RC"), 0);
+    assert_eq!(p.u("AFTER_RC"), 2, "refused once the layout changed");
+    assert_eq!(p.u("FREE"), 0);
+    assert!(
+        p.stderr.contains("refusing device-memory allocations"),
+        "{}",
+        p.stderr
+    );
+    assert_eq!(p.stderr.lines().count(), 1, "said once: {}", p.stderr);
+}
