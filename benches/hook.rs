@@ -2,7 +2,8 @@
 //! `--floor`: reads the same stdin and exits) measured in the same run, alternating:
 //! - the no-share fast path (target: within 3x the floor and under 2 ms),
 //! - an MPS acquire with the daemon already running (target: under 10 ms),
-//! - 32 concurrent acquires on one GPU (total time).
+//! - 32 concurrent acquires on one GPU (total time), cold and warm;
+//! - the same with four MPS isolation domains on one GPU (`isolation = "group"`).
 //!
 //! Uses the TEST-ONLY simulated NVML and the real `nvidia-cuda-mps-control`.
 //! Run: `scripts/bench-hook.sh` (or `cargo bench --bench hook` after `cargo build --release --workspace`).
@@ -222,6 +223,123 @@ fn main() {
         }
     }
     run(&hook, &["poststop"], &state("holder", 0, &mps));
+
+    // Four isolation domains on one GPU (`isolation = "group"`): a warm acquire in one of
+    // them, and 32 concurrent acquires spread over the four, cold and warm.
+    std::fs::write(
+        d.join("config.toml"),
+        format!(
+            "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n[mps]\nisolation = \"group\"\n",
+            d.join("state"),
+            d.join("log"),
+            sim
+        ),
+    )
+    .unwrap();
+    let groups: Vec<PathBuf> = (0..4)
+        .map(|g| {
+            let mut v: serde_json::Value = serde_json::from_str(&mps_cfg).unwrap();
+            v["annotations"]["gpu.share.group"] = serde_json::json!(format!("g{g}"));
+            bundle(&format!("group{g}"), &v.to_string())
+        })
+        .collect();
+    let holders: Vec<_> = (0..4).map(|_| sleeper()).collect();
+    for (g, h) in holders.iter().enumerate() {
+        run(
+            &hook,
+            &["createRuntime"],
+            &state(&format!("h{g}"), h.id(), &groups[g]),
+        );
+    }
+    let mut in_domain = Vec::new();
+    for i in 0..rounds {
+        let id = format!("d{i}");
+        in_domain.push(run(
+            &hook,
+            &["createRuntime"],
+            &state(&id, client.id(), &groups[i % 4]),
+        ));
+        run(&hook, &["poststop"], &state(&id, 0, &groups[i % 4]));
+    }
+    println!(
+        "  mps acquire, 4 domains running  {:>8.3} ms   ratio to the no-share fast path {:.2}x",
+        ms(med(&mut in_domain)),
+        med(&mut in_domain).as_secs_f64() / n.as_secs_f64()
+    );
+    for (label, warm) in [("4 domains, cold", false), ("4 domains, warm", true)] {
+        if !warm {
+            for g in 0..4 {
+                run(
+                    &hook,
+                    &["poststop"],
+                    &state(&format!("h{g}"), 0, &groups[g]),
+                );
+            }
+        }
+        let kids: Vec<_> = (0..32).map(|_| sleeper()).collect();
+        let t = Instant::now();
+        let handles: Vec<_> = kids
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let st = state(&format!("q{i}"), k.id(), &groups[i % 4]);
+                let hook = hook.clone();
+                let env = env.clone();
+                std::thread::spawn(move || {
+                    let mut c = Command::new(&hook)
+                        .arg("createRuntime")
+                        .env_clear()
+                        .envs(env.iter().map(|(k, v)| (k, v)))
+                        .stdin(Stdio::piped())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .unwrap();
+                    c.stdin.take().unwrap().write_all(st.as_bytes()).unwrap();
+                    assert!(c.wait().unwrap().success());
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let total = t.elapsed();
+        println!(
+            "  32 concurrent acquires ({label}) {:>8.3} ms total, {:.3} ms per container",
+            ms(total),
+            ms(total) / 32.0
+        );
+        for i in 0..32 {
+            run(
+                &hook,
+                &["poststop"],
+                &state(&format!("q{i}"), 0, &groups[i % 4]),
+            );
+        }
+        for mut k in kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        if !warm {
+            for (g, h) in holders.iter().enumerate() {
+                run(
+                    &hook,
+                    &["createRuntime"],
+                    &state(&format!("h{g}"), h.id(), &groups[g]),
+                );
+            }
+        }
+    }
+    for g in 0..4 {
+        run(
+            &hook,
+            &["poststop"],
+            &state(&format!("h{g}"), 0, &groups[g]),
+        );
+    }
+    for mut h in holders {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
     let _ = holder.kill();
     let _ = client.kill();
     let _ = holder.wait();
