@@ -268,12 +268,8 @@ fn main() {
     );
     for (label, warm) in [("4 domains, cold", false), ("4 domains, warm", true)] {
         if !warm {
-            for g in 0..4 {
-                run(
-                    &hook,
-                    &["poststop"],
-                    &state(&format!("h{g}"), 0, &groups[g]),
-                );
+            for (g, b) in groups.iter().enumerate() {
+                run(&hook, &["poststop"], &state(&format!("h{g}"), 0, b));
             }
         }
         let kids: Vec<_> = (0..32).map(|_| sleeper()).collect();
@@ -329,12 +325,8 @@ fn main() {
             }
         }
     }
-    for g in 0..4 {
-        run(
-            &hook,
-            &["poststop"],
-            &state(&format!("h{g}"), 0, &groups[g]),
-        );
+    for (g, b) in groups.iter().enumerate() {
+        run(&hook, &["poststop"], &state(&format!("h{g}"), 0, b));
     }
     for mut h in holders {
         let _ = h.kill();
