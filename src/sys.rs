@@ -217,3 +217,19 @@ pub fn umount_fd_detach(fd: std::os::fd::BorrowedFd<'_>) -> nix::Result<()> {
     let r = unsafe { libc::umount2(buf.as_ptr().cast(), libc::MNT_DETACH) };
     nix::errno::Errno::result(r).map(drop)
 }
+
+/// Arranges for `cmd` to start in a session of its own, with inherited descriptors above
+/// stderr closed on exec, and to be killed by `SIGALRM` after `seconds` (an alarm survives
+/// `exec`): for a helper that is not waited for.
+pub fn detached_with_deadline(cmd: &mut Command, seconds: u32) {
+    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
+    // system calls (setsid, alarm, close_range) on no shared data.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid()?;
+            libc::alarm(seconds);
+            close_inherited_on_exec();
+            Ok(())
+        });
+    }
+}

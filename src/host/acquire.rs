@@ -337,7 +337,8 @@ impl<'a> Host<'a> {
                 dom.daemon = None;
             }
         } else if let Some(found) = control.find_daemon(&dirs.pipe) {
-            if control.refresh(&dirs.pipe, &limits).is_ok() {
+            // Something looks wrong (a daemon the record does not know): ask in full.
+            if control.answers(&dirs.pipe) && control.set_defaults(&dirs.pipe, &limits).is_ok() {
                 tracing::warn!(uuid = %rec.uuid, domain = key, pid = found.pid, "adopting an MPS daemon missing from the record");
                 if let Some(dom) = rec.domains.get_mut(key) {
                     dom.daemon = Some(Daemon { process: found });

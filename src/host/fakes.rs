@@ -420,11 +420,15 @@ impl MpsControl for FakeControl {
             at: at(pipe),
             limits: *limits,
         });
-        if !self.answering(pipe) {
-            return Err(Self::not_answering(pipe, "get_server_list"));
+        // Like the real one: the socket accepts while the daemon lives, hung or not; the
+        // defaults are put back only by a daemon that answers.
+        if self.daemon_on(pipe).is_none() {
+            return Err(Self::not_answering(pipe, "connect"));
         }
-        if let Some(d) = self.daemons.borrow_mut().get_mut(pipe) {
-            d.defaults = *limits;
+        if self.answering(pipe) {
+            if let Some(d) = self.daemons.borrow_mut().get_mut(pipe) {
+                d.defaults = *limits;
+            }
         }
         Ok(())
     }

@@ -355,20 +355,50 @@ impl Control {
             .map(drop)
     }
 
-    /// Checks that the daemon answers and puts its defaults back to `limits`, in one round
-    /// trip of the control client.
+    /// The cheap check of a running daemon a joining container needs: its control socket
+    /// accepts a connection (the caller has checked its pid and start time). Its defaults are
+    /// then put back to `limits` by a control client that is not waited for (it is killed after
+    /// five seconds if the daemon does not answer), so that a tenant's change does not last past
+    /// the next acquire and the acquire does not wait for a round trip. `status`, `doctor` and
+    /// `gc` ask `get_server_list` in full.
     ///
     /// # Errors
-    /// [`MpsError::Command`] when the daemon does not answer.
+    /// [`MpsError::Command`] when the socket does not accept, or the client cannot be started.
     pub fn refresh(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
-        if !pipe.join("control").exists() {
+        if !listens(&pipe.join("control")) {
             return Err(MpsError::Command {
-                command: "get_server_list".into(),
-                output: "no control socket".into(),
+                command: "connect".into(),
+                output: format!(
+                    "{} does not accept connections",
+                    pipe.join("control").display()
+                ),
             });
         }
-        let cmds = format!("get_server_list\n{}", defaults_commands(limits));
-        self.command(pipe, &cmds, Duration::from_secs(2)).map(drop)
+        self.command_detached(pipe, &defaults_commands(limits))
+    }
+
+    /// Sends `command` through a control client that is not waited for; it leaves the caller's
+    /// session, has no inherited descriptors and is killed after five seconds.
+    fn command_detached(&self, pipe: &Path, command: &str) -> Result<(), MpsError> {
+        let fail = |output: String| MpsError::Command {
+            command: command.to_owned(),
+            output,
+        };
+        let mut cmd = Command::new(&self.binary);
+        cmd.env_clear()
+            .env("PATH", SAFE_PATH)
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        crate::sys::detached_with_deadline(&mut cmd, 5);
+        let mut child = cmd.spawn().map_err(|e| fail(e.to_string()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(format!("{command}\n").as_bytes());
+        }
+        // Not waited for: it finishes on its own, reparented once this process exits.
+        drop(child);
+        Ok(())
     }
 
     /// The daemon's current defaults.
@@ -605,4 +635,25 @@ impl MpsControl for Control {
     fn find_daemon(&self, pipe: &Path) -> Option<ProcId> {
         find_daemon(pipe, Control::binary(self))
     }
+}
+
+/// Whether `sock` is a unix socket (not a link a tenant planted) that accepts a connection.
+/// MPS's control socket is a `SOCK_SEQPACKET` one.
+pub fn listens(sock: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    if !std::fs::symlink_metadata(sock).is_ok_and(|m| m.file_type().is_socket()) {
+        return false;
+    }
+    let Ok(fd) = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    ) else {
+        return false;
+    };
+    let Ok(addr) = nix::sys::socket::UnixAddr::new(sock) else {
+        return false;
+    };
+    nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).is_ok()
 }

@@ -91,6 +91,27 @@ impl Host<'_> {
                     ));
                 }
                 crate::failpoint::hit("release-daemon-stopped");
+            } else if heal
+                && daemon.as_ref().is_some_and(|d| d.process.is_alive())
+                && !self.answers(&key, &rec)
+            {
+                // Alive but silent (hung): replaced like a dead one.
+                if let (Some(d), Ok(c)) = (daemon, self.control()) {
+                    c.stop(&self.mps_dirs(uuid, &key).pipe, Some(d.process));
+                }
+                if let Some(dom) = rec.domains.get_mut(&key) {
+                    dom.daemon = None;
+                }
+                match self.restart(&mut rec, &key) {
+                    Ok(()) => did.push(format!(
+                        "{uuid}: replaced the MPS daemon of domain {key}, which did not answer, for {} client(s)",
+                        clients.len()
+                    )),
+                    Err(e) => did.push(format!(
+                        "{uuid}: cannot restart the MPS daemon of domain {key}: {}",
+                        crate::vocab::chain(&e)
+                    )),
+                }
             } else if heal && !daemon.is_some_and(|d| d.process.is_alive()) {
                 match self.restart(&mut rec, &key) {
                     Ok(()) => did.push(format!(
@@ -117,6 +138,12 @@ impl Host<'_> {
             self.state.save(&rec)?;
         }
         Ok(did)
+    }
+
+    /// Whether the daemon of domain `key` answers `get_server_list` in full.
+    fn answers(&self, key: &str, rec: &Record) -> bool {
+        self.control()
+            .is_ok_and(|c| c.answers(&self.mps_dirs(&rec.uuid, key).pipe))
     }
 
     /// Drops stale clients everywhere, stops daemons nobody uses (recorded or not), restarts

@@ -486,7 +486,7 @@ fn acquire_mps() {
             },
         },
         AcquireRow {
-            what: "a live daemon that does not answer is stopped and replaced",
+            what: "a live daemon that does not answer is kept by a joining acquire (its cheap check cannot see a hang; gc replaces it)",
             isolation: Isolation::Gpu,
             modes: ONE_GPU,
             given: |w| {
@@ -496,13 +496,9 @@ fn acquire_mps() {
             when: |w| w.acquire(&gpu_plan(w, "c2")),
             err: None,
             then: |w, what| {
-                assert_eq!(
-                    w.ctl.actions(),
-                    ["refresh GPU-0/gpu", "stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
-                    "{what}"
-                );
+                assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"], "{what}");
                 assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
-                assert!(w.daemon(0, "gpu").unwrap().is_alive(), "{what}");
+                assert_eq!(w.clients(0), ["c1", "c2"], "{what}");
             },
         },
         AcquireRow {
@@ -520,7 +516,7 @@ fn acquire_mps() {
             when: |w| w.acquire(&gpu_plan(w, "c1")),
             err: None,
             then: |w, what| {
-                assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"], "{what}");
+                assert_eq!(w.ctl.actions(), ["set_defaults GPU-0/gpu"], "{what}");
                 assert_eq!(w.daemon(0, "gpu"), w.ctl.daemon_on(&w.pipe(0, "gpu")), "{what}");
                 assert!(w.daemon(0, "gpu").is_some(), "{what}");
                 assert!(w.inv.sets().is_empty(), "{what}");
@@ -540,7 +536,7 @@ fn acquire_mps() {
             then: |w, what| {
                 assert_eq!(
                     w.ctl.actions(),
-                    ["refresh GPU-0/gpu", "stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                    ["stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
                     "{what}"
                 );
                 assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
@@ -1353,6 +1349,27 @@ fn gc() {
             },
         },
         ReleaseRow {
+            what: "a live daemon that does not answer (hung) is replaced for its clients",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU,
+            given: |w| {
+                w.given(&gpu_plan(w, "c1"));
+                w.ctl.hang(&w.pipe(0, "gpu"), true);
+            },
+            when: |w| w.host().gc().into_lines(),
+            says: Some(&["GPU-0: replaced the MPS daemon of domain gpu, which did not answer, for 1 client(s)"]),
+            then: |w, what| {
+                assert_eq!(
+                    w.ctl.actions(),
+                    ["stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                    "{what}"
+                );
+                assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
+                assert!(crate::host::mps::MpsControl::answers(&w.ctl, &w.pipe(0, "gpu")), "{what}");
+                assert_eq!(w.clients(0), ["c1"], "{what}");
+            },
+        },
+        ReleaseRow {
             what: "a dead daemon that still has clients is restarted",
             isolation: Isolation::Gpu,
             modes: ONE_GPU,
@@ -1719,6 +1736,11 @@ fn gc_reports_an_unrecorded_daemon_it_stops() {
 }
 
 /// The fake's own rules, which the rows above rely on.
+const NO_DEFAULTS_PROBE: Limits = Limits {
+    cores: 7,
+    memory_mib: None,
+};
+
 #[test]
 fn fakes_behave_like_the_world_they_model() {
     let w = World::new(Isolation::Gpu, TWO_GPUS);
@@ -1741,7 +1763,10 @@ fn fakes_behave_like_the_world_they_model() {
     // A hung daemon is found but does not answer; stop kills the process it is given.
     w.ctl.hang(&pipe, true);
     assert!(!ctl.answers(&pipe));
-    assert!(ctl.refresh(&pipe, &POLICY).is_err());
+    // Its socket still accepts: the cheap check passes, the defaults are not put back.
+    w.ctl.drift(&pipe, NO_DEFAULTS_PROBE);
+    assert!(ctl.refresh(&pipe, &POLICY).is_ok());
+    assert_eq!(w.ctl.defaults_on(&pipe), Some(NO_DEFAULTS_PROBE));
     ctl.stop(&pipe, None);
     assert!(p.is_alive(), "quit does not reach a hung daemon");
     ctl.stop(&pipe, Some(p));
