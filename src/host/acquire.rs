@@ -164,6 +164,10 @@ impl<'a> Host<'a> {
                 }
             }
         }
+        drop(locks);
+        if let Ok(c) = self.control() {
+            c.flush();
+        }
         Ok(())
     }
 

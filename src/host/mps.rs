@@ -208,6 +208,8 @@ pub fn find_binary(name: &str) -> Option<PathBuf> {
 #[derive(Debug, Clone)]
 pub struct Control {
     binary: PathBuf,
+    /// Commands [`Control::refresh`] leaves for [`Control::flush`]: (pipe, commands).
+    pending: std::cell::RefCell<Vec<(PathBuf, String)>>,
 }
 
 impl Control {
@@ -215,7 +217,10 @@ impl Control {
     /// [`MpsError::NotFound`] when the binary is missing.
     pub fn new(name: &str) -> Result<Self, MpsError> {
         find_binary(name)
-            .map(|binary| Self { binary })
+            .map(|binary| Self {
+                binary,
+                pending: std::cell::RefCell::new(Vec::new()),
+            })
             .ok_or_else(|| MpsError::NotFound(name.to_owned()))
     }
 
@@ -357,10 +362,11 @@ impl Control {
 
     /// The cheap check of a running daemon a joining container needs: its control socket
     /// accepts a connection (the caller has checked its pid and start time). Its defaults are
-    /// then put back to `limits` by a control client that is not waited for (it is killed after
-    /// five seconds if the daemon does not answer), so that a tenant's change does not last past
-    /// the next acquire and the acquire does not wait for a round trip. `status`, `doctor` and
-    /// `gc` ask `get_server_list` in full.
+    /// then put back to `limits` by a control client that [`Control::flush`] starts and nobody
+    /// waits for (it is killed after five seconds if the daemon does not answer), so that a
+    /// tenant's change does not last past the next acquire and the acquire neither waits for a
+    /// round trip nor holds a lock for it. `status`, `doctor` and `gc` ask `get_server_list` in
+    /// full.
     ///
     /// # Errors
     /// [`MpsError::Command`] when the socket does not accept, or the client cannot be started.
@@ -374,7 +380,20 @@ impl Control {
                 ),
             });
         }
-        self.command_detached(pipe, &defaults_commands(limits))
+        self.pending
+            .borrow_mut()
+            .push((pipe.to_owned(), defaults_commands(limits)));
+        Ok(())
+    }
+
+    /// Sends what [`Control::refresh`] left, each through a control client that is not waited
+    /// for; called once the GPU locks are released, so that no lock is held for it.
+    pub fn flush(&self) {
+        for (pipe, cmds) in self.pending.take() {
+            if let Err(e) = self.command_detached(&pipe, &cmds) {
+                tracing::warn!(pipe = %pipe.display(), error = %crate::vocab::chain(&e), "cannot put a daemon's defaults back");
+            }
+        }
     }
 
     /// Sends `command` through a control client that is not waited for; it leaves the caller's
@@ -598,6 +617,8 @@ pub trait MpsControl {
     /// # Errors
     /// [`MpsError`] when the daemon cannot be asked.
     fn defaults(&self, pipe: &Path) -> Result<Limits, MpsError>;
+    /// Sends what `refresh` left to send, once no lock is held.
+    fn flush(&self) {}
     /// Stops the daemon on `pipe` (and `daemon`, if it lingers). Idempotent.
     fn stop(&self, pipe: &Path, daemon: Option<ProcId>);
     /// A running daemon serving `pipe`, recorded or not.
@@ -622,6 +643,9 @@ impl MpsControl for Control {
     }
     fn refresh(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
         Control::refresh(self, pipe, limits)
+    }
+    fn flush(&self) {
+        Control::flush(self);
     }
     fn set_defaults(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
         Control::set_defaults(self, pipe, limits)
