@@ -7,5 +7,6 @@ pub mod mps;
 pub mod pending;
 pub mod procinfo;
 pub mod release;
+pub mod sandbox;
 pub mod state;
 pub mod timeslice;

@@ -184,15 +184,20 @@ impl Control {
             command: command.to_owned(),
             output,
         };
-        let mut child = Command::new(&self.binary)
-            .env_clear()
+        // The client sees only this daemon's pipe directory, read-only and following no
+        // symlink, at a private path: a `control` a tenant pointed at another daemon dangles.
+        let (mounts, private_pipe) = crate::host::sandbox::client_mounts(pipe)
+            .map_err(|e| fail(format!("cannot open {}: {e}", pipe.display())))?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.env_clear()
             .env("PATH", SAFE_PATH)
-            .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &private_pipe)
+            .current_dir("/")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| fail(e.to_string()))?;
+            .stderr(Stdio::piped());
+        crate::sys::client_in_sandbox(&mut cmd, mounts);
+        let mut child = cmd.spawn().map_err(|e| fail(e.to_string()))?;
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(format!("{command}\n").as_bytes());
         }
@@ -233,6 +238,16 @@ impl Control {
         ready_timeout: Duration,
     ) -> Result<ProcId, MpsError> {
         dirs.prepare()?;
+        // Whatever a tenant left in the pipe directory goes before the daemon looks at it.
+        crate::host::sandbox::empty_dir(&dirs.pipe).map_err(|source| MpsError::Dirs {
+            path: dirs.pipe.clone(),
+            source,
+        })?;
+        let mounts = crate::host::sandbox::daemon_mounts(&dirs.pipe, &dirs.log, &dirs.shm)
+            .map_err(|source| MpsError::Dirs {
+                path: dirs.dir.clone(),
+                source,
+            })?;
         let mut cmd = Command::new(&self.binary);
         cmd.arg("-f");
         if multiuser {
@@ -247,12 +262,7 @@ impl Control {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        crate::sys::daemon_in_own_mount_ns(&mut cmd, &dirs.shm).map_err(|source| {
-            MpsError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            }
-        })?;
+        crate::sys::daemon_in_sandbox(&mut cmd, mounts);
         let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
             binary: self.binary.clone(),
             source,
