@@ -238,65 +238,14 @@ impl Control {
         ready_timeout: Duration,
     ) -> Result<ProcId, MpsError> {
         dirs.prepare()?;
-        // Whatever a tenant left in the pipe directory goes before the daemon looks at it.
-        crate::host::sandbox::empty_dir(&dirs.pipe).map_err(|source| MpsError::Dirs {
-            path: dirs.pipe.clone(),
-            source,
-        })?;
-        let mounts = crate::host::sandbox::daemon_mounts(&dirs.pipe, &dirs.log, &dirs.shm)
-            .map_err(|source| MpsError::Dirs {
-                path: dirs.dir.clone(),
-                source,
-            })?;
-        let mut cmd = Command::new(&self.binary);
-        cmd.arg("-f");
-        if multiuser {
-            cmd.arg("-multiuser-server");
-        }
-        cmd.env_clear()
-            .env("PATH", SAFE_PATH)
-            .env("CUDA_VISIBLE_DEVICES", uuid)
-            .env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
-            .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
-            .current_dir("/")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        crate::sys::daemon_in_sandbox(&mut cmd, mounts);
-        let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
-        let pid = child.id() as i32;
-        leave_cgroups(pid);
-        let proc = ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 });
-        let deadline = Instant::now() + ready_timeout;
+        // A tenant racing the daemon's start-up (swapping a link in where the daemon is about
+        // to re-mode a file by name) makes it give up, never follow: start again, afresh.
+        let mut attempt = 1;
         loop {
-            if self.answers(&dirs.pipe) {
-                // Not waited for: it outlives this process and is reparented.
-                return Ok(proc);
+            match start_once(self, uuid, dirs, multiuser, ready_timeout) {
+                Err(MpsError::Exited { .. }) if attempt < START_ATTEMPTS => attempt += 1,
+                other => return other,
             }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(MpsError::Exited {
-                    binary: self.binary.clone(),
-                    status: status.to_string(),
-                    hint: if multiuser {
-                        "; this driver's MPS may not support -multiuser-server: set [mps] multiuser = false"
-                    } else {
-                        ""
-                    },
-                    log: dirs.log.join("control.log"),
-                });
-            }
-            if Instant::now() >= deadline {
-                stop_process(proc, Duration::from_millis(500));
-                return Err(MpsError::NotReady {
-                    uuid: uuid.to_owned(),
-                    seconds: ready_timeout.as_secs(),
-                    log: dirs.log.join("control.log"),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -439,4 +388,107 @@ pub fn find_daemon(pipe: &Path, binary: &Path) -> Option<ProcId> {
         }
     }
     None
+}
+
+/// Opens the daemon's log file for appending, never through a link.
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Starts of a daemon [`Control::start`] makes before it gives up on one that exits at once.
+const START_ATTEMPTS: usize = 5;
+
+/// One start of the daemon for [`Control::start`]: empty the pipe directory, spawn the daemon
+/// in its sandbox, wait until it answers.
+fn start_once(
+    control: &Control,
+    uuid: &str,
+    dirs: &MpsDirs,
+    multiuser: bool,
+    ready_timeout: Duration,
+) -> Result<ProcId, MpsError> {
+    // Whatever a tenant left in the pipe directory goes before the daemon looks at it.
+    crate::host::sandbox::empty_dir(&dirs.pipe).map_err(|source| MpsError::Dirs {
+        path: dirs.pipe.clone(),
+        source,
+    })?;
+    let mounts = crate::host::sandbox::daemon_mounts(&dirs.pipe, &dirs.log, &dirs.shm).map_err(
+        |source| MpsError::Dirs {
+            path: dirs.dir.clone(),
+            source,
+        },
+    )?;
+    // In the foreground the daemon logs to stdout: into `<log>/control.log` (the log
+    // directory is never mounted into a container).
+    let log_file = open_log(&dirs.log.join("control.log")).map_err(|source| MpsError::Dirs {
+        path: dirs.log.join("control.log"),
+        source,
+    })?;
+    let mut cmd = Command::new(&control.binary);
+    cmd.arg("-f");
+    if multiuser {
+        cmd.arg("-multiuser-server");
+    }
+    cmd.env_clear()
+        .env("PATH", SAFE_PATH)
+        .env("CUDA_VISIBLE_DEVICES", uuid)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log_file))
+        .stderr(Stdio::null());
+    crate::sys::daemon_in_sandbox(&mut cmd, mounts);
+    let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
+        binary: control.binary.clone(),
+        source,
+    })?;
+    let pid = child.id() as i32;
+    leave_cgroups(pid);
+    let proc = ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 });
+    let deadline = Instant::now() + ready_timeout;
+    loop {
+        if daemon_answers(control, &dirs.pipe) {
+            // Not waited for: it outlives this process and is reparented.
+            return Ok(proc);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(MpsError::Exited {
+                binary: control.binary.clone(),
+                status: status.to_string(),
+                hint: if multiuser {
+                    "; this driver's MPS may not support -multiuser-server: set [mps] multiuser = false"
+                } else {
+                    ""
+                },
+                log: dirs.log.join("control.log"),
+            });
+        }
+        if Instant::now() >= deadline {
+            stop_process(proc, Duration::from_millis(500));
+            return Err(MpsError::NotReady {
+                uuid: uuid.to_owned(),
+                seconds: ready_timeout.as_secs(),
+                log: dirs.log.join("control.log"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether the daemon behind `pipe` answers, judged without following a link a tenant put in
+/// place of a socket: the privileged socket (root clients use it) must be a socket.
+fn daemon_answers(control: &Control, pipe: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(pipe.join("control_privileged"))
+        .is_ok_and(|m| m.file_type().is_socket())
+        && control
+            .command(pipe, "get_server_list", Duration::from_secs(2))
+            .is_ok()
 }
