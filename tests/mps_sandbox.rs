@@ -365,13 +365,29 @@ fn a_racer_swapping_control_for_a_link_changes_nothing_and_restarts_succeed() {
             marker.target("control"),
         );
         std::thread::spawn(move || {
+            use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+            // Told by inotify the moment a name is created, with a spare link standing ready,
+            // so that a swap is one rename.
+            let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).unwrap();
+            ino.add_watch(&dir, AddWatchFlags::IN_CREATE).unwrap();
+            let spare = dir.join(".spare-control");
             while !stop.load(Ordering::Relaxed) {
-                let is_socket = std::fs::symlink_metadata(dir.join("control"))
-                    .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
-                if is_socket && plant(&dir, "control", &target).is_ok() {
-                    swaps.fetch_add(1, Ordering::Relaxed);
-                } else {
+                if std::fs::symlink_metadata(&spare).is_err() && symlink(&target, &spare).is_err() {
                     std::thread::yield_now();
+                    continue;
+                }
+                let Ok(events) = ino.read_events() else {
+                    continue;
+                };
+                if events
+                    .iter()
+                    .any(|e| e.name.as_deref() == Some(std::ffi::OsStr::new("control")))
+                {
+                    let is_socket = std::fs::symlink_metadata(dir.join("control"))
+                        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+                    if is_socket && std::fs::rename(&spare, dir.join("control")).is_ok() {
+                        swaps.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         })
