@@ -4,6 +4,7 @@
 pub mod acquire;
 pub mod inventory;
 pub mod mps;
+pub mod multiuser;
 pub mod pending;
 pub mod procinfo;
 pub mod release;

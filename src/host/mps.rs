@@ -237,6 +237,17 @@ impl Control {
         multiuser: bool,
         ready_timeout: Duration,
     ) -> Result<ProcId, MpsError> {
+        let multiuser = if multiuser {
+            let flag = crate::host::multiuser::flag_for(&self.binary).map_err(|reason| {
+                MpsError::Spawn {
+                    binary: self.binary.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::Unsupported, reason),
+                }
+            })?;
+            Some(flag)
+        } else {
+            None
+        };
         dirs.prepare()?;
         // A tenant racing the daemon's start-up (swapping a link in where the daemon is about
         // to re-mode a file by name) makes it give up, never follow: start again, afresh.
@@ -410,7 +421,7 @@ fn start_once(
     control: &Control,
     uuid: &str,
     dirs: &MpsDirs,
-    multiuser: bool,
+    multiuser: Option<&str>,
     ready_timeout: Duration,
 ) -> Result<ProcId, MpsError> {
     // Whatever a tenant left in the pipe directory goes before the daemon looks at it.
@@ -432,8 +443,8 @@ fn start_once(
     })?;
     let mut cmd = Command::new(&control.binary);
     cmd.arg("-f");
-    if multiuser {
-        cmd.arg("-multiuser-server");
+    if let Some(flag) = multiuser {
+        cmd.arg(flag);
     }
     cmd.env_clear()
         .env("PATH", SAFE_PATH)
@@ -462,8 +473,8 @@ fn start_once(
             return Err(MpsError::Exited {
                 binary: control.binary.clone(),
                 status: status.to_string(),
-                hint: if multiuser {
-                    "; this driver's MPS may not support -multiuser-server: set [mps] multiuser = false"
+                hint: if multiuser.is_some() {
+                    "; this driver's MPS may not support multi-user: set [mps] multiuser = false"
                 } else {
                     ""
                 },
