@@ -11,12 +11,14 @@ use nix::sched::{unshare, CloneFlags};
 /// What a sandboxed MPS control daemon may write, as C strings prepared before the fork: its
 /// pipe and log directories (host paths, mounted on themselves), its shm tmpfs (mounted on
 /// `/dev/shm`) and the ancestors of the pipe and log directories, outermost first, which are
-/// made again inside the private `/tmp` when they lie under it.
+/// made again inside the private `/tmp` when they lie under it. `binary_dir`: the directory of
+/// the program to run when it lies under `/tmp`, mounted there again read-only.
 #[derive(Debug)]
 pub struct DaemonMounts {
     pub pipe: CString,
     pub log: CString,
     pub shm: CString,
+    pub binary_dir: Option<CString>,
     pub make_dirs: Vec<CString>,
 }
 
@@ -50,6 +52,20 @@ pub fn daemon_in_sandbox(cmd: &mut Command, m: DaemonMounts) {
             let pipe = writable_copy(&m.pipe, TENANT_DIR_ATTRS | MOUNT_ATTR_NOEXEC)?;
             let log = writable_copy(&m.log, TENANT_DIR_ATTRS | MOUNT_ATTR_NOEXEC)?;
             let shm = writable_copy(&m.shm, TENANT_DIR_ATTRS)?;
+            let bin = match &m.binary_dir {
+                Some(d) => {
+                    let fd = open_tree_raw(libc::AT_FDCWD, d, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)?;
+                    set_attrs(
+                        fd,
+                        c"",
+                        libc::AT_EMPTY_PATH as libc::c_uint,
+                        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                        0,
+                    )?;
+                    Some((fd, d))
+                }
+                None => None,
+            };
             set_attrs(libc::AT_FDCWD, c"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)?;
             mount(
                 Some(c"tmpfs"),
@@ -65,6 +81,9 @@ pub fn daemon_in_sandbox(cmd: &mut Command, m: DaemonMounts) {
                     nix::sys::stat::Mode::from_bits_truncate(0o755),
                 );
             }
+            if let Some((fd, d)) = bin {
+                move_raw(fd, d)?;
+            }
             move_raw(pipe, &m.pipe)?;
             move_raw(log, &m.log)?;
             move_raw(shm, c"/dev/shm")?;
@@ -74,22 +93,29 @@ pub fn daemon_in_sandbox(cmd: &mut Command, m: DaemonMounts) {
     }
 }
 
-/// What a sandboxed control client sees: `tree`, a detached read-only copy of one daemon's pipe
-/// directory (see [`detached_copy`]), mounted at `at` inside an empty tmpfs laid over `hide`.
+/// What a sandboxed control client sees: a read-only copy of `pipe` (a daemon's pipe
+/// directory, which must not be a symlink) that follows no symlink, mounted at `at` inside an
+/// empty tmpfs laid over `hide` (the state directory).
 #[derive(Debug)]
 pub struct ClientMounts {
-    pub tree: std::os::fd::OwnedFd,
+    pub pipe: CString,
     pub hide: CString,
     pub at: CString,
 }
 
-/// Arranges for `cmd` to start in a mount namespace of its own in which `m.hide` (the state
-/// directory) is an empty tmpfs holding only `m.tree` at `m.at`.
+/// Mount attributes of the client's copy of the pipe directory.
+const CLIENT_PIPE_ATTRS: u64 = MOUNT_ATTR_RDONLY
+    | MOUNT_ATTR_NOSYMFOLLOW
+    | MOUNT_ATTR_NODEV
+    | MOUNT_ATTR_NOSUID
+    | MOUNT_ATTR_NOEXEC;
+
+/// Arranges for `cmd` to start in a mount namespace of its own in which `m.hide` is an empty
+/// tmpfs holding only the copy of `m.pipe` at `m.at`.
 pub fn client_in_sandbox(cmd: &mut Command, m: ClientMounts) {
-    use std::os::fd::AsRawFd;
     // SAFETY: the closure runs in the forked child before exec and only makes raw system calls
-    // (unshare, mount, mkdir, move_mount) on data prepared before the fork; it allocates
-    // nothing and takes no locks, so it is async-signal-safe.
+    // (unshare, open, mount, mkdir, mount_setattr, close) on data prepared before the fork or
+    // on the stack; it allocates nothing and takes no locks, so it is async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
             unshare(CloneFlags::CLONE_NEWNS)?;
@@ -100,6 +126,11 @@ pub fn client_in_sandbox(cmd: &mut Command, m: ClientMounts) {
                 MsFlags::MS_REC | MsFlags::MS_PRIVATE,
                 None::<&CStr>,
             )?;
+            let dir = libc::open(
+                m.pipe.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            );
+            let dir = nix::errno::Errno::result(dir)?;
             mount(
                 Some(c"tmpfs"),
                 m.hide.as_c_str(),
@@ -111,37 +142,43 @@ pub fn client_in_sandbox(cmd: &mut Command, m: ClientMounts) {
                 m.at.as_c_str(),
                 nix::sys::stat::Mode::from_bits_truncate(0o700),
             )?;
-            move_mount_raw(m.tree.as_raw_fd(), &m.at)?;
+            let mut buf = [0u8; 32];
+            let src = proc_fd_path(dir, &mut buf);
+            let r = mount(
+                Some(src),
+                m.at.as_c_str(),
+                None::<&CStr>,
+                MsFlags::MS_BIND,
+                None::<&CStr>,
+            );
+            libc::close(dir);
+            r?;
+            set_attrs(libc::AT_FDCWD, &m.at, 0, CLIENT_PIPE_ATTRS, 0)?;
             Ok(())
         });
     }
 }
 
-/// A detached copy (`open_tree(2)` with `OPEN_TREE_CLONE`, not recursive) of the directory
-/// `dir` is open on, with `attrs` (`MOUNT_ATTR_*`) set on it, for [`ClientMounts::tree`].
-///
-/// # Errors
-/// The system call's errno.
-pub fn detached_copy(
-    dir: std::os::fd::BorrowedFd<'_>,
-    attrs: u64,
-) -> nix::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let fd = open_tree_raw(
-        dir.as_raw_fd(),
-        c"",
-        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_EMPTY_PATH as libc::c_uint,
-    )?;
-    // SAFETY: open_tree returned a new descriptor that nothing else owns.
-    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
-    set_attrs(
-        fd.as_raw_fd(),
-        c"",
-        libc::AT_EMPTY_PATH as libc::c_uint,
-        attrs,
-        0,
-    )?;
-    Ok(fd)
+/// `/proc/self/fd/<fd>` written into `buf`, without allocating.
+fn proc_fd_path(fd: libc::c_int, buf: &mut [u8; 32]) -> &CStr {
+    let prefix = b"/proc/self/fd/";
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut n = fd.max(0) as u32;
+    let mut digits = [0u8; 10];
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[prefix.len() + i] = digits[len - 1 - i];
+    }
+    buf[prefix.len() + len] = 0;
+    CStr::from_bytes_until_nul(&buf[..]).unwrap_or(c"/")
 }
 
 const OPEN_TREE_CLONE: libc::c_uint = 1;

@@ -201,17 +201,9 @@ impl Control {
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(format!("{command}\n").as_bytes());
         }
-        let status = wait_timeout(&mut child, timeout).map_err(|e| fail(e.to_string()))?;
-        let mut out = String::new();
-        if let Some(mut o) = child.stdout.take() {
-            let _ = o.read_to_string(&mut out);
-        }
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut out);
-        }
-        match status {
-            Some(s) if s.success() => Ok(out.trim().to_owned()),
-            Some(s) => Err(fail(format!("{} {}", s, out.trim()))),
+        match wait_output(&mut child, timeout).map_err(|e| fail(e.to_string()))? {
+            Some((s, out)) if s.success() => Ok(out.trim().to_owned()),
+            Some((s, out)) => Err(fail(format!("{} {}", s, out.trim()))),
             None => Err(fail(format!("no answer within {}s", timeout.as_secs_f32()))),
         }
     }
@@ -294,27 +286,6 @@ impl Control {
         if let Some(p) = daemon {
             stop_process(p, Duration::from_secs(5));
         }
-    }
-}
-
-/// Waits for a child up to `timeout`; kills and reaps it on timeout (then `Ok(None)`).
-fn wait_timeout(
-    child: &mut std::process::Child,
-    timeout: Duration,
-) -> std::io::Result<Option<std::process::ExitStatus>> {
-    let deadline = Instant::now() + timeout;
-    let mut pause = Duration::from_micros(100);
-    loop {
-        if let Some(s) = child.try_wait()? {
-            return Ok(Some(s));
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(None);
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(10));
     }
 }
 
@@ -429,12 +400,12 @@ fn start_once(
         path: dirs.pipe.clone(),
         source,
     })?;
-    let mounts = crate::host::sandbox::daemon_mounts(&dirs.pipe, &dirs.log, &dirs.shm).map_err(
-        |source| MpsError::Dirs {
-            path: dirs.dir.clone(),
-            source,
-        },
-    )?;
+    let mounts =
+        crate::host::sandbox::daemon_mounts(&dirs.pipe, &dirs.log, &dirs.shm, &control.binary)
+            .map_err(|source| MpsError::Dirs {
+                path: dirs.dir.clone(),
+                source,
+            })?;
     // In the foreground the daemon logs to stdout: into `<log>/control.log` (the log
     // directory is never mounted into a container).
     let log_file = open_log(&dirs.log.join("control.log")).map_err(|source| MpsError::Dirs {
@@ -502,4 +473,96 @@ fn daemon_answers(control: &Control, pipe: &Path) -> bool {
         && control
             .command(pipe, "get_server_list", Duration::from_secs(2))
             .is_ok()
+}
+
+/// Collects a child's stdout and stderr as they come (woken by `poll`, not by a timer) and then
+/// its exit status; kills and reaps it when `timeout` passes first (then `Ok(None)`).
+fn wait_output(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> std::io::Result<Option<(std::process::ExitStatus, String)>> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let deadline = Instant::now() + timeout;
+    let give_up = |child: &mut std::process::Child| {
+        let _ = child.kill();
+        let _ = child.wait();
+        Ok(None)
+    };
+    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+    let mut text = [Vec::new(), Vec::new()];
+    while out.is_some() || err.is_some() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return give_up(child);
+        }
+        let ms = u16::try_from(left.as_millis() + 1).unwrap_or(u16::MAX);
+        let mut ready = [false, false];
+        {
+            let mut fds = Vec::with_capacity(2);
+            let mut which = Vec::with_capacity(2);
+            if let Some(o) = &out {
+                fds.push(PollFd::new(o.as_fd(), PollFlags::POLLIN));
+                which.push(0);
+            }
+            if let Some(e) = &err {
+                fds.push(PollFd::new(e.as_fd(), PollFlags::POLLIN));
+                which.push(1);
+            }
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            for (fd, i) in fds.iter().zip(which) {
+                ready[i] = fd.revents().is_some_and(|r| !r.is_empty());
+            }
+        }
+        let mut buf = [0u8; 4096];
+        for (i, stream) in [&mut out as &mut dyn ReadSlot, &mut err]
+            .into_iter()
+            .enumerate()
+        {
+            if ready[i] {
+                match stream.read_once(&mut buf) {
+                    Ok(0) => stream.close(),
+                    Ok(n) => text[i].extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => stream.close(),
+                }
+            }
+        }
+    }
+    // Both pipes closed: the child is exiting.
+    let mut pause = Duration::from_micros(20);
+    loop {
+        if let Some(s) = child.try_wait()? {
+            let mut all = String::from_utf8_lossy(&text[0]).into_owned();
+            all.push_str(&String::from_utf8_lossy(&text[1]));
+            return Ok(Some((s, all)));
+        }
+        if Instant::now() >= deadline {
+            return give_up(child);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
+}
+
+/// An optional pipe end of a child that [`wait_output`] reads from until it closes.
+trait ReadSlot {
+    fn read_once(&mut self, buf: &mut [u8]) -> std::io::Result<usize>;
+    fn close(&mut self);
+}
+
+impl<R: Read> ReadSlot for Option<R> {
+    fn read_once(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Some(r) => r.read(buf),
+            None => Ok(0),
+        }
+    }
+
+    fn close(&mut self) {
+        *self = None;
+    }
 }

@@ -6,7 +6,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -94,13 +94,22 @@ fn remove_entry(dir: &Dir, name: &CString, depth: usize) -> io::Result<()> {
 }
 
 /// The mounts of a sandboxed daemon serving `pipe` and logging into `log`, with `shm` as its
-/// `/dev/shm` (see `sys::daemon_in_sandbox`).
+/// `/dev/shm` (see `sys::daemon_in_sandbox`), running `binary`.
 ///
 /// # Errors
 /// `InvalidInput` when a path holds a NUL byte or is not absolute.
-pub(crate) fn daemon_mounts(pipe: &Path, log: &Path, shm: &Path) -> io::Result<sys::DaemonMounts> {
+pub(crate) fn daemon_mounts(
+    pipe: &Path,
+    log: &Path,
+    shm: &Path,
+    binary: &Path,
+) -> io::Result<sys::DaemonMounts> {
     let mut make_dirs = Vec::new();
-    for d in [pipe, log] {
+    // A program under `/tmp` (a stand-in, in tests) is shown again inside the private `/tmp`.
+    let binary_dir = binary
+        .parent()
+        .filter(|d| d.starts_with("/tmp") && d != &Path::new("/tmp"));
+    for d in binary_dir.into_iter().chain([pipe, log]) {
         if !d.is_absolute() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -120,6 +129,7 @@ pub(crate) fn daemon_mounts(pipe: &Path, log: &Path, shm: &Path) -> io::Result<s
         pipe: c_path(pipe)?,
         log: c_path(log)?,
         shm: c_path(shm)?,
+        binary_dir: binary_dir.map(c_path).transpose()?,
         make_dirs,
     })
 }
@@ -133,27 +143,13 @@ const CLIENT_PIPE_NAME: &str = "pipe";
 /// as `CUDA_MPS_PIPE_DIRECTORY`.
 ///
 /// # Errors
-/// When `pipe` cannot be opened (`ENOTDIR`/`ELOOP`: it is a symlink) or copied.
+/// `InvalidInput` when a path holds a NUL byte.
 pub(crate) fn client_mounts(pipe: &Path) -> io::Result<(sys::ClientMounts, PathBuf)> {
-    let dir = nix::fcntl::open(
-        pipe,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    let tree = sys::detached_copy(
-        dir.as_fd(),
-        sys::MOUNT_ATTR_RDONLY
-            | sys::MOUNT_ATTR_NOSYMFOLLOW
-            | sys::MOUNT_ATTR_NODEV
-            | sys::MOUNT_ATTR_NOSUID
-            | sys::MOUNT_ATTR_NOEXEC,
-    )?;
-    debug_assert!(tree.as_raw_fd() > 2);
     let hide = hidden_root(pipe);
     let at = hide.join(CLIENT_PIPE_NAME);
     Ok((
         sys::ClientMounts {
-            tree,
+            pipe: c_path(pipe)?,
             hide: c_path(&hide)?,
             at: c_path(&at)?,
         },
@@ -368,7 +364,7 @@ mod tests {
             outside = outside.display(),
             root = host.path().display(),
         );
-        let mounts = daemon_mounts(&pipe, &log, &shm).unwrap();
+        let mounts = daemon_mounts(&pipe, &log, &shm, Path::new("/bin/sh")).unwrap();
         let (ok, out) = sh(&script, |c| crate::sys::daemon_in_sandbox(c, mounts));
         assert!(ok, "{out}");
         assert_eq!(std::fs::read_to_string(pipe.join("f")).unwrap(), "pipe\n");
