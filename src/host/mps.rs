@@ -197,7 +197,9 @@ impl Control {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         crate::sys::client_in_sandbox(&mut cmd, mounts);
-        let mut child = cmd.spawn().map_err(|e| fail(e.to_string()))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| fail(sandbox_spawn_error(e).to_string()))?;
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(format!("{command}\n").as_bytes());
         }
@@ -427,9 +429,9 @@ fn start_once(
         .stdout(Stdio::from(log_file))
         .stderr(Stdio::null());
     crate::sys::daemon_in_sandbox(&mut cmd, mounts);
-    let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
+    let mut child = cmd.spawn().map_err(|e| MpsError::Spawn {
         binary: control.binary.clone(),
-        source,
+        source: sandbox_spawn_error(e),
     })?;
     let pid = child.id() as i32;
     leave_cgroups(pid);
@@ -564,5 +566,36 @@ impl<R: Read> ReadSlot for Option<R> {
 
     fn close(&mut self) {
         *self = None;
+    }
+}
+
+/// A spawn error that names the sandbox where the kernel is the likely cause: `EINVAL` or
+/// `ENOSYS` from the mount calls made between fork and exec (`mount_setattr` with
+/// `MOUNT_ATTR_NOSYMFOLLOW` needs Linux 5.14).
+fn sandbox_spawn_error(e: std::io::Error) -> std::io::Error {
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS) => std::io::Error::new(
+            e.kind(),
+            format!("{e} while setting up its mount namespace; this needs Linux 5.14 or later"),
+        ),
+        _ => e,
+    }
+}
+
+#[cfg(test)]
+mod sandbox_error_tests {
+    use super::sandbox_spawn_error;
+
+    #[test]
+    fn kernel_errors_from_the_sandbox_name_the_kernel_others_pass_through() {
+        for (errno, names_kernel) in [
+            (libc::EINVAL, true),
+            (libc::ENOSYS, true),
+            (libc::ENOENT, false),
+            (libc::EPERM, false),
+        ] {
+            let e = sandbox_spawn_error(std::io::Error::from_raw_os_error(errno)).to_string();
+            assert_eq!(e.contains("Linux 5.14"), names_kernel, "errno {errno}: {e}");
+        }
     }
 }
