@@ -336,6 +336,21 @@ fn links_left_behind_when_a_reservation_kept_the_directory_are_not_followed() {
     assert!(daemons_under(&sb.state_dir()).is_empty());
 }
 
+/// Stops and joins the racer thread, also when the test fails half-way.
+struct Racer {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Racer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 #[test]
 fn a_racer_swapping_control_for_a_link_changes_nothing_and_restarts_succeed() {
     if !common::require("control racer", &["nvidia-cuda-mps-control"]) {
@@ -357,7 +372,11 @@ fn a_racer_swapping_control_for_a_link_changes_nothing_and_restarts_succeed() {
     // chmods `control` to 0666 by name after binding it).
     let stop = Arc::new(AtomicBool::new(false));
     let swaps = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let racer = {
+    let mut racer = Racer {
+        stop: stop.clone(),
+        thread: None,
+    };
+    racer.thread = Some({
         let (stop, swaps, dir, target) = (
             stop.clone(),
             swaps.clone(),
@@ -391,7 +410,7 @@ fn a_racer_swapping_control_for_a_link_changes_nothing_and_restarts_succeed() {
                 }
             }
         })
-    };
+    });
     let mut failures = Vec::new();
     for i in 0..RESTARTS {
         kill_and_wait(&gpu_dir(&sb, 0));
@@ -420,8 +439,7 @@ fn a_racer_swapping_control_for_a_link_changes_nothing_and_restarts_succeed() {
             assert_eq!(fds_into(d, marker.path()), Vec::<String>::new());
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    racer.join().unwrap();
+    drop(racer);
     eprintln!(
         "racer swapped control {} times over {RESTARTS} restarts",
         swaps.load(Ordering::Relaxed)
