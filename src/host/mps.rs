@@ -374,9 +374,18 @@ pub fn find_daemon(pipe: &Path, binary: &Path) -> Option<ProcId> {
     None
 }
 
-/// Opens the daemon's log file for appending, never through a link.
+/// Size past which the daemon's log is moved aside to `<log>.1` when a daemon starts.
+const LOG_KEEP_BYTES: u64 = 8 << 20;
+
+/// Opens the daemon's log file for appending, never through a link; one grown past
+/// [`LOG_KEEP_BYTES`] is first moved aside to `<path>.1` (replacing an older one).
 fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() > LOG_KEEP_BYTES) {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".1");
+        std::fs::rename(path, old)?;
+    }
     std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -597,5 +606,34 @@ mod sandbox_error_tests {
             let e = sandbox_spawn_error(std::io::Error::from_raw_os_error(errno)).to_string();
             assert_eq!(e.contains("Linux 5.14"), names_kernel, "errno {errno}: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::{open_log, LOG_KEEP_BYTES};
+    use std::io::Write;
+
+    #[test]
+    fn a_grown_log_is_moved_aside_once_and_links_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let log = t.path().join("control.log");
+        open_log(&log).unwrap().write_all(b"first\n").unwrap();
+        open_log(&log).unwrap().write_all(b"second\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "first\nsecond\n");
+        std::fs::write(&log, vec![b'x'; LOG_KEEP_BYTES as usize + 1]).unwrap();
+        open_log(&log).unwrap().write_all(b"fresh\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "fresh\n");
+        assert_eq!(
+            std::fs::metadata(t.path().join("control.log.1"))
+                .unwrap()
+                .len(),
+            LOG_KEEP_BYTES + 1
+        );
+        let target = t.path().join("elsewhere");
+        std::fs::remove_file(&log).unwrap();
+        std::os::unix::fs::symlink(&target, &log).unwrap();
+        assert!(open_log(&log).is_err(), "a link is not followed");
+        assert!(!target.exists());
     }
 }
