@@ -73,7 +73,8 @@ pub struct MpsConfig {
     pub control: String,
     /// Put the GPU in EXCLUSIVE_PROCESS while a daemon runs, DEFAULT after.
     pub exclusive_compute_mode: bool,
-    /// Start the daemon with `-multiuser-server`.
+    /// Serve clients of different uids from one daemon, with the multi-user option of the
+    /// installed driver; refused where the driver has none (see `host::multiuser`).
     pub multiuser: bool,
     /// How long to wait for a new daemon to answer `get_server_list`.
     pub start_timeout_seconds: u64,

@@ -1,51 +1,270 @@
 //! The only module with `unsafe`: process set-up between fork and exec.
 #![allow(unsafe_code)]
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
+use std::ffi::{CStr, CString};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::Command;
 
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 
-/// Arranges for `cmd` to start in a new session and a private mount namespace of its own in
-/// which `shm` (a host tmpfs) is bind-mounted on `/dev/shm`, with every inherited descriptor
-/// above stderr closed on exec. The caller sets stdio and env.
-///
-/// # Errors
-/// When `shm` cannot be turned into a C string.
-pub fn daemon_in_own_mount_ns(cmd: &mut Command, shm: &Path) -> std::io::Result<()> {
-    let shm = CString::new(shm.as_os_str().as_bytes())?;
-    let dev_shm = CString::new("/dev/shm").expect("no NUL");
-    let root = CString::new("/").expect("no NUL");
+/// What a sandboxed MPS control daemon may write, as C strings prepared before the fork: its
+/// pipe and log directories (host paths, mounted on themselves), its shm tmpfs (mounted on
+/// `/dev/shm`) and the ancestors of the pipe and log directories, outermost first, which are
+/// made again inside the private `/tmp` when they lie under it. `binary_dir`: the directory of
+/// the program to run when it lies under `/tmp`, mounted there again read-only.
+#[derive(Debug)]
+pub struct DaemonMounts {
+    pub pipe: CString,
+    pub log: CString,
+    pub shm: CString,
+    pub binary_dir: Option<CString>,
+    pub make_dirs: Vec<CString>,
+}
+
+/// Mount attributes of every directory a tenant can write into, as the daemon sees it: no
+/// symlink is followed (so a planted link leads nowhere), no device node opens, no set-uid.
+const TENANT_DIR_ATTRS: u64 = MOUNT_ATTR_NOSYMFOLLOW | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID;
+
+/// Arranges for `cmd` to start in a new session and a mount namespace of its own in which the
+/// whole host is read-only except `m.pipe` and `m.log` (mounted writable on themselves), the
+/// shm tmpfs `m.shm` on `/dev/shm` and a private tmpfs on `/tmp`; those writable mounts follow
+/// no symlink and open no device node. Every inherited descriptor above stderr is closed on
+/// exec. The caller sets stdio and env.
+pub fn daemon_in_sandbox(cmd: &mut Command, m: DaemonMounts) {
     // SAFETY: the closure runs in the forked child before exec. It only makes raw system calls
-    // (setsid, unshare, mount, close_range) on data prepared before the fork; it allocates
-    // nothing and takes no locks, so it is async-signal-safe.
+    // (setsid, unshare, mount, open_tree, mount_setattr, mkdir, move_mount, close, close_range)
+    // on data prepared before the fork; it allocates nothing and takes no locks, so it is
+    // async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid()?;
             unshare(CloneFlags::CLONE_NEWNS)?;
             mount(
-                None::<&std::ffi::CStr>,
-                root.as_c_str(),
-                None::<&std::ffi::CStr>,
+                None::<&CStr>,
+                c"/",
+                None::<&CStr>,
                 MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                None::<&std::ffi::CStr>,
+                None::<&CStr>,
             )?;
+            // Detached writable copies of the three directories, taken before the host goes
+            // read-only (and before `/tmp` is covered, should they lie under it).
+            let pipe = writable_copy(&m.pipe, TENANT_DIR_ATTRS | MOUNT_ATTR_NOEXEC)?;
+            let log = writable_copy(&m.log, TENANT_DIR_ATTRS | MOUNT_ATTR_NOEXEC)?;
+            let shm = writable_copy(&m.shm, TENANT_DIR_ATTRS)?;
+            let bin = match &m.binary_dir {
+                Some(d) => {
+                    let fd = open_tree_raw(libc::AT_FDCWD, d, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)?;
+                    set_attrs(
+                        fd,
+                        c"",
+                        libc::AT_EMPTY_PATH as libc::c_uint,
+                        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                        0,
+                    )?;
+                    Some((fd, d))
+                }
+                None => None,
+            };
+            set_attrs(libc::AT_FDCWD, c"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)?;
             mount(
-                Some(shm.as_c_str()),
-                dev_shm.as_c_str(),
-                None::<&std::ffi::CStr>,
-                MsFlags::MS_BIND,
-                None::<&std::ffi::CStr>,
+                Some(c"tmpfs"),
+                c"/tmp",
+                Some(c"tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(c"mode=1777,size=64m"),
             )?;
+            for d in &m.make_dirs {
+                // Exists already (EEXIST) unless under the new `/tmp`.
+                let _ = nix::unistd::mkdir(
+                    d.as_c_str(),
+                    nix::sys::stat::Mode::from_bits_truncate(0o755),
+                );
+            }
+            if let Some((fd, d)) = bin {
+                move_raw(fd, d)?;
+            }
+            move_raw(pipe, &m.pipe)?;
+            move_raw(log, &m.log)?;
+            move_raw(shm, c"/dev/shm")?;
             close_inherited_on_exec();
             Ok(())
         });
     }
-    Ok(())
+}
+
+/// What a sandboxed control client sees: a read-only copy of `pipe` (a daemon's pipe
+/// directory, which must not be a symlink) that follows no symlink, mounted at `at` inside an
+/// empty tmpfs laid over `hide` (the state directory).
+#[derive(Debug)]
+pub struct ClientMounts {
+    pub pipe: CString,
+    pub hide: CString,
+    pub at: CString,
+}
+
+/// Mount attributes of the client's copy of the pipe directory.
+const CLIENT_PIPE_ATTRS: u64 = MOUNT_ATTR_RDONLY
+    | MOUNT_ATTR_NOSYMFOLLOW
+    | MOUNT_ATTR_NODEV
+    | MOUNT_ATTR_NOSUID
+    | MOUNT_ATTR_NOEXEC;
+
+/// Arranges for `cmd` to start in a mount namespace of its own in which `m.hide` is an empty
+/// tmpfs holding only the copy of `m.pipe` at `m.at`.
+pub fn client_in_sandbox(cmd: &mut Command, m: ClientMounts) {
+    // SAFETY: the closure runs in the forked child before exec and only makes raw system calls
+    // (unshare, open, mount, mkdir, mount_setattr, close) on data prepared before the fork or
+    // on the stack; it allocates nothing and takes no locks, so it is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            unshare(CloneFlags::CLONE_NEWNS)?;
+            mount(
+                None::<&CStr>,
+                c"/",
+                None::<&CStr>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&CStr>,
+            )?;
+            let dir = libc::open(
+                m.pipe.as_ptr(),
+                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            );
+            let dir = nix::errno::Errno::result(dir)?;
+            mount(
+                Some(c"tmpfs"),
+                m.hide.as_c_str(),
+                Some(c"tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some(c"mode=0700,size=16k,nr_inodes=16"),
+            )?;
+            nix::unistd::mkdir(
+                m.at.as_c_str(),
+                nix::sys::stat::Mode::from_bits_truncate(0o700),
+            )?;
+            let mut buf = [0u8; 32];
+            let src = proc_fd_path(dir, &mut buf);
+            let r = mount(
+                Some(src),
+                m.at.as_c_str(),
+                None::<&CStr>,
+                MsFlags::MS_BIND,
+                None::<&CStr>,
+            );
+            libc::close(dir);
+            r?;
+            set_attrs(libc::AT_FDCWD, &m.at, 0, CLIENT_PIPE_ATTRS, 0)?;
+            Ok(())
+        });
+    }
+}
+
+/// `/proc/self/fd/<fd>` written into `buf`, without allocating.
+fn proc_fd_path(fd: libc::c_int, buf: &mut [u8; 32]) -> &CStr {
+    let prefix = b"/proc/self/fd/";
+    buf[..prefix.len()].copy_from_slice(prefix);
+    let mut n = fd.max(0) as u32;
+    let mut digits = [0u8; 10];
+    let mut len = 0;
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[prefix.len() + i] = digits[len - 1 - i];
+    }
+    buf[prefix.len() + len] = 0;
+    CStr::from_bytes_until_nul(&buf[..]).unwrap_or(c"/")
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+/// `open_tree(2)`; returns the raw descriptor. Makes only the system call.
+fn open_tree_raw(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> nix::Result<libc::c_int> {
+    // SAFETY: `path` is a valid NUL-terminated string for the duration of the call.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) };
+    nix::errno::Errno::result(fd).map(|fd| fd as libc::c_int)
+}
+
+/// `mount_setattr(2)` setting `set` and clearing `clr`. Makes only the system call.
+fn set_attrs(
+    dirfd: libc::c_int,
+    path: &CStr,
+    flags: libc::c_uint,
+    set: u64,
+    clr: u64,
+) -> nix::Result<()> {
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: clr,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `path` is a valid C string and `attr` lives across the call; its size is passed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            dirfd,
+            path.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    nix::errno::Errno::result(r).map(drop)
+}
+
+/// A detached, writable copy of the directory at `path` with `attrs` set. Makes only system
+/// calls; the descriptor is close-on-exec.
+fn writable_copy(path: &CStr, attrs: u64) -> nix::Result<libc::c_int> {
+    let fd = open_tree_raw(libc::AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)?;
+    set_attrs(
+        fd,
+        c"",
+        libc::AT_EMPTY_PATH as libc::c_uint,
+        attrs,
+        MOUNT_ATTR_RDONLY,
+    )?;
+    Ok(fd)
+}
+
+/// `move_mount(2)` of the detached tree `tree` onto the path `target`. Makes only the system
+/// call.
+fn move_mount_raw(tree: libc::c_int, target: &CStr) -> nix::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    // SAFETY: both paths are valid C strings for the duration of the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree,
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    nix::errno::Errno::result(r).map(drop)
+}
+
+/// [`move_mount_raw`], then closes `tree`.
+fn move_raw(tree: libc::c_int, target: &CStr) -> nix::Result<()> {
+    let r = move_mount_raw(tree, target);
+    // SAFETY: `tree` is a descriptor this child opened and owns; close is async-signal-safe.
+    unsafe { libc::close(tree) };
+    r
 }
 
 /// Marks every descriptor above 2 close-on-exec, so that a long-lived child holds none of the
@@ -70,6 +289,10 @@ pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 /// Mount attribute: no device nodes (`MOUNT_ATTR_NODEV`).
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+/// Mount attribute: no execution (`MOUNT_ATTR_NOEXEC`).
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
+/// Mount attribute: symlinks are not followed (`MOUNT_ATTR_NOSYMFOLLOW`, Linux 5.14).
+pub const MOUNT_ATTR_NOSYMFOLLOW: u64 = 0x0020_0000;
 
 /// `open_tree(2)` with `OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE`: a detached copy of
 /// the mount tree at `path` (a host path), which can later be attached in another mount

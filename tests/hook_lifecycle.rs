@@ -445,19 +445,28 @@ fn multiuser_daemon_flag_is_passed_and_its_failure_explained() {
     let b = sb.bundle("b", &mps_spec());
     let a = FakeContainer::start();
     let out = sb.hook(&["createRuntime"], &Sandbox::state_json("ca", a.pid(), &b));
-    if out.status.success() {
-        // A driver whose control daemon takes the flag.
+    let help = std::process::Command::new("nvidia-cuda-mps-control")
+        .arg("-h")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let flag = gpushare::host::multiuser::multiuser_flag(&help);
+    if let Some(flag) = flag {
+        // A driver whose control program lists a multi-user option: the daemon gets it.
+        ok(&out);
         let d = daemons_under(&sb.state_dir());
         let cmdline = std::fs::read(format!("/proc/{}/cmdline", d[0])).unwrap();
-        assert!(cmdline
-            .split(|b| *b == 0)
-            .any(|a| a == b"-multiuser-server"));
+        assert!(cmdline.split(|b| *b == 0).any(|a| a == flag.as_bytes()));
         ok(&sb.hook(&["poststop"], &Sandbox::state_json("ca", 0, &b)));
     } else {
-        // Driver 535 (Debian 12) has no -multiuser-server: refused with the reason and the fix.
+        // Driver 535 (Debian 12) lists none: refused before any daemon starts, with the reason
+        // and the fix, in one line.
+        assert_eq!(out.status.code(), Some(1));
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("exited during start-up"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("has no multi-user MPS option"), "{err}");
         assert!(err.contains("[mps] multiuser = false"), "{err}");
+        assert!(daemons_under(&sb.state_dir()).is_empty());
         assert_eq!(sb.compute_mode(0), 0, "compute mode restored");
         assert!(sb.status()["gpus"].as_array().unwrap().is_empty());
     }

@@ -5,9 +5,11 @@ pub mod acquire;
 pub mod inventory;
 pub mod mounts;
 pub mod mps;
+pub mod multiuser;
 pub mod pending;
 pub mod procinfo;
 pub mod release;
+pub mod sandbox;
 pub mod state;
 pub mod timeslice;
 

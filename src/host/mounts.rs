@@ -45,8 +45,9 @@ pub fn binds(mountinfo: &str, dev: &str, inner: &str) -> bool {
 }
 
 /// The lowest pid of every other mount namespace that binds `dir` (a container that has it
-/// mounted), by namespace.
-pub fn holders_of(dir: &Path) -> Vec<i32> {
+/// mounted), by namespace; the namespaces of the processes in `skip` (the daemon, whose own
+/// sandbox binds its directories) are not counted.
+pub fn holders_of(dir: &Path, skip: &[i32]) -> Vec<i32> {
     let Ok(own) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };
@@ -54,6 +55,10 @@ pub fn holders_of(dir: &Path) -> Vec<i32> {
         return Vec::new();
     };
     let own_ns = std::fs::read_link("/proc/self/ns/mnt").ok();
+    let skipped: Vec<std::path::PathBuf> = skip
+        .iter()
+        .filter_map(|p| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok())
+        .collect();
     let mut by_ns: BTreeMap<std::path::PathBuf, i32> = BTreeMap::new();
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -65,7 +70,10 @@ pub fn holders_of(dir: &Path) -> Vec<i32> {
         let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
             continue;
         };
-        if Some(&ns) == own_ns.as_ref() || by_ns.get(&ns).is_some_and(|p| *p < pid) {
+        if Some(&ns) == own_ns.as_ref()
+            || skipped.contains(&ns)
+            || by_ns.get(&ns).is_some_and(|p| *p < pid)
+        {
             continue;
         }
         let Ok(mi) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {

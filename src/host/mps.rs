@@ -242,39 +242,36 @@ impl Control {
             command: command.to_owned(),
             output,
         };
-        let mut child = Command::new(&self.binary)
-            .env_clear()
+        // The client sees only this daemon's pipe directory, read-only and following no
+        // symlink, at a private path: a `control` a tenant pointed at another daemon dangles.
+        let (mounts, private_pipe) = crate::host::sandbox::client_mounts(pipe)
+            .map_err(|e| fail(format!("cannot open {}: {e}", pipe.display())))?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.env_clear()
             .env("PATH", SAFE_PATH)
-            .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &private_pipe)
+            .current_dir("/")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(Stdio::piped());
+        crate::sys::client_in_sandbox(&mut cmd, mounts);
+        let mut child = cmd
             .spawn()
-            .map_err(|e| fail(e.to_string()))?;
+            .map_err(|e| fail(sandbox_spawn_error(e).to_string()))?;
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(format!("{command}\n").as_bytes());
         }
-        let status = wait_timeout(&mut child, timeout).map_err(|e| fail(e.to_string()))?;
-        let mut out = String::new();
-        if let Some(mut o) = child.stdout.take() {
-            let _ = o.read_to_string(&mut out);
-        }
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut out);
-        }
-        match status {
-            Some(s) if s.success() => Ok(out.trim().to_owned()),
-            Some(s) => Err(fail(format!("{} {}", s, out.trim()))),
+        match wait_output(&mut child, timeout).map_err(|e| fail(e.to_string()))? {
+            Some((s, out)) if s.success() => Ok(out.trim().to_owned()),
+            Some((s, out)) => Err(fail(format!("{} {}", s, out.trim()))),
             None => Err(fail(format!("no answer within {}s", timeout.as_secs_f32()))),
         }
     }
 
-    /// Whether a daemon answers on `pipe`.
+    /// Whether a daemon answers on `pipe` (judged without following a link a tenant put in
+    /// place of a socket).
     pub fn answers(&self, pipe: &Path) -> bool {
-        pipe.join("control").exists()
-            && self
-                .command(pipe, "get_server_list", Duration::from_secs(2))
-                .is_ok()
+        daemon_answers(self, pipe)
     }
 
     /// Starts a daemon for GPU `uuid` in a mount namespace of its own with `dirs.shm` on
@@ -290,61 +287,26 @@ impl Control {
         multiuser: bool,
         ready_timeout: Duration,
     ) -> Result<ProcId, MpsError> {
-        dirs.prepare()?;
-        let mut cmd = Command::new(&self.binary);
-        cmd.arg("-f");
-        if multiuser {
-            cmd.arg("-multiuser-server");
-        }
-        cmd.env_clear()
-            .env("PATH", SAFE_PATH)
-            .env("CUDA_VISIBLE_DEVICES", uuid)
-            .env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
-            .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
-            .current_dir("/")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        crate::sys::daemon_in_own_mount_ns(&mut cmd, &dirs.shm).map_err(|source| {
-            MpsError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            }
-        })?;
-        let mut child = cmd.spawn().map_err(|source| MpsError::Spawn {
-            binary: self.binary.clone(),
-            source,
-        })?;
-        let pid = child.id() as i32;
-        leave_cgroups(pid);
-        let proc = ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 });
-        let deadline = Instant::now() + ready_timeout;
-        loop {
-            if self.answers(&dirs.pipe) {
-                // Not waited for: it outlives this process and is reparented.
-                return Ok(proc);
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(MpsError::Exited {
+        let multiuser = if multiuser {
+            let flag = crate::host::multiuser::flag_for(&self.binary).map_err(|reason| {
+                MpsError::Spawn {
                     binary: self.binary.clone(),
-                    status: status.to_string(),
-                    hint: if multiuser {
-                        "; this driver's MPS may not support -multiuser-server: set [mps] multiuser = false"
-                    } else {
-                        ""
-                    },
-                    log: dirs.log.join("control.log"),
-                });
+                    source: std::io::Error::new(std::io::ErrorKind::Unsupported, reason),
+                }
+            })?;
+            Some(flag)
+        } else {
+            None
+        };
+        dirs.prepare()?;
+        // A tenant racing the daemon's start-up (swapping a link in where the daemon is about
+        // to re-mode a file by name) makes it give up, never follow: start again, afresh.
+        let mut attempt = 1;
+        loop {
+            match start_once(self, uuid, dirs, multiuser, ready_timeout) {
+                Err(MpsError::Exited { .. }) if attempt < START_ATTEMPTS => attempt += 1,
+                other => return other,
             }
-            if Instant::now() >= deadline {
-                stop_process(proc, Duration::from_millis(500));
-                return Err(MpsError::NotReady {
-                    uuid: uuid.to_owned(),
-                    seconds: ready_timeout.as_secs(),
-                    log: dirs.log.join("control.log"),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -403,13 +365,18 @@ impl Control {
             command: command.to_owned(),
             output,
         };
+        // The same sandbox as `command`: only this daemon's pipe directory is visible.
+        let (mounts, private_pipe) = crate::host::sandbox::client_mounts(pipe)
+            .map_err(|e| fail(format!("cannot open {}: {e}", pipe.display())))?;
         let mut cmd = Command::new(&self.binary);
         cmd.env_clear()
             .env("PATH", SAFE_PATH)
-            .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &private_pipe)
+            .current_dir("/")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        crate::sys::client_in_sandbox(&mut cmd, mounts);
         crate::sys::detached_with_deadline(&mut cmd, 5);
         let mut child = cmd.spawn().map_err(|e| fail(e.to_string()))?;
         if let Some(mut stdin) = child.stdin.take() {
@@ -439,27 +406,6 @@ impl Control {
         if let Some(p) = daemon {
             stop_process(p, Duration::from_secs(5));
         }
-    }
-}
-
-/// Waits for a child up to `timeout`; kills and reaps it on timeout (then `Ok(None)`).
-fn wait_timeout(
-    child: &mut std::process::Child,
-    timeout: Duration,
-) -> std::io::Result<Option<std::process::ExitStatus>> {
-    let deadline = Instant::now() + timeout;
-    let mut pause = Duration::from_micros(100);
-    loop {
-        if let Some(s) = child.try_wait()? {
-            return Ok(Some(s));
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(None);
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(10));
     }
 }
 
@@ -680,4 +626,268 @@ pub fn listens(sock: &Path) -> bool {
         return false;
     };
     nix::sys::socket::connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).is_ok()
+}
+
+/// Size past which the daemon's log is moved aside to `<log>.1` when a daemon starts.
+const LOG_KEEP_BYTES: u64 = 8 << 20;
+
+/// Opens the daemon's log file for appending, never through a link; one grown past
+/// [`LOG_KEEP_BYTES`] is first moved aside to `<path>.1` (replacing an older one).
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() > LOG_KEEP_BYTES) {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".1");
+        std::fs::rename(path, old)?;
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Starts of a daemon [`Control::start`] makes before it gives up on one that exits at once.
+const START_ATTEMPTS: usize = 5;
+
+/// One start of the daemon for [`Control::start`]: empty the pipe directory, spawn the daemon
+/// in its sandbox, wait until it answers.
+fn start_once(
+    control: &Control,
+    uuid: &str,
+    dirs: &MpsDirs,
+    multiuser: Option<&str>,
+    ready_timeout: Duration,
+) -> Result<ProcId, MpsError> {
+    // Whatever a tenant left in the pipe directory goes before the daemon looks at it.
+    crate::host::sandbox::empty_dir(&dirs.pipe).map_err(|source| MpsError::Dirs {
+        path: dirs.pipe.clone(),
+        source,
+    })?;
+    let mounts =
+        crate::host::sandbox::daemon_mounts(&dirs.pipe, &dirs.log, &dirs.shm, &control.binary)
+            .map_err(|source| MpsError::Dirs {
+                path: dirs.dir.clone(),
+                source,
+            })?;
+    // In the foreground the daemon logs to stdout: into `<log>/control.log` (the log
+    // directory is never mounted into a container).
+    let log_file = open_log(&dirs.log.join("control.log")).map_err(|source| MpsError::Dirs {
+        path: dirs.log.join("control.log"),
+        source,
+    })?;
+    let mut cmd = Command::new(&control.binary);
+    cmd.arg("-f");
+    if let Some(flag) = multiuser {
+        cmd.arg(flag);
+    }
+    cmd.env_clear()
+        .env("PATH", SAFE_PATH)
+        .env("CUDA_VISIBLE_DEVICES", uuid)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log_file))
+        .stderr(Stdio::null());
+    crate::sys::daemon_in_sandbox(&mut cmd, mounts);
+    let mut child = cmd.spawn().map_err(|e| MpsError::Spawn {
+        binary: control.binary.clone(),
+        source: sandbox_spawn_error(e),
+    })?;
+    let pid = child.id() as i32;
+    leave_cgroups(pid);
+    let proc = ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 });
+    let deadline = Instant::now() + ready_timeout;
+    loop {
+        if daemon_answers(control, &dirs.pipe) {
+            // Not waited for: it outlives this process and is reparented.
+            return Ok(proc);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(MpsError::Exited {
+                binary: control.binary.clone(),
+                status: status.to_string(),
+                hint: if multiuser.is_some() {
+                    "; this driver's MPS may not support multi-user: set [mps] multiuser = false"
+                } else {
+                    ""
+                },
+                log: dirs.log.join("control.log"),
+            });
+        }
+        if Instant::now() >= deadline {
+            stop_process(proc, Duration::from_millis(500));
+            return Err(MpsError::NotReady {
+                uuid: uuid.to_owned(),
+                seconds: ready_timeout.as_secs(),
+                log: dirs.log.join("control.log"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether the daemon behind `pipe` answers, judged without following a link a tenant put in
+/// place of a socket: the privileged socket (root clients use it) must be a socket.
+fn daemon_answers(control: &Control, pipe: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(pipe.join("control_privileged"))
+        .is_ok_and(|m| m.file_type().is_socket())
+        && control
+            .command(pipe, "get_server_list", Duration::from_secs(2))
+            .is_ok()
+}
+
+/// Collects a child's stdout and stderr as they come (woken by `poll`, not by a timer) and then
+/// its exit status; kills and reaps it when `timeout` passes first (then `Ok(None)`).
+fn wait_output(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> std::io::Result<Option<(std::process::ExitStatus, String)>> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let deadline = Instant::now() + timeout;
+    let give_up = |child: &mut std::process::Child| {
+        let _ = child.kill();
+        let _ = child.wait();
+        Ok(None)
+    };
+    let (mut out, mut err) = (child.stdout.take(), child.stderr.take());
+    let mut text = [Vec::new(), Vec::new()];
+    while out.is_some() || err.is_some() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return give_up(child);
+        }
+        let ms = u16::try_from(left.as_millis() + 1).unwrap_or(u16::MAX);
+        let mut ready = [false, false];
+        {
+            let mut fds = Vec::with_capacity(2);
+            let mut which = Vec::with_capacity(2);
+            if let Some(o) = &out {
+                fds.push(PollFd::new(o.as_fd(), PollFlags::POLLIN));
+                which.push(0);
+            }
+            if let Some(e) = &err {
+                fds.push(PollFd::new(e.as_fd(), PollFlags::POLLIN));
+                which.push(1);
+            }
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+            for (fd, i) in fds.iter().zip(which) {
+                ready[i] = fd.revents().is_some_and(|r| !r.is_empty());
+            }
+        }
+        let mut buf = [0u8; 4096];
+        for (i, stream) in [&mut out as &mut dyn ReadSlot, &mut err]
+            .into_iter()
+            .enumerate()
+        {
+            if ready[i] {
+                match stream.read_once(&mut buf) {
+                    Ok(0) => stream.close(),
+                    Ok(n) => text[i].extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => stream.close(),
+                }
+            }
+        }
+    }
+    // Both pipes closed: the child is exiting.
+    let mut pause = Duration::from_micros(20);
+    loop {
+        if let Some(s) = child.try_wait()? {
+            let mut all = String::from_utf8_lossy(&text[0]).into_owned();
+            all.push_str(&String::from_utf8_lossy(&text[1]));
+            return Ok(Some((s, all)));
+        }
+        if Instant::now() >= deadline {
+            return give_up(child);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
+}
+
+/// An optional pipe end of a child that [`wait_output`] reads from until it closes.
+trait ReadSlot {
+    fn read_once(&mut self, buf: &mut [u8]) -> std::io::Result<usize>;
+    fn close(&mut self);
+}
+
+impl<R: Read> ReadSlot for Option<R> {
+    fn read_once(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Some(r) => r.read(buf),
+            None => Ok(0),
+        }
+    }
+
+    fn close(&mut self) {
+        *self = None;
+    }
+}
+
+/// A spawn error that names the sandbox where the kernel is the likely cause: `EINVAL` or
+/// `ENOSYS` from the mount calls made between fork and exec (`mount_setattr` with
+/// `MOUNT_ATTR_NOSYMFOLLOW` needs Linux 5.14).
+fn sandbox_spawn_error(e: std::io::Error) -> std::io::Error {
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS) => std::io::Error::new(
+            e.kind(),
+            format!("{e} while setting up its mount namespace; this needs Linux 5.14 or later"),
+        ),
+        _ => e,
+    }
+}
+
+#[cfg(test)]
+mod sandbox_error_tests {
+    use super::sandbox_spawn_error;
+
+    #[test]
+    fn kernel_errors_from_the_sandbox_name_the_kernel_others_pass_through() {
+        for (errno, names_kernel) in [
+            (libc::EINVAL, true),
+            (libc::ENOSYS, true),
+            (libc::ENOENT, false),
+            (libc::EPERM, false),
+        ] {
+            let e = sandbox_spawn_error(std::io::Error::from_raw_os_error(errno)).to_string();
+            assert_eq!(e.contains("Linux 5.14"), names_kernel, "errno {errno}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::{open_log, LOG_KEEP_BYTES};
+    use std::io::Write;
+
+    #[test]
+    fn a_grown_log_is_moved_aside_once_and_links_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let log = t.path().join("control.log");
+        open_log(&log).unwrap().write_all(b"first\n").unwrap();
+        open_log(&log).unwrap().write_all(b"second\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "first\nsecond\n");
+        std::fs::write(&log, vec![b'x'; LOG_KEEP_BYTES as usize + 1]).unwrap();
+        open_log(&log).unwrap().write_all(b"fresh\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "fresh\n");
+        assert_eq!(
+            std::fs::metadata(t.path().join("control.log.1"))
+                .unwrap()
+                .len(),
+            LOG_KEEP_BYTES + 1
+        );
+        let target = t.path().join("elsewhere");
+        std::fs::remove_file(&log).unwrap();
+        std::os::unix::fs::symlink(&target, &log).unwrap();
+        assert!(open_log(&log).is_err(), "a link is not followed");
+        assert!(!target.exists());
+    }
 }

@@ -236,7 +236,7 @@ impl Host<'_> {
                 d.daemon = Some(Daemon { process: p });
                 rec.domains.insert(key.clone(), d);
                 daemons += 1;
-                for pid in crate::host::mounts::holders_of(&dirs.pipe) {
+                for pid in crate::host::mounts::holders_of(&dirs.pipe, &[p.pid]) {
                     if let Some(process) = ProcId::of(pid) {
                         rec.clients.insert(
                             format!("rebuilt-{pid}"),

@@ -1,0 +1,417 @@
+//! Keeping an MPS daemon's tenants inside its directories: the pipe directory is mounted
+//! read-write into containers, so everything in it is hostile. This module empties it without
+//! following a link, prepares the confined views in which the control daemon and the control
+//! client run (the mounting itself is in `sys`), and reads which multi-user flag the installed
+//! control program takes.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use nix::dir::Dir;
+use nix::errno::Errno;
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::Mode;
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+use crate::sys;
+
+/// Deepest directory nesting [`empty_dir`] descends into.
+const MAX_DEPTH: usize = 32;
+/// Passes over one directory before [`empty_dir`] gives up on a tenant that keeps filling it.
+const MAX_PASSES: usize = 64;
+
+/// Removes every entry of the directory `path`, which itself stays. `path` must not be a
+/// symlink; no link inside is ever followed: every name is removed relative to a descriptor of
+/// its directory (`unlinkat`), and subdirectories are opened with `openat2` refusing symlinks
+/// and mount crossings, emptied the same way, then removed.
+///
+/// # Errors
+/// `ENOTDIR` (or `ELOOP`) when `path` is a symlink or not a directory; any other error of the calls, or `EAGAIN` when the
+/// directory still is not empty after many passes (something keeps writing into it) or nests
+/// deeper than a daemon ever would.
+pub fn empty_dir(path: &Path) -> io::Result<()> {
+    let fd = nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    empty_at(fd, 0)
+}
+
+fn empty_at(fd: OwnedFd, depth: usize) -> io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(Errno::EAGAIN.into());
+    }
+    let mut dir = Dir::from_fd(fd)?;
+    for _ in 0..MAX_PASSES {
+        let names: Vec<CString> = dir
+            .iter()
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_owned())
+            .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+            .collect();
+        if names.is_empty() {
+            return Ok(());
+        }
+        for name in &names {
+            remove_entry(&dir, name, depth)?;
+        }
+    }
+    Err(Errno::EAGAIN.into())
+}
+
+/// Removes `name` from `dir`: unlinks it, or empties and removes it if it is a directory. A
+/// name that changed kind or vanished meanwhile is left for the next pass.
+fn remove_entry(dir: &Dir, name: &CString, depth: usize) -> io::Result<()> {
+    match unlinkat(dir.as_fd(), name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => return Ok(()),
+        Err(Errno::EISDIR) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+        .resolve(
+            ResolveFlag::RESOLVE_BENEATH
+                | ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                | ResolveFlag::RESOLVE_NO_XDEV,
+        );
+    let sub = match openat2(dir.as_fd(), name.as_c_str(), how) {
+        Ok(fd) => fd,
+        // Swapped for a link or a file, or gone: the next pass sees what it is now.
+        Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    empty_at(sub, depth + 1)?;
+    match unlinkat(dir.as_fd(), name.as_c_str(), UnlinkatFlags::RemoveDir) {
+        Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::ENOTDIR) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The mounts of a sandboxed daemon serving `pipe` and logging into `log`, with `shm` as its
+/// `/dev/shm` (see `sys::daemon_in_sandbox`), running `binary`.
+///
+/// # Errors
+/// `InvalidInput` when a path holds a NUL byte or is not absolute.
+pub(crate) fn daemon_mounts(
+    pipe: &Path,
+    log: &Path,
+    shm: &Path,
+    binary: &Path,
+) -> io::Result<sys::DaemonMounts> {
+    let mut make_dirs = Vec::new();
+    // A program under `/tmp` (a stand-in, in tests) is shown again inside the private `/tmp`.
+    let binary_dir = binary
+        .parent()
+        .filter(|d| d.starts_with("/tmp") && d != &Path::new("/tmp"));
+    for d in binary_dir.into_iter().chain([pipe, log]) {
+        if !d.is_absolute() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not absolute", d.display()),
+            ));
+        }
+        let mut chain: Vec<&Path> = d.ancestors().filter(|a| a.parent().is_some()).collect();
+        chain.reverse();
+        for a in chain {
+            let c = c_path(a)?;
+            if !make_dirs.contains(&c) {
+                make_dirs.push(c);
+            }
+        }
+    }
+    Ok(sys::DaemonMounts {
+        pipe: c_path(pipe)?,
+        log: c_path(log)?,
+        shm: c_path(shm)?,
+        binary_dir: binary_dir.map(c_path).transpose()?,
+        make_dirs,
+    })
+}
+
+/// Name of the pipe directory inside the client's private tmpfs.
+const CLIENT_PIPE_NAME: &str = "pipe";
+
+/// The view of a sandboxed control client of the daemon behind `pipe`: a read-only copy of
+/// `pipe` (opened without following a link) that follows no symlink, at a fixed path inside an
+/// empty tmpfs over the state directory. Returns the mounts and the path the client is to use
+/// as `CUDA_MPS_PIPE_DIRECTORY`.
+///
+/// # Errors
+/// `InvalidInput` when a path holds a NUL byte.
+pub(crate) fn client_mounts(pipe: &Path) -> io::Result<(sys::ClientMounts, PathBuf)> {
+    let hide = hidden_root(pipe);
+    let at = hide.join(CLIENT_PIPE_NAME);
+    Ok((
+        sys::ClientMounts {
+            pipe: c_path(pipe)?,
+            hide: c_path(&hide)?,
+            at: c_path(&at)?,
+        },
+        at,
+    ))
+}
+
+/// The directory a control client must not see: the state directory, i.e. the parent (mode
+/// 0700) of the `mps` directory that holds every daemon's directories; failing that, the
+/// pipe directory's grandparent (never `/`).
+fn hidden_root(pipe: &Path) -> PathBuf {
+    for a in pipe.ancestors().skip(1) {
+        if a.file_name().is_some_and(|n| n == "mps") {
+            if let Some(state) = a.parent() {
+                if std::fs::metadata(state).is_ok_and(|m| m.is_dir() && m.mode() & 0o077 == 0) {
+                    return state.to_path_buf();
+                }
+            }
+        }
+    }
+    pipe.parent()
+        .and_then(Path::parent)
+        .filter(|p| p.parent().is_some())
+        .or_else(|| pipe.parent())
+        .unwrap_or(pipe)
+        .to_path_buf()
+}
+
+fn c_path(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn tree(root: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in walk(root) {
+            out.push(e.strip_prefix(root).unwrap().display().to_string());
+        }
+        out.sort();
+        out
+    }
+
+    fn walk(p: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(p).unwrap().flatten() {
+            out.push(e.path());
+            if e.file_type().unwrap().is_dir() {
+                out.extend(walk(&e.path()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn empty_dir_removes_links_files_and_nested_dirs_and_follows_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(outside.join("sub")).unwrap();
+        std::fs::write(outside.join("file"), "keep").unwrap();
+        std::fs::write(outside.join("sub/inner"), "keep").unwrap();
+        let before = tree(&outside);
+
+        let pipe = t.path().join("pipe");
+        std::fs::create_dir_all(pipe.join("a/b/c")).unwrap();
+        std::fs::write(pipe.join("a/b/c/f"), "x").unwrap();
+        std::fs::write(pipe.join("control_lock"), "").unwrap();
+        symlink(&outside, pipe.join("dirlink")).unwrap();
+        symlink(outside.join("file"), pipe.join("log")).unwrap();
+        symlink(&outside, pipe.join("a/b/up")).unwrap();
+        symlink("../../outside", pipe.join("a/rel")).unwrap();
+        symlink("/nonexistent", pipe.join("dangling")).unwrap();
+        nix::unistd::mkfifo(&pipe.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(pipe.join("control")).unwrap();
+
+        empty_dir(&pipe).unwrap();
+        assert!(pipe.is_dir(), "the directory itself stays");
+        assert!(tree(&pipe).is_empty(), "{:?}", tree(&pipe));
+        assert_eq!(tree(&outside), before, "nothing outside touched");
+        assert_eq!(
+            std::fs::read_to_string(outside.join("file")).unwrap(),
+            "keep"
+        );
+        // Idempotent.
+        empty_dir(&pipe).unwrap();
+    }
+
+    #[test]
+    fn empty_dir_refuses_a_symlinked_directory() {
+        let t = tempfile::tempdir().unwrap();
+        let real = t.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join("f"), "keep").unwrap();
+        symlink(&real, t.path().join("pipe")).unwrap();
+        let e = empty_dir(&t.path().join("pipe")).unwrap_err();
+        assert!(
+            matches!(e.raw_os_error(), Some(libc::ENOTDIR | libc::ELOOP)),
+            "{e}"
+        );
+        assert!(real.join("f").exists());
+    }
+
+    #[test]
+    fn empty_dir_gives_up_on_absurd_nesting() {
+        let t = tempfile::tempdir().unwrap();
+        let mut p = t.path().join("pipe");
+        std::fs::create_dir(&p).unwrap();
+        let top = p.clone();
+        for _ in 0..(MAX_DEPTH + 3) {
+            p = p.join("d");
+        }
+        std::fs::create_dir_all(&p).unwrap();
+        let e = empty_dir(&top).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
+    }
+
+    #[test]
+    fn hidden_root_is_the_state_dir() {
+        let t = tempfile::tempdir().unwrap();
+        let state = t.path().join("state");
+        let pipe = state.join("mps/GPU-1/pipe");
+        std::fs::create_dir_all(&pipe).unwrap();
+        std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        assert_eq!(hidden_root(&pipe), state);
+        // A domain named "mps" below the GPU does not fool it.
+        let deeper = state.join("mps/GPU-1/mps/pipe");
+        std::fs::create_dir_all(&deeper).unwrap();
+        assert_eq!(hidden_root(&deeper), state);
+        // No state dir to be found: the grandparent, never `/`.
+        assert_eq!(hidden_root(Path::new("/x/pipe")), Path::new("/x"));
+        assert_eq!(hidden_root(Path::new("/a/b/pipe")), Path::new("/a"));
+    }
+
+    /// Runs `script` under `sh` with `setup` applied to its command; returns (success, output).
+    fn sh(script: &str, setup: impl FnOnce(&mut std::process::Command)) -> (bool, String) {
+        let mut cmd = std::process::Command::new("/bin/sh");
+        cmd.args(["-c", script])
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin");
+        setup(&mut cmd);
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    fn is_root() -> bool {
+        if nix::unistd::geteuid().is_root() {
+            return true;
+        }
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "mount namespace tests need root (CI requires them)"
+        );
+        eprintln!("\n******** SKIPPED: mount namespace tests need root ********\n");
+        false
+    }
+
+    /// A temporary directory outside `/tmp` (which the daemon's sandbox covers).
+    fn tempdir_off_tmp() -> tempfile::TempDir {
+        tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/target")).unwrap()
+    }
+
+    #[test]
+    fn daemon_sandbox_writes_only_its_own_directories() {
+        daemon_sandbox_case(&tempdir_off_tmp());
+    }
+
+    #[test]
+    fn daemon_sandbox_keeps_its_directories_when_they_lie_under_tmp() {
+        daemon_sandbox_case(&tempfile::tempdir().unwrap());
+    }
+
+    fn daemon_sandbox_case(t: &tempfile::TempDir) {
+        if !is_root() {
+            return;
+        }
+        let host = tempdir_off_tmp();
+        let (pipe, log, shm, outside) = (
+            t.path().join("mps/pipe"),
+            t.path().join("mps/log"),
+            t.path().join("mps/shm"),
+            host.path().join("outside"),
+        );
+        for d in [&pipe, &log, &shm, &outside] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        symlink(outside.join("via-link"), pipe.join("link")).unwrap();
+        let tmp_marker = format!("gpushare-sandbox-test-{}", std::process::id());
+        let script = format!(
+            "set -u
+             echo pipe > {pipe}/f && echo log > {log}/f && echo shm > /dev/shm/f || exit 10
+             echo tmp > /tmp/{tmp_marker} || exit 11
+             echo null > /dev/null || exit 12
+             if echo x > {outside}/f 2>/dev/null; then exit 13; fi
+             if echo x > {pipe}/link 2>/dev/null; then exit 14; fi
+             if chmod 777 {pipe}/link 2>/dev/null; then exit 15; fi
+             if mkdir {root}/new 2>/dev/null; then exit 16; fi
+             if touch /etc/gpushare-sandbox-test 2>/dev/null; then exit 18; fi
+             grep -q ' {pipe} .*nosymfollow' /proc/self/mountinfo || exit 17
+             exit 0",
+            pipe = pipe.display(),
+            log = log.display(),
+            outside = outside.display(),
+            root = host.path().display(),
+        );
+        let mounts = daemon_mounts(&pipe, &log, &shm, Path::new("/bin/sh")).unwrap();
+        let (ok, out) = sh(&script, |c| crate::sys::daemon_in_sandbox(c, mounts));
+        assert!(ok, "{out}");
+        assert_eq!(std::fs::read_to_string(pipe.join("f")).unwrap(), "pipe\n");
+        assert_eq!(std::fs::read_to_string(log.join("f")).unwrap(), "log\n");
+        assert_eq!(std::fs::read_to_string(shm.join("f")).unwrap(), "shm\n");
+        assert!(
+            !Path::new("/tmp").join(&tmp_marker).exists(),
+            "/tmp is private"
+        );
+        assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
+        assert!(!host.path().join("new").exists());
+    }
+
+    #[test]
+    fn client_sandbox_sees_one_pipe_dir_and_follows_no_link() {
+        if !is_root() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let state = t.path().join("state");
+        let (a, b) = (state.join("mps/a/pipe"), state.join("mps/b/pipe"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+        std::fs::write(a.join("own"), "a").unwrap();
+        std::fs::write(b.join("other"), "b").unwrap();
+        std::fs::write(state.join("record.json"), "{}").unwrap();
+        symlink(b.join("other"), a.join("abs")).unwrap();
+        symlink("../../b/pipe/other", a.join("rel")).unwrap();
+        let (mounts, at) = client_mounts(&a).unwrap();
+        assert_eq!(at, state.join("pipe"));
+        let script = format!(
+            "set -u
+             test \"$(ls {state})\" = pipe || exit 10
+             test \"$(cat {at}/own)\" = a || exit 11
+             if cat {at}/abs 2>/dev/null; then exit 12; fi
+             if cat {at}/rel 2>/dev/null; then exit 13; fi
+             if cat {b}/other 2>/dev/null; then exit 14; fi
+             if echo x > {at}/new 2>/dev/null; then exit 15; fi
+             exit 0",
+            state = state.display(),
+            at = at.display(),
+            b = b.display(),
+        );
+        let (ok, out) = sh(&script, |c| crate::sys::client_in_sandbox(c, mounts));
+        assert!(ok, "{out}");
+        assert!(!a.join("new").exists());
+    }
+}
