@@ -52,7 +52,7 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
     let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, &open) {
         Ok(o) => o,
         Err(e) => {
-            tracing::error!(container = %id, "refused: {}", chain(&e));
+            tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, "refused: {}", chain(&e));
             return Err(e);
         }
     };
@@ -199,7 +199,7 @@ pub fn precreate_without_policy(err: &ConfigError, stdin: impl Read) -> Result<R
     }
     let hook =
         std::env::current_exe().unwrap_or_else(|_| crate::config::RuntimeConfig::default().hook);
-    let out = prepare::mark_refused(&bytes, &hook, &message)?;
+    let out = prepare::mark_refused(&bytes, &hook, None, &message)?;
     tracing::error!("precreate: refused: {message} (the createRuntime hook reports it)");
     Ok(Reply {
         stdout: out,
@@ -208,13 +208,15 @@ pub fn precreate_without_policy(err: &ConfigError, stdin: impl Read) -> Result<R
 }
 
 /// createRuntime with a refusal carried from precreate ([`prepare::REFUSED_ENV`]): the error to
-/// fail with, logged with the container id from the state on `stdin`. `None`: no refusal.
-pub fn refused_by_precreate(stdin: impl Read) -> Option<Error> {
+/// fail with, logged (after `init_log`) with the container id from the state on `stdin`.
+/// `None`: no refusal (nothing read, nothing set up).
+pub fn refused_by_precreate(stdin: impl Read, init_log: impl FnOnce()) -> Option<Error> {
     let message = std::env::var(prepare::REFUSED_ENV).ok()?;
+    init_log();
     let id = crate::decide::input::read_state(stdin)
         .map(|s| s.id().to_owned())
         .unwrap_or_else(|_| "?".into());
-    tracing::error!(container = %id, "refused: {message}");
+    tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, "refused: {message}");
     Some(Error::Other(message))
 }
 

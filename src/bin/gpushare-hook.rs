@@ -25,17 +25,21 @@ fn main() -> ExitCode {
         println!("gpushare-hook {}", gpushare::VERSION);
         return ExitCode::SUCCESS;
     }
-    let stdin = std::io::stdin().lock();
+    let source = Source::resolve(cli.config.as_deref());
+    let loaded = Config::load_from(&source);
     if let Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } = cli.command {
-        // A refusal precreate carried here: shown by the runtime, before any policy is read.
-        if let Some(e) = commands::refused_by_precreate(stdin) {
-            logging::init(Some(&Config::default().log_file));
+        // A refusal precreate carried here: the runtime shows this hook's stderr.
+        if let Some(e) = commands::refused_by_precreate(std::io::stdin().lock(), || {
+            let log = loaded
+                .as_ref()
+                .map_or_else(|_| Config::default().log_file, |c| c.log_file.clone());
+            logging::init(Some(&log));
+        }) {
             return fail(&e);
         }
     }
     let stdin = std::io::stdin().lock();
-    let source = Source::resolve(cli.config.as_deref());
-    let cfg = match Config::load_from(&source) {
+    let cfg = match loaded {
         Ok(c) => c,
         Err(e) => return without_policy(cli.command, &source, &e, stdin),
     };

@@ -173,25 +173,32 @@ pub fn precreate(
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
 ) -> Result<Precreated, Error> {
     let ctx = Context {
-        config_path,
+        config_path: config_path.clone(),
         ..Context::default()
     };
     match edit_config(&bytes, &ctx, cfg, open_inventory) {
         Ok(edited) => Ok(Precreated::Config(edited.unwrap_or(bytes))),
         Err(e) => {
             let message = crate::vocab::chain(&e);
-            let config = mark_refused(&bytes, &cfg.runtime.hook, &message).map_err(|_| e)?;
+            let config = mark_refused(&bytes, &cfg.runtime.hook, config_path.as_deref(), &message)
+                .map_err(|_| e)?;
             Ok(Precreated::Refused { config, message })
         }
     }
 }
 
 /// Adds, first among the createRuntime hooks, an entry that runs `hook createRuntime` with
-/// [`REFUSED_ENV`] set to `message` (one line, capped).
+/// [`REFUSED_ENV`] set to `message` (one line, capped), and `GPUSHARE_CONFIG` when the policy
+/// file is not the default (so that the refusal is logged where the policy says).
 ///
 /// # Errors
 /// [`Error`] when `bytes` is not a JSON object.
-pub fn mark_refused(bytes: &[u8], hook: &Path, message: &str) -> Result<Vec<u8>, Error> {
+pub fn mark_refused(
+    bytes: &[u8],
+    hook: &Path,
+    config_path: Option<&Path>,
+    message: &str,
+) -> Result<Vec<u8>, Error> {
     let mut v: Value = serde_json::from_slice(bytes).map_err(|source| {
         crate::decide::input::InputError::ParseConfig {
             path: "<stdin>".into(),
@@ -206,10 +213,14 @@ pub fn mark_refused(bytes: &[u8], hook: &Path, message: &str) -> Result<Vec<u8>,
         }
         line.truncate(cut);
     }
+    let mut env = vec![format!("PATH={SAFE_PATH}"), format!("{REFUSED_ENV}={line}")];
+    if let Some(p) = config_path {
+        env.push(format!("{}={}", config::ENV_PATH, p.display()));
+    }
     let entry = serde_json::json!({
         "path": hook,
         "args": ["gpushare-hook", "createRuntime"],
-        "env": [format!("PATH={SAFE_PATH}"), format!("{REFUSED_ENV}={line}")],
+        "env": env,
     });
     let not_object = || Error::Other("precreate input is not a JSON object".into());
     let root = v.as_object_mut().ok_or_else(not_object)?;
@@ -277,7 +288,8 @@ mod tests {
             ),
         ];
         for (what, input) in rows {
-            let out = mark_refused(input.as_bytes(), Path::new("/h"), "bad\nrequest").unwrap();
+            let out =
+                mark_refused(input.as_bytes(), Path::new("/h"), None, "bad\nrequest").unwrap();
             let v: Value = serde_json::from_slice(&out).unwrap();
             let first = &v["hooks"]["createRuntime"][0];
             assert_eq!(first["path"], "/h", "{what}");
@@ -285,15 +297,21 @@ mod tests {
             assert_eq!(first["env"][1], "GPUSHARE_REFUSED=bad request", "{what}");
         }
         let v: Value = serde_json::from_slice(
-            &mark_refused(rows[1].1.as_bytes(), Path::new("/h"), "m").unwrap(),
+            &mark_refused(
+                rows[1].1.as_bytes(),
+                Path::new("/h"),
+                Some(Path::new("/c.toml")),
+                "m",
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(
             v["hooks"]["createRuntime"][1]["path"], "/other",
             "kept after ours"
         );
-        assert!(mark_refused(b"[1]", Path::new("/h"), "m").is_err());
-        assert!(mark_refused(b"nope", Path::new("/h"), "m").is_err());
+        assert!(mark_refused(b"[1]", Path::new("/h"), None, "m").is_err());
+        assert!(mark_refused(b"nope", Path::new("/h"), None, "m").is_err());
     }
 
     #[test]

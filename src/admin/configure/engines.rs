@@ -150,12 +150,21 @@ fn docker(path: &Path, setup: &Setup) -> Result<Change, ConfigureError> {
     Ok(change(path, before, after, 0o644))
 }
 
-fn parse_toml(path: &Path, text: &str) -> Result<DocumentMut, ConfigureError> {
-    text.parse::<DocumentMut>()
+/// A TOML file to merge into, and the text to keep in front of it: a file of only comments
+/// keeps them as a header (toml_edit would put new tables in front of them).
+fn parse_toml(path: &Path, text: &str) -> Result<(DocumentMut, String), ConfigureError> {
+    let doc = text
+        .parse::<DocumentMut>()
         .map_err(|source| ConfigureError::Toml {
             path: path.to_owned(),
             source,
-        })
+        })?;
+    if doc.as_table().is_empty() && !text.trim().is_empty() {
+        let mut header = text.trim_end().to_owned();
+        header.push('\n');
+        return Ok((DocumentMut::new(), header));
+    }
+    Ok((doc, String::new()))
 }
 
 /// The table at `keys` under `root`, made (as a standard table, dotted parents implicit) when
@@ -255,8 +264,8 @@ fn put_first(
     Ok(())
 }
 
-fn finish_toml(path: &Path, before: Option<String>, doc: &DocumentMut) -> Change {
-    let after = doc.to_string();
+fn finish_toml(path: &Path, before: Option<String>, header: &str, doc: &DocumentMut) -> Change {
+    let after = format!("{header}{doc}");
     change(path, before, after, 0o644)
 }
 
@@ -278,7 +287,7 @@ fn containerd_default_version() -> i64 {
 fn containerd(path: &Path, setup: &Setup, version: Option<i64>) -> Result<Change, ConfigureError> {
     let before = read(path)?;
     let text = before.as_deref().unwrap_or("");
-    let mut doc = parse_toml(path, text)?;
+    let (mut doc, header) = parse_toml(path, text)?;
     let version = match doc.get("version") {
         Some(v) => v.as_integer().ok_or_else(|| ConfigureError::Shape {
             path: path.to_owned(),
@@ -311,13 +320,13 @@ fn containerd(path: &Path, setup: &Setup, version: Option<i64>) -> Result<Change
     ensure_in_array(rt, "container_annotations", &[], &["gpu.share*"], path)?;
     let opts = table_at(rt, &["options"], path)?;
     set_str(opts, "BinaryName", &setup.runtime_entry().to_string_lossy());
-    Ok(finish_toml(path, before, &doc))
+    Ok(finish_toml(path, before, &header, &doc))
 }
 
 /// CRI-O: the drop-in with the hooks dir and the runtime handler `gpushare`.
 fn crio(path: &Path, setup: &Setup, oci_hooks: &Path) -> Result<Change, ConfigureError> {
     let before = read(path)?;
-    let mut doc = parse_toml(path, before.as_deref().unwrap_or(""))?;
+    let (mut doc, header) = parse_toml(path, before.as_deref().unwrap_or(""))?;
     let rt = table_at(doc.as_table_mut(), &["crio", "runtime"], path)?;
     let oci = oci_hooks.to_string_lossy();
     ensure_in_array(rt, "hooks_dir", &[OCI_HOOKS_DIR], &[&oci], path)?;
@@ -338,7 +347,7 @@ fn crio(path: &Path, setup: &Setup, oci_hooks: &Path) -> Result<Change, Configur
         ],
         path,
     )?;
-    Ok(finish_toml(path, before, &doc))
+    Ok(finish_toml(path, before, &header, &doc))
 }
 
 /// podman: both hooks dirs in `[engine] hooks_dir` (podman's defaults kept, as setting the key
@@ -350,7 +359,7 @@ fn podman_conf(
     podman_hooks: &Path,
 ) -> Result<Change, ConfigureError> {
     let before = read(path)?;
-    let mut doc = parse_toml(path, before.as_deref().unwrap_or(""))?;
+    let (mut doc, header) = parse_toml(path, before.as_deref().unwrap_or(""))?;
     let engine = table_at(doc.as_table_mut(), &["engine"], path)?;
     ensure_in_array(
         engine,
@@ -376,13 +385,13 @@ fn podman_conf(
     if !is {
         runtimes.insert(HANDLER, toml_edit::value(Array::from_iter(want)));
     }
-    Ok(finish_toml(path, before, &doc))
+    Ok(finish_toml(path, before, &header, &doc))
 }
 
 /// gpushare in front: `[runtime] next` of the policy file starts with nvidia-container-runtime.
 fn nvidia_behind(policy: &Path) -> Result<Change, ConfigureError> {
     let before = read(policy)?;
-    let mut doc = parse_toml(policy, before.as_deref().unwrap_or(""))?;
+    let (mut doc, header) = parse_toml(policy, before.as_deref().unwrap_or(""))?;
     let rt = table_at(doc.as_table_mut(), &["runtime"], policy)?;
     put_first(
         rt,
@@ -391,13 +400,13 @@ fn nvidia_behind(policy: &Path) -> Result<Change, ConfigureError> {
         &["runc", "crun"],
         policy,
     )?;
-    Ok(finish_toml(policy, before, &doc))
+    Ok(finish_toml(policy, before, &header, &doc))
 }
 
 /// NVIDIA in front: its `[nvidia-container-runtime] runtimes` starts with gpushare-runtime.
 fn nvidia_in_front(path: &Path, setup: &Setup) -> Result<Change, ConfigureError> {
     let before = read(path)?;
-    let mut doc = parse_toml(path, before.as_deref().unwrap_or(""))?;
+    let (mut doc, header) = parse_toml(path, before.as_deref().unwrap_or(""))?;
     let t = table_at(doc.as_table_mut(), &["nvidia-container-runtime"], path)?;
     put_first(
         t,
@@ -406,7 +415,7 @@ fn nvidia_in_front(path: &Path, setup: &Setup) -> Result<Change, ConfigureError>
         &["runc", "crun"],
         path,
     )?;
-    Ok(finish_toml(path, before, &doc))
+    Ok(finish_toml(path, before, &header, &doc))
 }
 
 /// A hook file with this installation's hook path, and `GPUSHARE_CONFIG` in its env for a
