@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the .rpm with cargo-generate-rpm (metadata in Cargo.toml) into $TARGET/generate-rpm/
-# and prints its path. Needs cargo-generate-rpm (scripts/install-deps.sh --packaging).
+# and prints its path. Needs cargo-generate-rpm (scripts/install-deps.sh installs it).
 set -euo pipefail
 source "$(dirname "$0")/../build-prep.sh"
 # cargo-generate-rpm does not strip: strip the copies it packs.
