@@ -139,7 +139,7 @@ pub fn docker(file: &Path) -> Check {
                 name,
                 "dockerd",
                 "docker",
-                &format!("{} missing", file.display()),
+                &format!("docker: {} missing", file.display()),
             )
         }
     };
