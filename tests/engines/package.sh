@@ -163,6 +163,8 @@ $(ls "$PT/release/gen/man" | sed 's#^#/usr/share/man/man1/#')
 LIST
 sort -o "$T/rpm.want" "$T/rpm.want"
 diff -u "$T/rpm.want" "$T/rpm.list" || fail "rpm file list differs (above)"
-rpm -qcp "$RPM" 2>/dev/null | grep -qx /etc/gpushare/config.toml || fail "the rpm's policy is not a config file"
-rpm -qp --scripts "$RPM" 2>/dev/null | grep -q 'not removing the package while containers use it' || fail "the rpm has no removal guard"
+rpm -qcp "$RPM" >"$T/rpm.conf" 2>/dev/null
+grep -qx /etc/gpushare/config.toml "$T/rpm.conf" || fail "the rpm's policy is not a config file"
+rpm -qp --scripts "$RPM" >"$T/rpm.scripts" 2>/dev/null
+grep -q 'not removing the package while containers use it' "$T/rpm.scripts" || fail "the rpm has no removal guard"
 ok "rpm $(basename "$RPM"): file list, config files and removal guard as expected"
