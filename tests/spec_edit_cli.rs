@@ -177,7 +177,10 @@ fn precreate_carries_refusals_to_the_create_runtime_hook() {
             .filter_map(|e| e.as_str()?.strip_prefix("GPUSHARE_REFUSED="))
             .next()
             .unwrap_or_else(|| panic!("{what}: no refusal in {entry}"));
-        assert!(refused.contains(want) && !refused.contains('\n'), "{what}: {refused}");
+        assert!(
+            refused.contains(want) && !refused.contains('\n'),
+            "{what}: {refused}"
+        );
     }
     // Input that is not a config cannot carry anything: refused with one line.
     let out = w.run("hook", &["precreate"], b"{gpu.share", w.path());

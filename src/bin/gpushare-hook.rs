@@ -91,9 +91,14 @@ fn without_policy(
     stdin: impl std::io::Read,
 ) -> ExitCode {
     logging::init(Some(&Config::default().log_file));
+    if let Some(d) = e.diagnostic() {
+        tracing::error!(target: logging::EXIT_TARGET, "{d}");
+    }
     let result = match cmd {
         Cmd::Precreate => commands::precreate_without_policy(e, stdin),
         Cmd::Doctor { json } => Ok(commands::doctor_without_policy(source, e, json)),
+        // Runtimes show a hook's stderr: one line there; the diagnostic is in the log.
+        Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } | Cmd::Poststop => return fail(e),
         _ => return fail_config(e),
     };
     match result {
@@ -119,7 +124,8 @@ fn fail(e: &dyn StdError) -> ExitCode {
     ExitCode::from(1)
 }
 
-/// [`fail`] for a policy file, followed by the parser's own diagnostic when there is one.
+/// [`fail`] for a policy file, followed by the parser's own diagnostic when there is one (for
+/// the admin commands, which people run in a terminal).
 fn fail_config(e: &ConfigError) -> ExitCode {
     let code = fail(e);
     if let Some(d) = e.diagnostic() {
