@@ -77,6 +77,15 @@ pub enum Cmd {
         /// from `containerd --version`).
         #[arg(long, value_parser = clap::value_parser!(i64).range(2..=3))]
         containerd_version: Option<i64>,
+        /// The policy file as the engine will see it, when that differs from the one read (an
+        /// installer writing a node's files from elsewhere). At the default path, nothing is
+        /// handed on.
+        #[arg(long, value_name = "FILE")]
+        policy_at: Option<PathBuf>,
+        /// Print the files as `# ---- PATH` sections (`(merge)`: gpushare's part of a file to
+        /// merge into) instead of writing them.
+        #[arg(long, conflicts_with = "dry_run")]
+        print: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,

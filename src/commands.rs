@@ -254,9 +254,22 @@ pub fn configure(
     ctx: &Ctx,
     engine: Engine,
     opts: &configure::Options,
+    policy_at: Option<std::path::PathBuf>,
+    print: bool,
     json: bool,
 ) -> Result<Reply, ConfigureError> {
-    let setup = configure::Setup::new(&ctx.cfg, ctx.source.to_hand_on(), ctx.source.to_string());
+    let source = match &policy_at {
+        Some(p) => format!("{} (read from {})", p.display(), ctx.source),
+        None => ctx.source.to_string(),
+    };
+    let setup = configure::Setup::new(
+        &ctx.cfg,
+        policy_at.or_else(|| ctx.source.to_hand_on()),
+        source,
+    );
+    if print {
+        return Ok(Reply::text(configure::print(engine, &setup, opts)?));
+    }
     let report = configure::run(engine, &setup, opts)?;
     if !opts.dry_run && report.changed() {
         tracing::info!(engine = engine.name(), "configured");

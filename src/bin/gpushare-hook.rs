@@ -60,6 +60,8 @@ fn main() -> ExitCode {
             hooks_dir,
             order,
             containerd_version,
+            policy_at,
+            print,
             json,
         } => {
             let opts = configure::Options {
@@ -69,7 +71,7 @@ fn main() -> ExitCode {
                 order,
                 containerd_version,
             };
-            commands::configure(&ctx, engine, &opts, json).map_err(Into::into)
+            commands::configure(&ctx, engine, &opts, policy_at, print, json).map_err(Into::into)
         }
         Cmd::Doctor { json } => Ok(commands::doctor(&ctx, json)),
         Cmd::Version => unreachable!("handled above"),

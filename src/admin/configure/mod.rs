@@ -73,6 +73,39 @@ pub struct Options {
     pub containerd_version: Option<i64>,
 }
 
+/// The files `engine` needs as text, each introduced by a `# ---- PATH` line (`PATH (merge)`:
+/// only gpushare's part, to be merged into the engine's main file), for installers that put
+/// them in place themselves. Reads only.
+///
+/// # Errors
+/// [`ConfigureError`] as [`plan`].
+pub fn print(engine: Engine, setup: &Setup, opts: &Options) -> Result<String, ConfigureError> {
+    let changes = plan(engine, setup, opts)?;
+    let scratch = Options {
+        path: Some(PathBuf::from("/nonexistent/gpushare-configure/file")),
+        ..opts.clone()
+    };
+    let fresh = plan(engine, setup, &scratch)?;
+    let merged = matches!(
+        engine,
+        Engine::Docker | Engine::Containerd | Engine::NvidiaContainerRuntime
+    );
+    let mut out = String::new();
+    for (i, c) in changes.iter().enumerate() {
+        let (body, mark) = if i == 0 && merged {
+            (fresh[0].after.as_str(), " (merge)")
+        } else {
+            (c.after.as_str(), "")
+        };
+        out.push_str(&format!(
+            "# ---- {}{mark}\n{}\n",
+            c.path.display(),
+            body.trim_end()
+        ));
+    }
+    Ok(out)
+}
+
 /// This installation, as the policy file describes it.
 #[derive(Debug, Clone)]
 pub struct Setup {
