@@ -489,3 +489,47 @@ fn doctor_fails_a_dead_daemon_with_live_clients_and_the_log_tells_the_story() {
     let out = sb.hook(&["gc"], "");
     assert_eq!(text(&out.stdout), "nothing to do\n");
 }
+
+#[test]
+fn configure_print_shows_sections_for_installers_and_writes_nothing() {
+    let sb = Sandbox::new(1);
+    let out = sb.hook(
+        &[
+            "configure",
+            "crio",
+            "--print",
+            "--policy-at",
+            "/etc/gpushare/config.toml",
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o = text(&out.stdout);
+    let heads: Vec<&str> = o.lines().filter(|l| l.starts_with("# ---- ")).collect();
+    assert_eq!(
+        heads,
+        [
+            "# ---- /etc/crio/crio.conf.d/10-gpushare.conf",
+            "# ---- /usr/share/containers/oci/hooks.d/gpushare-createRuntime.json",
+            "# ---- /usr/share/containers/oci/hooks.d/gpushare-poststop.json",
+        ],
+        "{o}"
+    );
+    // The policy will be at the default path on the node: nothing handed on, no launcher.
+    assert!(
+        !o.contains("GPUSHARE_CONFIG") && !o.contains("gpushare-runtime-"),
+        "{o}"
+    );
+    let out = sb.hook(&["configure", "docker", "--print"], "");
+    let o = text(&out.stdout);
+    assert!(
+        o.starts_with("# ---- /etc/docker/daemon.json (merge)\n{"),
+        "{o}"
+    );
+    let launcher = sb.path().join("gpushare-runtime-config");
+    assert!(
+        o.contains(&format!("# ---- {}\n#!/bin/sh", launcher.display())),
+        "{o}"
+    );
+    assert!(!launcher.exists(), "--print wrote the launcher");
+}
