@@ -52,7 +52,7 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
     let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, &open) {
         Ok(o) => o,
         Err(e) => {
-            tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, "refused: {}", chain(&e));
+            tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, gpus = %requested_gpus(&input), "refused: {}", chain(&e));
             return Err(e);
         }
     };
@@ -67,6 +67,25 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
             log_daemon_changes(&before, &daemons(ctx));
             Ok(Reply::default())
         }
+    }
+}
+
+/// The GPUs a container was given (`NVIDIA_VISIBLE_DEVICES` of its bundle's config), for log
+/// lines (`?` when unreadable, `-` when unset).
+fn requested_gpus(state: &[u8]) -> String {
+    let Ok(st) = crate::decide::input::read_state(state) else {
+        return "?".into();
+    };
+    let Ok(bytes) = crate::decide::input::read_config_bytes(st.bundle()) else {
+        return "?".into();
+    };
+    match crate::decide::input::parse_spec(&bytes, &st.bundle().join("config.json")) {
+        Ok(spec) => crate::decide::request::env_lookup(&spec.process.env, "NVIDIA_VISIBLE_DEVICES")
+            .unwrap_or("-")
+            .chars()
+            .take(256)
+            .collect(),
+        Err(_) => "?".into(),
     }
 }
 
@@ -213,10 +232,11 @@ pub fn precreate_without_policy(err: &ConfigError, stdin: impl Read) -> Result<R
 pub fn refused_by_precreate(stdin: impl Read, init_log: impl FnOnce()) -> Option<Error> {
     let message = std::env::var(prepare::REFUSED_ENV).ok()?;
     init_log();
-    let id = crate::decide::input::read_state(stdin)
-        .map(|s| s.id().to_owned())
-        .unwrap_or_else(|_| "?".into());
-    tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, "refused: {message}");
+    let mut input = Vec::new();
+    let _ = stdin
+        .take(crate::decide::input::MAX_STATE_BYTES + 1)
+        .read_to_end(&mut input);
+    tracing::error!(target: crate::logging::EXIT_TARGET, container = %container_id(&input), gpus = %requested_gpus(&input), "refused: {message}");
     Some(Error::Other(message))
 }
 
