@@ -95,20 +95,35 @@ fn container_id(state: &[u8]) -> String {
 }
 
 /// MPS daemon pid per GPU and isolation domain (`<uuid>, domain <key>`, index), from a
-/// lock-free read of the state.
+/// lock-free read of the records (no daemon is asked anything: this runs in every hook call).
 fn daemons(ctx: &Ctx) -> Vec<(String, u32, Option<i32>)> {
-    status::status(&ctx.cfg, None)
-        .gpus
-        .iter()
-        .flat_map(|g| {
-            g.domains.iter().map(|d| {
-                (
-                    format!("{}, domain {}", g.uuid, d.key),
-                    g.index,
-                    d.daemon.as_ref().map(|dm| dm.pid),
-                )
-            })
+    crate::host::state::StateDir::new(&ctx.cfg.state_dir)
+        .list_records()
+        .into_iter()
+        .filter_map(|(uuid, rec)| rec.ok().map(|r| (uuid, r)))
+        .flat_map(|(uuid, r)| {
+            r.domains
+                .iter()
+                .map(|(key, d)| {
+                    (
+                        format!("{uuid}, domain {key}"),
+                        r.index,
+                        d.daemon.as_ref().map(|dm| dm.process.pid),
+                    )
+                })
+                .collect::<Vec<_>>()
         })
+        .collect()
+}
+
+/// The GPUs whose records list `id` as a client (lock-free read of the records).
+fn held_by(ctx: &Ctx, id: &str) -> Vec<u32> {
+    crate::host::state::StateDir::new(&ctx.cfg.state_dir)
+        .list_records()
+        .into_iter()
+        .filter_map(|(_, rec)| rec.ok())
+        .filter(|r| r.clients.contains_key(id))
+        .map(|r| r.index)
         .collect()
 }
 
@@ -162,12 +177,7 @@ pub fn poststop(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
         .map_err(crate::decide::input::InputError::ReadState)?;
     let id = container_id(&input);
     let before = daemons(ctx);
-    let held: Vec<u32> = status::status(&ctx.cfg, None)
-        .gpus
-        .iter()
-        .filter(|g| g.clients.iter().any(|c| c.id == id))
-        .map(|g| g.index)
-        .collect();
+    let held = held_by(ctx, &id);
     let open = || inventory::open(&ctx.cfg);
     for w in hook::poststop(&input[..], &ctx.cfg, &open)? {
         tracing::warn!(container = %id, "poststop: {w}");
