@@ -22,6 +22,9 @@ pkg_for nsenter util-linux
 pkg_for pgrep procps          # engine tests find MPS daemons
 pkg_for gzip gzip             # engine tests build an OCI image tarball
 pkg_for capsh libcap2-bin      # a test drops CAP_SYS_ADMIN
+pkg_for rpm rpm                # the package test lists the .rpm's files
+pkg_for readelf binutils       # cargo-deb strips; the package test checks it did
+pkg_for dpkg-shlibdeps dpkg-dev # cargo-deb's Depends: $auto
 /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)  # the CRI client, manifest validation
 [ -e /usr/include/cuda.h ] || need+=(nvidia-cuda-dev)
 ls /usr/lib/*/libnvidia-ml.so.1 >/dev/null 2>&1 || need+=(libnvidia-ml1)
@@ -46,8 +49,20 @@ extras() {
     fi
 }
 
+# The package builders, from crates.io, when missing (the package test builds the .deb and .rpm).
+cargo_tools() {
+    local tool
+    for tool in cargo-deb cargo-generate-rpm; do
+        if ! command -v "$tool" >/dev/null 2>&1 && ! [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/$tool" ]; then
+            echo "install-deps: cargo install --locked $tool"
+            cargo install --locked --quiet "$tool"
+        fi
+    done
+}
+
 if [ ${#need[@]} -eq 0 ]; then
     echo "install-deps: every package present"
+    cargo_tools
     if [ "$(id -u)" -eq 0 ]; then extras; fi
     exit 0
 fi
@@ -75,4 +90,5 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 extras
+cargo_tools
 echo "install-deps: done"

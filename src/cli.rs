@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::admin::configure::Engine;
+use crate::admin::configure::{Engine, Order};
 
 /// `gpushare-hook`: the OCI hook stages and the admin commands.
 #[derive(Debug, Parser)]
@@ -54,10 +54,41 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Print the configuration that wires gpushare into an engine (to merge into its files).
+    /// Wire gpushare into an engine: merge into its files (atomic, with a backup), say what to
+    /// restart. A second run changes nothing.
     Configure {
         #[arg(value_enum)]
         engine: Engine,
+        /// Act on FILE instead of the engine's usual file (daemon.json, config.toml, the
+        /// containers.conf or CRI-O drop-in, the policy or NVIDIA's config.toml).
+        #[arg(long, value_name = "FILE")]
+        path: Option<PathBuf>,
+        /// Print a unified diff of what would change; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// podman/CRI-O: put the hook files under DIR/hooks.d and DIR/hooks.d-podman instead of
+        /// the system hooks dirs.
+        #[arg(long, value_name = "DIR")]
+        hooks_dir: Option<PathBuf>,
+        /// nvidia-container-runtime: which runtime comes first.
+        #[arg(long, value_enum, default_value_t = Order::GpushareFirst)]
+        order: Order,
+        /// containerd: config version for a new file (2 for containerd 1.x, 3 for 2.x; default:
+        /// from `containerd --version`).
+        #[arg(long, value_parser = clap::value_parser!(i64).range(2..=3))]
+        containerd_version: Option<i64>,
+        /// The policy file as the engine will see it, when that differs from the one read (an
+        /// installer writing a node's files from elsewhere). At the default path, nothing is
+        /// handed on.
+        #[arg(long, value_name = "FILE")]
+        policy_at: Option<PathBuf>,
+        /// Print the files as `# ---- PATH` sections (`(merge)`: gpushare's part of a file to
+        /// merge into) instead of writing them.
+        #[arg(long, conflicts_with = "dry_run")]
+        print: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Check the driver, NVML, MPS binaries, compute modes, state dir and engines (read-only).
     Doctor {

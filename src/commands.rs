@@ -3,13 +3,13 @@
 
 use std::io::Read;
 
-use crate::admin::configure::{self, Engine};
+use crate::admin::configure::{self, ConfigureError, Engine};
 use crate::admin::report::render;
 use crate::admin::{doctor, gc, status};
-use crate::config::{Config, Source};
+use crate::config::{Config, ConfigError, Source};
 use crate::container::error::Error;
 use crate::container::hook::{self, Outcome};
-use crate::container::prepare;
+use crate::container::prepare::{self, Precreated};
 use crate::host::inventory::{self, Unavailable};
 use crate::vocab::chain;
 
@@ -35,23 +35,134 @@ impl Reply {
     }
 }
 
-/// `createRuntime` / `prestart`.
+/// `createRuntime` / `prestart`: logs the acquire, a refusal (with the container id), and MPS
+/// daemons started or restarted.
 ///
 /// # Errors
 /// [`Error`] for bad input, a refused request or a failed acquire (which undid itself).
 pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Reply, Error> {
+    let mut input = Vec::new();
+    stdin
+        .take(crate::decide::input::MAX_STATE_BYTES + 1)
+        .read_to_end(&mut input)
+        .map_err(crate::decide::input::InputError::ReadState)?;
+    let id = container_id(&input);
+    let before = daemons(ctx);
     let open = || inventory::open(&ctx.cfg);
-    match hook::create_runtime(stdin, &ctx.cfg, dry_run, &open)? {
+    let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, &open) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, gpus = %requested_gpus(&input), "refused: {}", chain(&e));
+            return Err(e);
+        }
+    };
+    match outcome {
         Outcome::Nothing => Ok(Reply::default()),
         Outcome::Done(plan) if dry_run => Ok(Reply::text(format!(
             "{}\n",
             serde_json::to_string_pretty(&plan).expect("plan serialises")
         ))),
         Outcome::Done(plan) => {
-            tracing::info!(container = %plan.container, mode = %plan.mode, gpus = ?plan.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), "acquired");
+            tracing::info!(container = %plan.container, mode = %plan.mode, gpus = ?plan.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), memory = ?plan.memory.map(crate::vocab::size::human), cores = plan.cores, "acquired");
+            log_daemon_changes(&before, &daemons(ctx));
             Ok(Reply::default())
         }
     }
+}
+
+/// The GPUs a container was given (`NVIDIA_VISIBLE_DEVICES` of its bundle's config), for log
+/// lines (`?` when unreadable, `-` when unset).
+fn requested_gpus(state: &[u8]) -> String {
+    let Ok(st) = crate::decide::input::read_state(state) else {
+        return "?".into();
+    };
+    let Ok(bytes) = crate::decide::input::read_config_bytes(st.bundle()) else {
+        return "?".into();
+    };
+    match crate::decide::input::parse_spec(&bytes, &st.bundle().join("config.json")) {
+        Ok(spec) => crate::decide::request::env_lookup(&spec.process.env, "NVIDIA_VISIBLE_DEVICES")
+            .unwrap_or("-")
+            .chars()
+            .take(256)
+            .collect(),
+        Err(_) => "?".into(),
+    }
+}
+
+/// The container id of an OCI state, for log lines (`?` when unreadable).
+fn container_id(state: &[u8]) -> String {
+    crate::decide::input::read_state(state).map_or_else(|_| "?".into(), |s| s.id().to_owned())
+}
+
+/// MPS daemon pid per GPU and isolation domain (`<uuid>, domain <key>`, index), from a
+/// lock-free read of the records (no daemon is asked anything: this runs in every hook call).
+fn daemons(ctx: &Ctx) -> Vec<(String, u32, Option<i32>)> {
+    crate::host::state::StateDir::new(&ctx.cfg.state_dir)
+        .list_records()
+        .into_iter()
+        .filter_map(|(uuid, rec)| rec.ok().map(|r| (uuid, r)))
+        .flat_map(|(uuid, r)| {
+            r.domains
+                .iter()
+                .map(|(key, d)| {
+                    (
+                        format!("{uuid}, domain {key}"),
+                        r.index,
+                        d.daemon.as_ref().map(|dm| dm.process.pid),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// The GPUs whose records list `id` as a client (lock-free read of the records).
+fn held_by(ctx: &Ctx, id: &str) -> Vec<u32> {
+    crate::host::state::StateDir::new(&ctx.cfg.state_dir)
+        .list_records()
+        .into_iter()
+        .filter_map(|(_, rec)| rec.ok())
+        .filter(|r| r.clients.contains_key(id))
+        .map(|r| r.index)
+        .collect()
+}
+
+/// Logs daemons started, stopped and restarted between two reads of the state.
+fn log_daemon_changes(before: &[(String, u32, Option<i32>)], after: &[(String, u32, Option<i32>)]) {
+    for line in daemon_changes(before, after) {
+        tracing::info!("{line}");
+    }
+}
+
+/// The lines [`log_daemon_changes`] logs (pure).
+pub fn daemon_changes(
+    before: &[(String, u32, Option<i32>)],
+    after: &[(String, u32, Option<i32>)],
+) -> Vec<String> {
+    let was = |uuid: &str| before.iter().find(|b| b.0 == uuid).and_then(|b| b.2);
+    let mut out = Vec::new();
+    for (uuid, index, pid) in after {
+        match (was(uuid), pid) {
+            (None, Some(p)) => out.push(format!(
+                "MPS daemon started on GPU {index} ({uuid}), pid {p}"
+            )),
+            (Some(old), Some(p)) if old != *p => out.push(format!(
+                "MPS daemon restarted on GPU {index} ({uuid}), pid {old} -> {p}"
+            )),
+            (Some(old), None) => out.push(format!(
+                "MPS daemon stopped on GPU {index} ({uuid}), pid {old}"
+            )),
+            _ => {}
+        }
+    }
+    for (uuid, index, pid) in before {
+        if let (Some(p), false) = (pid, after.iter().any(|a| &a.0 == uuid)) {
+            out.push(format!(
+                "MPS daemon stopped on GPU {index} ({uuid}), pid {p}"
+            ));
+        }
+    }
+    out
 }
 
 /// `poststop`: warnings go to the log; never fails because of gpushare's own state.
@@ -59,56 +170,156 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
 /// # Errors
 /// Only for unreadable input.
 pub fn poststop(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
+    let mut input = Vec::new();
+    stdin
+        .take(crate::decide::input::MAX_STATE_BYTES + 1)
+        .read_to_end(&mut input)
+        .map_err(crate::decide::input::InputError::ReadState)?;
+    let id = container_id(&input);
+    let before = daemons(ctx);
+    let held = held_by(ctx, &id);
     let open = || inventory::open(&ctx.cfg);
-    for w in hook::poststop(stdin, &ctx.cfg, &open)? {
-        tracing::warn!("poststop: {w}");
+    for w in hook::poststop(&input[..], &ctx.cfg, &open)? {
+        tracing::warn!(container = %id, "poststop: {w}");
     }
+    let after = daemons(ctx);
+    if !held.is_empty() {
+        tracing::info!(container = %id, gpus = ?held, "released");
+    }
+    log_daemon_changes(&before, &after);
     Ok(Reply::default())
 }
 
-/// `precreate`: the edited config on stdout.
+/// `precreate`: the edited config on stdout; a refusal is logged and carried to the
+/// createRuntime hook (podman drops this hook's stderr).
 ///
 /// # Errors
-/// [`Error`] for bad input or a refused request.
+/// [`Error`] for unreadable input, or a refusal that cannot be carried.
 pub fn precreate(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
+    let bytes = prepare::read_precreate_input(stdin)?;
     let open = || inventory::open(&ctx.cfg);
-    let out = prepare::precreate(stdin, &ctx.cfg, ctx.source.to_hand_on(), &open)?;
+    let out = match prepare::precreate(bytes, &ctx.cfg, ctx.source.to_hand_on(), &open)? {
+        Precreated::Config(c) => c,
+        Precreated::Refused { config, message } => {
+            tracing::error!("precreate: refused: {message} (the createRuntime hook reports it)");
+            config
+        }
+    };
     Ok(Reply {
         stdout: out,
         code: 0,
     })
 }
 
-/// `status`.
-pub fn status(ctx: &Ctx, json: bool) -> Reply {
-    let inv = inventory::open(&ctx.cfg).ok();
-    Reply::text(render(&status::status(&ctx.cfg, inv.as_deref()), json))
+/// `precreate` when the policy file cannot be loaded: a container that asks for nothing passes
+/// unchanged; one that asks is refused through its createRuntime hook with the policy error.
+///
+/// # Errors
+/// [`Error`] for unreadable input, or a refusal that cannot be carried.
+pub fn precreate_without_policy(err: &ConfigError, stdin: impl Read) -> Result<Reply, Error> {
+    let bytes = prepare::read_precreate_input(stdin)?;
+    let message = chain(err);
+    if !prepare::asks_without_policy(&bytes) {
+        tracing::warn!("{message} (containers that ask for no GPU share are passed through)");
+        return Ok(Reply {
+            stdout: bytes,
+            code: 0,
+        });
+    }
+    let hook =
+        std::env::current_exe().unwrap_or_else(|_| crate::config::RuntimeConfig::default().hook);
+    let out = prepare::mark_refused(&bytes, &hook, None, &message)?;
+    tracing::error!("precreate: refused: {message} (the createRuntime hook reports it)");
+    Ok(Reply {
+        stdout: out,
+        code: 0,
+    })
 }
 
-/// `gc`; without NVML, compute modes are left alone but records are still cleaned.
+/// createRuntime with a refusal carried from precreate ([`prepare::REFUSED_ENV`]): the error to
+/// fail with, logged (after `init_log`) with the container id from the state on `stdin`.
+/// `None`: no refusal (nothing read, nothing set up).
+pub fn refused_by_precreate(stdin: impl Read, init_log: impl FnOnce()) -> Option<Error> {
+    let message = std::env::var(prepare::REFUSED_ENV).ok()?;
+    init_log();
+    let mut input = Vec::new();
+    let _ = stdin
+        .take(crate::decide::input::MAX_STATE_BYTES + 1)
+        .read_to_end(&mut input);
+    tracing::error!(target: crate::logging::EXIT_TARGET, container = %container_id(&input), gpus = %requested_gpus(&input), "refused: {message}");
+    Some(Error::Other(message))
+}
+
+/// `status`: exit 1 when the state dir cannot be read.
+pub fn status(ctx: &Ctx, json: bool) -> Reply {
+    let inv = inventory::open(&ctx.cfg).ok();
+    let st = status::status(&ctx.cfg, inv.as_deref());
+    Reply {
+        stdout: render(&st, json).into_bytes(),
+        code: u8::from(st.error.is_some()),
+    }
+}
+
+/// `gc`; without NVML, compute modes are left alone but records are still cleaned. Exit 1 when
+/// the state dir cannot be read.
 pub fn gc(ctx: &Ctx, json: bool) -> Reply {
     let report = match inventory::open(&ctx.cfg) {
         Ok(inv) => gc::gc(&ctx.cfg, inv.as_ref()),
         Err(e) => gc::gc(&ctx.cfg, &Unavailable(chain(&e))),
     };
+    for a in &report.actions {
+        tracing::info!("gc: {a}");
+    }
     Reply {
         stdout: render(&report, json).into_bytes(),
         code: u8::from(report.failed()),
     }
 }
 
-/// `configure <engine>`.
-pub fn configure(ctx: &Ctx, engine: Engine) -> Reply {
-    Reply::text(configure::snippet(
-        engine,
+/// `configure <engine>`: exit 0 whether or not anything changed.
+///
+/// # Errors
+/// [`ConfigureError`] for an engine file that cannot be read, parsed or written.
+pub fn configure(
+    ctx: &Ctx,
+    engine: Engine,
+    opts: &configure::Options,
+    policy_at: Option<std::path::PathBuf>,
+    print: bool,
+    json: bool,
+) -> Result<Reply, ConfigureError> {
+    let source = match &policy_at {
+        Some(p) => format!("{} (read from {})", p.display(), ctx.source),
+        None => ctx.source.to_string(),
+    };
+    let setup = configure::Setup::new(
         &ctx.cfg,
-        ctx.source.to_hand_on().as_deref(),
-    ))
+        policy_at.or_else(|| ctx.source.to_hand_on()),
+        source,
+    );
+    if print {
+        return Ok(Reply::text(configure::print(engine, &setup, opts)?));
+    }
+    let report = configure::run(engine, &setup, opts)?;
+    if !opts.dry_run && report.changed() {
+        tracing::info!(engine = engine.name(), "configured");
+    }
+    Ok(Reply::text(render(&report, json)))
 }
 
 /// `doctor`: exit 1 when a check failed.
 pub fn doctor(ctx: &Ctx, json: bool) -> Reply {
-    let checks = doctor::run(&ctx.cfg, &ctx.source.to_string());
+    let checks = doctor::run(&ctx.cfg, doctor::config_ok(&ctx.source));
+    Reply {
+        stdout: render(&checks, json).into_bytes(),
+        code: u8::from(checks.failed()),
+    }
+}
+
+/// `doctor` when the policy file cannot be loaded: that check fails (with the parser's
+/// diagnostic), the rest run with the defaults.
+pub fn doctor_without_policy(source: &Source, err: &ConfigError, json: bool) -> Reply {
+    let checks = doctor::run(&Config::default(), doctor::config_failed(source, err));
     Reply {
         stdout: render(&checks, json).into_bytes(),
         code: u8::from(checks.failed()),

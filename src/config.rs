@@ -28,11 +28,14 @@ pub enum ConfigError {
     },
     #[error("config {path} is larger than 256 KiB")]
     TooLarge { path: PathBuf },
-    #[error("config {path} is not valid TOML for gpushare")]
+    #[error("config {path} is not valid TOML for gpushare: line {line}, column {column}: {message} (`gpushare-hook doctor` shows where)")]
     Parse {
         path: PathBuf,
-        #[source]
-        source: toml::de::Error,
+        line: usize,
+        column: usize,
+        message: String,
+        /// The parser's own multi-line diagnostic (the line, a caret, the message).
+        diagnostic: String,
     },
     #[error("config {path}: [policy] max_memory")]
     MaxMemory {
@@ -209,10 +212,7 @@ impl Config {
     /// # Errors
     /// [`ConfigError`] for bad TOML, unknown keys or out-of-range values.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
-            path: path.to_owned(),
-            source,
-        })?;
+        let cfg: Config = toml::from_str(text).map_err(|e| parse_error(path, text, &e))?;
         cfg.validate(path)?;
         Ok(cfg)
     }
@@ -326,6 +326,33 @@ impl Config {
             return Err(invalid("[runtime] next must name at least one runtime"));
         }
         Ok(())
+    }
+}
+
+/// The parse error with its position as line and column (1-based) and the parser's diagnostic.
+fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let (line, column) = e.span().map_or((1, 1), |s| {
+        let before = &text[..s.start.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        (line, column)
+    });
+    ConfigError::Parse {
+        path: path.to_owned(),
+        line,
+        column,
+        message: e.message().trim().to_owned(),
+        diagnostic: e.to_string().trim_end().to_owned(),
+    }
+}
+
+impl ConfigError {
+    /// The parser's own multi-line diagnostic, for a file that is not valid TOML for gpushare.
+    pub fn diagnostic(&self) -> Option<&str> {
+        match self {
+            ConfigError::Parse { diagnostic, .. } => Some(diagnostic),
+            _ => None,
+        }
     }
 }
 
@@ -457,6 +484,27 @@ hook = "/usr/bin/gpushare-hook"
         for (what, text) in rows {
             assert!(Config::parse(text, Path::new("t")).is_err(), "{what}");
         }
+    }
+
+    #[test]
+    fn parse_errors_say_where_and_keep_the_diagnostic() {
+        let e = Config::parse(
+            "state_dir = \"/run/x\"\n[polcy]\nmodes = []\n",
+            Path::new("c.toml"),
+        )
+        .unwrap_err();
+        let line = e.to_string();
+        assert!(
+            line.starts_with("config c.toml is not valid TOML for gpushare: line 2, column "),
+            "{line}"
+        );
+        assert!(line.contains("unknown field `polcy`"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        let d = e.diagnostic().unwrap();
+        assert!(
+            d.lines().count() >= 3 && d.contains("[polcy]") && d.contains('^'),
+            "{d}"
+        );
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::path::Path;
 use tracing_subscriber::filter::{filter_fn, LevelFilter};
 use tracing_subscriber::prelude::*;
 
-/// Target of the final error line, which the binary prints itself and so is not repeated on
-/// stderr by the subscriber.
+/// Target of error lines for the log file only: the final error line, which the binary prints
+/// itself, and refusals logged with their container id before it.
 pub const EXIT_TARGET: &str = "gpushare::exit";
 
 /// Installs the global subscriber. `GPUSHARE_LOG=debug` raises the stderr level.
@@ -19,6 +19,7 @@ pub fn init(log_file: Option<&Path>) {
     };
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .without_time()
         .with_filter(stderr_level)

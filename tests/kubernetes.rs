@@ -259,7 +259,21 @@ fn installer_on_a_containerd_node() {
         );
         ("etc/gpushare/containerd-gpushare.toml", 6)
     };
-    assert_eq!(files.len(), expect_files, "{:?}", files.keys());
+    // `configure --path` keeps the previous file next to it (`<file>.bak-<time>`).
+    let backups: Vec<&String> = files.keys().filter(|k| k.contains(".bak-")).collect();
+    if can_merge {
+        assert_eq!(backups.len(), 1, "{:?}", files.keys());
+        assert_eq!(
+            files[backups[0]].1, b"version = 2\n",
+            "backup of the node's file"
+        );
+    }
+    assert_eq!(
+        files.len() - backups.len(),
+        expect_files,
+        "{:?}",
+        files.keys()
+    );
     let c: toml::Value = toml::from_str(std::str::from_utf8(&files[file].1).unwrap()).unwrap();
     let h = &c["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["gpushare"];
     assert_eq!(

@@ -82,3 +82,13 @@ fn example_policy_and_snippets_parse() {
             .unwrap_or_else(|e| panic!("{f}: {e}"));
     }
 }
+
+mod script;
+
+/// Builds the .deb and .rpm, installs the .deb here, configures podman and Docker with it, runs
+/// both through the installed binaries, reinstalls, tries a removal in use, purges
+/// (`tests/engines/package.sh`).
+#[test]
+fn deb_and_rpm_install_configure_run_refuse_removal_purge() {
+    script::run_script("package.sh");
+}

@@ -152,7 +152,9 @@ fn precreate_edits_or_returns_the_bytes_unchanged() {
 }
 
 #[test]
-fn precreate_refuses_bad_requests_with_one_line() {
+fn precreate_carries_refusals_to_the_create_runtime_hook() {
+    // podman drops a precreate hook's stderr: a refusal comes back as the config with a first
+    // createRuntime entry that fails with the one-line message (runc shows its stderr).
     let w = World::new("runc");
     let rows: &[(&str, &str, &str)] = &[
         (
@@ -161,16 +163,32 @@ fn precreate_refuses_bad_requests_with_one_line() {
             "unknown mode",
         ),
         ("no gpu", r#"{"annotations":{"gpu.share":"mps"}}"#, "no GPU"),
-        ("not json", "{gpu.share", "not a valid OCI config"),
     ];
     for (what, input, want) in rows {
         let out = w.run("hook", &["precreate"], input.as_bytes(), w.path());
-        assert_eq!(out.status.code(), Some(1), "{what}");
-        assert!(out.stdout.is_empty(), "{what}");
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.lines().count(), 1, "{what}: {err}");
-        assert!(err.contains(want), "{what}: {err}");
+        assert_eq!(out.status.code(), Some(0), "{what}");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let entry = &v["hooks"]["createRuntime"][0];
+        assert_eq!(entry["args"][1], "createRuntime", "{what}");
+        let refused = entry["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e.as_str()?.strip_prefix("GPUSHARE_REFUSED="))
+            .next()
+            .unwrap_or_else(|| panic!("{what}: no refusal in {entry}"));
+        assert!(
+            refused.contains(want) && !refused.contains('\n'),
+            "{what}: {refused}"
+        );
     }
+    // Input that is not a config cannot carry anything: refused with one line.
+    let out = w.run("hook", &["precreate"], b"{gpu.share", w.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not a valid OCI config"), "{err}");
     assert!(!w.path().join("state/containers").exists());
 }
 

@@ -93,7 +93,7 @@ fi
 # `gpushare-hook configure` prints the engine's files as `# ---- PATH` sections (`(merge)`: to be
 # merged into an existing file). It names the policy file the hooks must read: the node's path.
 # Made before anything is written: a policy it refuses stops the install here.
-"$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$USE_POLICY" >"$OUT/all" ||
+"$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$USE_POLICY" --policy-at "$POLICY" --print >"$OUT/all" ||
     die "gpushare-hook configure $ENGINE refused the policy or failed (above); fix $POLICY on the node"
 sed -i "s#$USE_POLICY#$POLICY#g" "$OUT/all"
 awk -v out="$OUT" '
@@ -121,7 +121,7 @@ for p in "$OUT"/*.path; do
         # Merged into the engine's main config by `gpushare-hook configure --path`, where this
         # gpushare has it; else kept next to the policy for the admin to merge.
         if "$SRC/bin/gpushare-hook" configure --help 2>/dev/null | grep -q -- '--path'; then
-            "$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$USE_POLICY" --path "$R$path" ||
+            "$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$USE_POLICY" --policy-at "$POLICY" --path "$R$path" >/dev/null ||
                 die "gpushare-hook configure $ENGINE --path $path failed (above)"
             say "merged the gpushare runtime handler into $path"
         else

@@ -14,17 +14,23 @@ use super::report::Report;
 pub struct GcReport {
     pub actions: Vec<String>,
     pub problems: Vec<String>,
+    /// Why the state dir cannot be read (then nothing was done).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl GcReport {
     /// Whether something could not be done (the command then exits 1).
     pub fn failed(&self) -> bool {
-        !self.problems.is_empty()
+        !self.problems.is_empty() || self.error.is_some()
     }
 }
 
 impl Report for GcReport {
     fn human(&self) -> String {
+        if let Some(e) = &self.error {
+            return format!("{e}\n");
+        }
         let mut out: String = self.actions.iter().map(|a| format!("{a}\n")).collect();
         for p in &self.problems {
             out.push_str(&format!("problem: {p}\n"));
@@ -36,11 +42,18 @@ impl Report for GcReport {
     }
 }
 
-/// Runs `gc` over the state directory of `cfg`.
+/// Runs `gc` over the state directory of `cfg`; does nothing when it cannot be read.
 pub fn gc(cfg: &Config, inventory: &dyn Inventory) -> GcReport {
+    if let Some(error) = super::status::unreadable(cfg) {
+        return GcReport {
+            error: Some(error),
+            ..GcReport::default()
+        };
+    }
     let o = Host::new(cfg, inventory).gc();
     GcReport {
         actions: o.actions,
         problems: o.problems,
+        error: None,
     }
 }

@@ -69,12 +69,50 @@ pub struct Status {
     pub version: &'static str,
     pub state_dir: String,
     pub isolation: Isolation,
+    /// Why the state dir cannot be read (then `gpus` says nothing about the node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     pub gpus: Vec<GpuStatus>,
+}
+
+/// Why the state dir cannot be read, if it cannot (a missing one is fine: nothing is shared).
+pub fn unreadable(cfg: &Config) -> Option<String> {
+    let sd = StateDir::new(&cfg.state_dir);
+    for dir in [sd.root().to_owned(), sd.gpus_dir()] {
+        match std::fs::read_dir(&dir) {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    format!(
+                        "; it is private to root (0700): run as root, e.g. sudo gpushare-hook (uid here: {})",
+                        nix::unistd::geteuid()
+                    )
+                } else {
+                    String::new()
+                };
+                return Some(format!(
+                    "cannot read the state dir {}: {e}{hint}",
+                    dir.display()
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// Reads the state (without locks: a snapshot) and asks NVML for compute modes when given.
 pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
     let sd = StateDir::new(&cfg.state_dir);
+    if let Some(error) = unreadable(cfg) {
+        return Status {
+            version: crate::VERSION,
+            state_dir: cfg.state_dir.display().to_string(),
+            isolation: cfg.mps.isolation,
+            error: Some(error),
+            gpus: Vec::new(),
+        };
+    }
     let control = Control::new(&cfg.mps.control).ok();
     let mut gpus = Vec::new();
     for (uuid, rec) in sd.list_records() {
@@ -150,6 +188,7 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
         version: crate::VERSION,
         state_dir: cfg.state_dir.display().to_string(),
         isolation: cfg.mps.isolation,
+        error: None,
         gpus,
     }
 }
@@ -157,6 +196,10 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
 impl Report for Status {
     fn human(&self) -> String {
         let mut out = format!("gpushare {}  state {}\n", self.version, self.state_dir);
+        if let Some(e) = &self.error {
+            out.push_str(&format!("{e}\n"));
+            return out;
+        }
         if self.gpus.is_empty() {
             out.push_str("no GPU is shared\n");
         }
@@ -202,7 +245,7 @@ impl Report for Status {
                     c.pid.map_or("-".into(), |p| p.to_string()),
                     if c.alive { "" } else { " (gone)" },
                     c.cores,
-                    c.memory.map_or("-".into(), |m| format!("{}Mi", m >> 20)),
+                    c.memory.map_or("-".into(), crate::vocab::size::human),
                 ));
             }
         }

@@ -10,6 +10,11 @@ use gpushare::container::runtime;
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
     let args = runtime::parse_args(&argv);
+    if let Some(text) = runtime::own_answer(&argv, &args) {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    }
     // Returns only when the next runtime could not be started.
     let msg = runtime::run(&argv, &args);
     eprintln!("gpushare-runtime: {msg}");

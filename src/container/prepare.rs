@@ -108,30 +108,138 @@ pub fn edit_config(
     ))
 }
 
-/// `gpushare-hook precreate`: the config on `stdin`, the config to use returned (the input
-/// bytes unchanged when the container asks for nothing).
+/// Hook-entry env that carries a precreate refusal to the createRuntime hook: podman drops a
+/// precreate hook's stderr, runc shows a createRuntime hook's. Set only by precreate in the
+/// entry it adds; a container that sets it in its own hook entries only refuses itself.
+pub const REFUSED_ENV: &str = "GPUSHARE_REFUSED";
+/// Longest refusal message carried.
+const MAX_REFUSAL: usize = 4096;
+
+/// What precreate hands back to podman.
+#[derive(Debug)]
+pub enum Precreated {
+    /// The config to use (edited, or the input bytes unchanged when nothing was asked).
+    Config(Vec<u8>),
+    /// The request was refused: the config marked with a createRuntime entry that fails with
+    /// `message`, so that the user sees it.
+    Refused { config: Vec<u8>, message: String },
+}
+
+/// Reads precreate's stdin (the container's `config.json`), capped.
 ///
 /// # Errors
-/// [`Error`] as [`edit_config`], or unreadable input.
+/// [`Error`] for unreadable or oversized input.
+pub fn read_precreate_input(stdin: impl std::io::Read) -> Result<Vec<u8>, Error> {
+    Ok(
+        crate::vocab::read_capped(stdin, crate::decide::input::MAX_CONFIG_BYTES)
+            .map_err(|source| crate::decide::input::InputError::ReadConfig {
+                path: "<stdin>".into(),
+                source,
+            })?
+            .ok_or(crate::decide::input::InputError::ConfigTooLarge {
+                path: "<stdin>".into(),
+            })?,
+    )
+}
+
+/// Whether the container asks for a share, judged without a policy (the policy file is
+/// broken): the annotation, or the env fallback as the default policy reads it.
+pub fn asks_without_policy(bytes: &[u8]) -> bool {
+    if !crate::decide::front::may_ask(bytes, &Default::default()) {
+        return false;
+    }
+    match crate::decide::input::parse_spec(bytes, Path::new("config.json")) {
+        Ok(spec) => crate::decide::request::wants_share(
+            &crate::decide::request::Sources {
+                annotations: &spec.annotations,
+                env: &spec.process.env,
+            },
+            crate::config::PolicyConfig::default().env_fallback,
+        ),
+        // Unparsable: the runtime reports that itself.
+        Err(_) => false,
+    }
+}
+
+/// `gpushare-hook precreate`: edits the config for a container that asks for a share; a refusal
+/// (bad request, policy, host files) is carried to the createRuntime hook by [`mark_refused`].
+///
+/// # Errors
+/// Only when even the refusal cannot be carried (the input is not a JSON object).
 pub fn precreate(
-    stdin: impl std::io::Read,
+    bytes: Vec<u8>,
     cfg: &Config,
     config_path: Option<PathBuf>,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
-) -> Result<Vec<u8>, Error> {
-    let bytes = crate::vocab::read_capped(stdin, crate::decide::input::MAX_CONFIG_BYTES)
-        .map_err(|source| crate::decide::input::InputError::ReadConfig {
-            path: "<stdin>".into(),
-            source,
-        })?
-        .ok_or(crate::decide::input::InputError::ConfigTooLarge {
-            path: "<stdin>".into(),
-        })?;
+) -> Result<Precreated, Error> {
     let ctx = Context {
-        config_path,
+        config_path: config_path.clone(),
         ..Context::default()
     };
-    Ok(edit_config(&bytes, &ctx, cfg, open_inventory)?.unwrap_or(bytes))
+    match edit_config(&bytes, &ctx, cfg, open_inventory) {
+        Ok(edited) => Ok(Precreated::Config(edited.unwrap_or(bytes))),
+        Err(e) => {
+            let message = crate::vocab::chain(&e);
+            let config = mark_refused(&bytes, &cfg.runtime.hook, config_path.as_deref(), &message)
+                .map_err(|_| e)?;
+            Ok(Precreated::Refused { config, message })
+        }
+    }
+}
+
+/// Adds, first among the createRuntime hooks, an entry that runs `hook createRuntime` with
+/// [`REFUSED_ENV`] set to `message` (one line, capped), and `GPUSHARE_CONFIG` when the policy
+/// file is not the default (so that the refusal is logged where the policy says).
+///
+/// # Errors
+/// [`Error`] when `bytes` is not a JSON object.
+pub fn mark_refused(
+    bytes: &[u8],
+    hook: &Path,
+    config_path: Option<&Path>,
+    message: &str,
+) -> Result<Vec<u8>, Error> {
+    let mut v: Value = serde_json::from_slice(bytes).map_err(|source| {
+        crate::decide::input::InputError::ParseConfig {
+            path: "<stdin>".into(),
+            source,
+        }
+    })?;
+    let mut line: String = message.replace(['\n', '\r', '\0'], " ");
+    if line.len() > MAX_REFUSAL {
+        let mut cut = MAX_REFUSAL;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+    }
+    let mut env = vec![format!("PATH={SAFE_PATH}"), format!("{REFUSED_ENV}={line}")];
+    if let Some(p) = config_path {
+        env.push(format!("{}={}", config::ENV_PATH, p.display()));
+    }
+    let entry = serde_json::json!({
+        "path": hook,
+        "args": ["gpushare-hook", "createRuntime"],
+        "env": env,
+    });
+    let not_object = || Error::Other("precreate input is not a JSON object".into());
+    let root = v.as_object_mut().ok_or_else(not_object)?;
+    let hooks = root
+        .entry("hooks")
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !hooks.is_object() {
+        *hooks = Value::Object(Default::default());
+    }
+    let list = hooks
+        .as_object_mut()
+        .ok_or_else(not_object)?
+        .entry("createRuntime")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if !list.is_array() {
+        *list = Value::Array(Vec::new());
+    }
+    list.as_array_mut().ok_or_else(not_object)?.insert(0, entry);
+    Ok(serde_json::to_vec(&v).expect("JSON value serialises"))
 }
 
 #[cfg(test)]
@@ -168,5 +276,63 @@ mod tests {
         );
         assert_eq!(e.preload, None);
         assert_eq!(e.mounts.len(), 2);
+    }
+
+    #[test]
+    fn refusals_are_carried_to_the_create_runtime_hook() {
+        let rows: &[(&str, &str)] = &[
+            ("no hooks", r#"{"ociVersion":"1.0.2","x":1}"#),
+            (
+                "existing hooks",
+                r#"{"hooks":{"createRuntime":[{"path":"/other"}],"poststop":[]}}"#,
+            ),
+        ];
+        for (what, input) in rows {
+            let out =
+                mark_refused(input.as_bytes(), Path::new("/h"), None, "bad\nrequest").unwrap();
+            let v: Value = serde_json::from_slice(&out).unwrap();
+            let first = &v["hooks"]["createRuntime"][0];
+            assert_eq!(first["path"], "/h", "{what}");
+            assert_eq!(first["args"][1], "createRuntime", "{what}");
+            assert_eq!(first["env"][1], "GPUSHARE_REFUSED=bad request", "{what}");
+        }
+        let v: Value = serde_json::from_slice(
+            &mark_refused(
+                rows[1].1.as_bytes(),
+                Path::new("/h"),
+                Some(Path::new("/c.toml")),
+                "m",
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            v["hooks"]["createRuntime"][1]["path"], "/other",
+            "kept after ours"
+        );
+        assert!(mark_refused(b"[1]", Path::new("/h"), None, "m").is_err());
+        assert!(mark_refused(b"nope", Path::new("/h"), None, "m").is_err());
+    }
+
+    #[test]
+    fn asking_is_judged_without_a_policy() {
+        let rows: &[(&str, &str, bool)] = &[
+            ("nothing", r#"{"process":{"env":["A=1"]}}"#, false),
+            ("annotation", r#"{"annotations":{"gpu.share":"mps"}}"#, true),
+            (
+                "env fallback",
+                r#"{"process":{"env":["GPU_SHARE=mps"]}}"#,
+                true,
+            ),
+            (
+                "mentioned only",
+                r#"{"process":{"args":["echo","gpu.share"]}}"#,
+                false,
+            ),
+            ("none", r#"{"annotations":{"gpu.share":"none"}}"#, false),
+        ];
+        for (what, input, want) in rows {
+            assert_eq!(asks_without_policy(input.as_bytes()), *want, "{what}");
+        }
     }
 }

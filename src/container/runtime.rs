@@ -394,6 +394,33 @@ pub fn run(argv: &[OsString], args: &Args) -> String {
     crate::vocab::chain(&exec_next(&next, argv))
 }
 
+/// What the wrapper prints itself before the next runtime answers `--version`/`-v` or
+/// `--help`/`-h`/`help` (given before any command): its own version or help first.
+pub fn own_answer(argv: &[OsString], args: &Args) -> Option<String> {
+    let before_command: Vec<&OsStr> = argv
+        .iter()
+        .map(OsString::as_os_str)
+        .take_while(|a| a.to_string_lossy().starts_with('-'))
+        .collect();
+    let has = |f: &[&str]| before_command.iter().any(|a| f.iter().any(|x| a == x));
+    if args.command.is_none() && has(&["--version", "-v"]) {
+        return Some(format!("gpushare-runtime version {}\n", crate::VERSION));
+    }
+    if has(&["--help", "-h"]) || (args.command.as_deref() == Some("help") && argv.len() == 1) {
+        return Some(format!(
+            "gpushare-runtime {}: a runc wrapper that shares NVIDIA GPUs between containers.\n\
+             For `create` and `run` it edits the bundle's config.json for a container that asks\n\
+             for a share (gpu.share* annotations, or GPU_SHARE* env), then runs the next runtime\n\
+             ([runtime] next of the policy file: $GPUSHARE_CONFIG, else {}) with the same\n\
+             arguments. Every other command goes straight to the next runtime.\n\
+             It has no options of its own; the next runtime's help follows.\n\n",
+            crate::VERSION,
+            crate::config::DEFAULT_PATH
+        ));
+    }
+    None
+}
+
 /// Whether the command edits a bundle.
 pub fn wants_edit(args: &Args) -> bool {
     matches!(args.command.as_deref(), Some("create" | "run"))
@@ -642,6 +669,37 @@ mod tests {
         // Nothing at all.
         let e = find_next(&["/nonexistent/runc".into()], &me, Some(dir)).unwrap_err();
         assert!(matches!(e, RuntimeError::NoNext(_)));
+    }
+
+    #[test]
+    fn own_version_and_help_come_first() {
+        let rows: &[(&str, &[&str], Option<&str>)] = &[
+            (
+                "--version",
+                &["--version"],
+                Some("gpushare-runtime version "),
+            ),
+            ("-v", &["-v"], Some("gpushare-runtime version ")),
+            ("--help", &["--help"], Some("gpushare-runtime 0")),
+            ("help command", &["help"], Some("gpushare-runtime 0")),
+            ("a create", &["create", "--bundle", "/b", "c"], None),
+            (
+                "a container named -v? no: after the command",
+                &["state", "-v"],
+                None,
+            ),
+        ];
+        for (what, argv, want) in rows {
+            let argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
+            let got = own_answer(&argv, &parse_args(&argv));
+            match want {
+                Some(w) => assert!(
+                    got.as_deref().is_some_and(|g| g.starts_with(w)),
+                    "{what}: {got:?}"
+                ),
+                None => assert_eq!(got, None, "{what}"),
+            }
+        }
     }
 
     #[test]

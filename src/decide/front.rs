@@ -24,6 +24,13 @@ pub enum DecideError {
     Inventory(#[from] InventoryError),
     #[error(transparent)]
     Domain(#[from] DomainError),
+    #[error("gpu.share.memory asks for {asked} but GPU {index} ({uuid}) has {total} in all; ask for less")]
+    MemoryAboveGpu {
+        asked: String,
+        index: u32,
+        uuid: String,
+        total: String,
+    },
 }
 
 /// Cheap test on the raw config bytes: can this container possibly ask for sharing?
@@ -66,7 +73,28 @@ pub(crate) fn plan_for(
         }
         plan.domain = Some(d);
     }
+    check_memory(&plan, inventory.as_ref())?;
     Ok(Some((plan, inventory)))
+}
+
+/// Refuses a memory cap above a planned GPU's total memory (when the inventory knows it).
+fn check_memory(plan: &Plan, inventory: &dyn Inventory) -> Result<(), DecideError> {
+    let Some(asked) = plan.memory else {
+        return Ok(());
+    };
+    for g in &plan.gpus {
+        if let Ok(total) = inventory.memory_total(g.index) {
+            if asked > total {
+                return Err(DecideError::MemoryAboveGpu {
+                    asked: crate::vocab::size::human(asked),
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    total: crate::vocab::size::human(total),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Hook-entry env naming the spec edit's reservation of the MPS directories.

@@ -88,6 +88,14 @@ impl Inventory for NvmlInventory {
         };
         Self::call("nvmlDeviceSetComputeMode", dev.set_compute_mode(m))
     }
+
+    fn memory_total(&self, index: u32) -> Result<u64, InventoryError> {
+        let dev = Self::call(
+            "nvmlDeviceGetHandleByIndex",
+            self.nvml.device_by_index(index),
+        )?;
+        Ok(Self::call("nvmlDeviceGetMemoryInfo", dev.memory_info())?.total)
+    }
 }
 
 /// An inventory for when NVML cannot be loaded: every call fails with the reason. Lets a

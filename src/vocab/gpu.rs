@@ -72,4 +72,14 @@ pub trait Inventory {
     /// # Errors
     /// When the driver refuses.
     fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), InventoryError>;
+    /// Total memory of GPU `index`, in bytes. The default: not known (no check is made).
+    ///
+    /// # Errors
+    /// When the driver cannot be asked.
+    fn memory_total(&self, index: u32) -> Result<u64, InventoryError> {
+        let _ = index;
+        Err(InventoryError::Unavailable(
+            "this inventory does not report memory sizes".into(),
+        ))
+    }
 }

@@ -9,6 +9,7 @@ pub mod mode;
 pub mod names;
 pub mod quantity;
 pub mod read;
+pub mod size;
 
 pub use chain::chain;
 pub use domain::{Isolation, Limits};

@@ -62,8 +62,8 @@ state = "$C/state"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
 EOF2
-    "$GS_HOOK" configure containerd --config "$CONFIG" | grep -v '^version = ' >>"$1" || fail "gpushare-hook configure containerd"
-    grep -qx "    BinaryName = \"$RUNTIME\"" "$1" || { cat "$1"; fail "configure containerd did not name $RUNTIME"; }
+    "$GS_HOOK" configure containerd --config "$CONFIG" --path "$1" >/dev/null || fail "gpushare-hook configure containerd"
+    grep -Eq "^ *BinaryName = \"($RUNTIME|${CONFIG%/*}/gpushare-runtime-config)\"" "$1" || { cat "$1"; fail "configure containerd did not name $RUNTIME"; }
 }
 
 # containerd 2.x: config version 3, where the CRI plugin is split into images and runtime.

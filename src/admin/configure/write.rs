@@ -1,0 +1,142 @@
+//! Writing one planned file: a backup of the previous one, then temp file + fsync + rename;
+//! and the unified diff `--dry-run` prints.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::{Change, ConfigureError};
+
+/// What happened to a file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum Outcome {
+    /// It already held what the engine needs.
+    Unchanged,
+    /// It did not exist and was written.
+    Created,
+    /// It was replaced; the previous file is at `backup`.
+    Written { backup: String },
+    /// `--dry-run`: it would change like this.
+    WouldChange { diff: String },
+}
+
+/// Where the previous version of `path` is kept: `<path>.bak-<unix seconds>` (a suffix no
+/// engine's drop-in or hooks dir reads: those read `*.conf`, `*.json`, `*.toml`).
+pub fn backup_path(path: &Path) -> PathBuf {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".bak-{secs}"));
+    let mut p = PathBuf::from(name);
+    let mut n = 1;
+    while p.exists() {
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".bak-{secs}.{n}"));
+        p = PathBuf::from(name);
+        n += 1;
+    }
+    p
+}
+
+/// The unified diff from the file now to the file planned.
+pub fn diff(c: &Change) -> String {
+    let before = c.before.as_deref().unwrap_or("");
+    let old = if c.before.is_some() {
+        c.path.display().to_string()
+    } else {
+        "/dev/null".to_owned()
+    };
+    similar::TextDiff::from_lines(before, c.after.as_str())
+        .unified_diff()
+        .context_radius(3)
+        .header(&old, &c.path.display().to_string())
+        .to_string()
+}
+
+/// Writes `c` when it changes anything: parent dirs made (0755), the previous file copied to
+/// [`backup_path`] (mode kept), then replaced atomically keeping its mode.
+///
+/// # Errors
+/// [`ConfigureError::Write`] when a step fails; the file is then as it was.
+pub fn apply(c: &Change) -> Result<Outcome, ConfigureError> {
+    if !c.changes() {
+        return Ok(Outcome::Unchanged);
+    }
+    let err = |source| ConfigureError::Write {
+        path: c.path.clone(),
+        source,
+    };
+    if let Some(dir) = c.path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    let meta = std::fs::metadata(&c.path).ok();
+    let mode = meta.as_ref().map_or(c.mode, |m| m.mode() & 0o7777);
+    let backup = match &meta {
+        Some(_) => {
+            let b = backup_path(&c.path);
+            std::fs::copy(&c.path, &b).map_err(err)?;
+            std::fs::set_permissions(&b, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+            Some(b)
+        }
+        None => None,
+    };
+    crate::host::state::write_atomic(&c.path, c.after.as_bytes(), mode).map_err(err)?;
+    // write_atomic's mode is filtered by the umask; the file must keep the previous one.
+    std::fs::set_permissions(&c.path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    Ok(match backup {
+        Some(b) => Outcome::Written {
+            backup: b.display().to_string(),
+        },
+        None => Outcome::Created,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_atomically_with_a_backup_and_only_when_needed() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("sub/daemon.json");
+        let mut c = Change {
+            path: p.clone(),
+            before: None,
+            after: "{}\n".into(),
+            mode: 0o644,
+        };
+        assert_eq!(apply(&c).unwrap(), Outcome::Created);
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}\n");
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        c.before = Some("{}\n".into());
+        assert_eq!(apply(&c).unwrap(), Outcome::Unchanged);
+        c.after = "{\"a\": 1}\n".into();
+        let Outcome::Written { backup } = apply(&c).unwrap() else {
+            panic!("not written")
+        };
+        assert_eq!(std::fs::read_to_string(&backup).unwrap(), "{}\n");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\": 1}\n");
+        let mode = std::fs::metadata(&p).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600, "mode kept");
+        let leftovers: Vec<_> = std::fs::read_dir(p.parent().unwrap())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().contains("tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "no temp files left");
+        let d = diff(&Change {
+            path: p.clone(),
+            before: Some("a\nb\n".into()),
+            after: "a\nc\n".into(),
+            mode: 0o644,
+        });
+        assert!(
+            d.contains("-b\n") && d.contains("+c\n") && d.starts_with("---"),
+            "{d}"
+        );
+    }
+}

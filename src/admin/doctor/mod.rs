@@ -1,0 +1,368 @@
+//! `gpushare-hook doctor`: read-only checks of everything gpushare depends on on this node:
+//! the policy file, NVML and each GPU's compute mode against the daemons that serve it, the MPS
+//! binaries, the state dir (writable, on a writable filesystem), the binaries the engines will
+//! execute, and each engine's own files, parsed.
+
+mod engines;
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::config::{Config, ConfigError, Source};
+use crate::host::inventory::NvmlInventory;
+use crate::host::mps::find_binary;
+use crate::vocab::{ComputeMode, Inventory};
+
+/// How a check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Ok,
+    Warn,
+    Fail,
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub verdict: Verdict,
+    pub detail: String,
+}
+
+pub(crate) fn check(name: &str, verdict: Verdict, detail: impl Into<String>) -> Check {
+    Check {
+        name: name.to_owned(),
+        verdict,
+        detail: detail.into(),
+    }
+}
+
+/// The policy-file check for a policy that loaded.
+pub fn config_ok(source: &Source) -> Check {
+    check("config", Verdict::Ok, source.to_string())
+}
+
+/// The policy-file check for a policy that did not load: the error and the parser's own
+/// diagnostic; the other checks then run with the defaults.
+pub fn config_failed(source: &Source, e: &ConfigError) -> Check {
+    let mut detail = format!(
+        "{}: {} (the other checks use the defaults)",
+        source,
+        crate::vocab::chain(e)
+    );
+    if let Some(d) = e.diagnostic() {
+        detail.push('\n');
+        detail.push_str(d);
+    }
+    check("config", Verdict::Fail, detail)
+}
+
+/// Runs every check. Changes nothing.
+pub fn run(cfg: &Config, config: Check) -> Checks {
+    let mut out = vec![config];
+    let inv = NvmlInventory::open(&cfg.nvml.library);
+    match &inv {
+        Ok(inv) => gpu_checks(cfg, inv, &mut out),
+        Err(e) => out.push(check("nvml", Verdict::Fail, crate::vocab::chain(e))),
+    }
+    let allowed = |m| cfg.policy.modes.contains(&m);
+    let need_mps = if allowed(crate::vocab::Mode::Mps) {
+        Verdict::Fail
+    } else {
+        Verdict::Warn
+    };
+    out.push(binary_check(
+        "mps control",
+        &cfg.mps.control,
+        need_mps,
+        "install nvidia-cuda-mps or set [mps] control",
+    ));
+    let server = Path::new(&cfg.mps.control)
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| p.join("nvidia-cuda-mps-server").display().to_string())
+        .unwrap_or_else(|| "nvidia-cuda-mps-server".into());
+    out.push(binary_check(
+        "mps server",
+        &server,
+        Verdict::Warn,
+        "needed to run CUDA clients under MPS",
+    ));
+    out.push(binary_check(
+        "nvidia-smi",
+        &cfg.timeslice.smi,
+        Verdict::Warn,
+        "needed for gpu.share.timeslice",
+    ));
+    let lim = &cfg.limit.library;
+    out.push(if lim.is_file() {
+        check("limiter", Verdict::Ok, lim.display().to_string())
+    } else {
+        let v = if allowed(crate::vocab::Mode::Limit) {
+            Verdict::Fail
+        } else {
+            Verdict::Warn
+        };
+        check(
+            "limiter",
+            v,
+            format!("{} missing; limit mode cannot work", lim.display()),
+        )
+    });
+    out.push(state_dir_check(&cfg.state_dir));
+    out.push(
+        match caps::has_cap(
+            None,
+            caps::CapSet::Effective,
+            caps::Capability::CAP_SYS_ADMIN,
+        ) {
+            Ok(true) => check("privileges", Verdict::Ok, "CAP_SYS_ADMIN"),
+            _ => check(
+                "privileges",
+                Verdict::Warn,
+                "no CAP_SYS_ADMIN here; the hook needs it when runtimes run it",
+            ),
+        },
+    );
+    out.push(engines::executable_check(
+        "hook",
+        &cfg.runtime.hook,
+        &["version"],
+        "[runtime] hook; the spec edit puts it into containers' hooks",
+    ));
+    out.push(engines::executable_check(
+        "runtime",
+        &crate::admin::configure::runtime_path(cfg),
+        &["--version"],
+        "gpushare-runtime, next to [runtime] hook",
+    ));
+    let runtime = cfg.runtime.next.iter().find_map(|n| find_binary(n));
+    out.push(match runtime {
+        Some(p) => engines::executable_check(
+            "next runtime",
+            &p,
+            &["--version"],
+            "[runtime] next",
+        ),
+        None => check(
+            "next runtime",
+            Verdict::Fail,
+            format!(
+                "none of {:?} found; gpushare-runtime cannot exec; install runc or fix [runtime] next",
+                cfg.runtime.next
+            ),
+        ),
+    });
+    out.extend(engines::checks());
+    Checks(out)
+}
+
+/// NVML, and per GPU: its compute mode and size, against the daemons and clients the state
+/// records. EXCLUSIVE_PROCESS without a live daemon of ours keeps every other CUDA program out
+/// ("all CUDA-capable devices are busy"); a dead daemon with live clients leaves them stuck.
+fn gpu_checks(cfg: &Config, inv: &NvmlInventory, out: &mut Vec<Check>) {
+    let gpus = match inv.gpus() {
+        Ok(g) if g.is_empty() => {
+            out.push(check(
+                "nvml",
+                Verdict::Fail,
+                format!("{}: no GPU found", cfg.nvml.library),
+            ));
+            return;
+        }
+        Ok(g) => g,
+        Err(e) => {
+            out.push(check("nvml", Verdict::Fail, crate::vocab::chain(&e)));
+            return;
+        }
+    };
+    out.push(check(
+        "nvml",
+        Verdict::Ok,
+        format!("{}: {} GPU(s)", cfg.nvml.library, gpus.len()),
+    ));
+    let status = crate::admin::status::status(cfg, Some(inv));
+    for g in gpus {
+        let name = format!("gpu {}", g.index);
+        let mode = match inv.compute_mode(g.index) {
+            Ok(m) => m,
+            Err(e) => {
+                out.push(check(
+                    &name,
+                    Verdict::Warn,
+                    format!("{}: {}", g.uuid, crate::vocab::chain(&e)),
+                ));
+                continue;
+            }
+        };
+        let size = inv
+            .memory_total(g.index)
+            .map(|b| format!(", {}", crate::vocab::size::human(b)))
+            .unwrap_or_default();
+        let rec = status.gpus.iter().find(|s| s.uuid == g.uuid);
+        let live = |ids: &[String]| {
+            rec.map_or(0, |r| {
+                r.clients
+                    .iter()
+                    .filter(|c| c.alive && ids.contains(&c.id))
+                    .count()
+            })
+        };
+        let domains = rec.map_or(&[][..], |r| r.domains.as_slice());
+        let running: Vec<i32> = domains
+            .iter()
+            .filter_map(|d| d.daemon.as_ref())
+            .filter(|d| d.alive)
+            .map(|d| d.pid)
+            .collect();
+        let dead_in_use = domains.iter().find_map(|d| {
+            let dm = d.daemon.as_ref().filter(|dm| !dm.alive)?;
+            let n = live(&d.clients);
+            (n > 0).then(|| (d.key.clone(), dm.pid, n))
+        });
+        let clients = rec.map_or(0, |r| r.clients.iter().filter(|c| c.alive).count());
+        let (v, d) = match (mode, dead_in_use) {
+            (_, Some((key, pid, n))) => (
+                Verdict::Fail,
+                format!(
+                    "{}: MPS daemon pid {pid} (domain {key}) is dead while {n} client(s) live; their CUDA calls fail. Restart those containers, or run `gpushare-hook gc`",
+                    g.uuid
+                ),
+            ),
+            (ComputeMode::ExclusiveProcess, None) if running.is_empty() => (
+                Verdict::Fail,
+                format!(
+                    "{}: compute mode EXCLUSIVE_PROCESS with no gpushare MPS daemon: CUDA programs get \"all CUDA-capable devices are busy\". Run `gpushare-hook gc`, or `nvidia-smi -i {} -c DEFAULT`",
+                    g.uuid, g.index
+                ),
+            ),
+            (m, None) if !running.is_empty() => (
+                Verdict::Ok,
+                format!(
+                    "{} compute mode {m}{size}; MPS daemon pid(s) {running:?}, {clients} live client(s)",
+                    g.uuid
+                ),
+            ),
+            (m, None) => (Verdict::Ok, format!("{} compute mode {m}{size}", g.uuid)),
+        };
+        out.push(check(&name, v, d));
+    }
+}
+
+fn binary_check(name: &str, bin: &str, missing: Verdict, what: &str) -> Check {
+    match find_binary(bin) {
+        Some(p) => check(name, Verdict::Ok, p.display().to_string()),
+        None => check(name, missing, format!("{bin} not found; {what}")),
+    }
+}
+
+/// The state dir: 0700 and writable when it exists; else its nearest existing parent must let
+/// it be made. Both on a filesystem mounted read-write.
+fn state_dir_check(dir: &Path) -> Check {
+    use std::os::unix::fs::MetadataExt;
+    let name = "state dir";
+    let existing = dir
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    if let Ok(st) = nix::sys::statvfs::statvfs(existing) {
+        if st.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY) {
+            return check(
+                name,
+                Verdict::Fail,
+                format!(
+                    "{} is on a read-only filesystem ({} is); set state_dir to a writable tmpfs such as /run/gpushare",
+                    dir.display(),
+                    existing.display()
+                ),
+            );
+        }
+    }
+    let writable = |p: &Path| {
+        nix::unistd::access(
+            p,
+            nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+        )
+        .is_ok()
+    };
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() && m.mode() & 0o077 != 0 => check(
+            name,
+            Verdict::Fail,
+            format!(
+                "{} has mode {:o}; make it 0700",
+                dir.display(),
+                m.mode() & 0o777
+            ),
+        ),
+        Ok(m) if m.is_dir() && !writable(dir) => check(
+            name,
+            Verdict::Fail,
+            format!(
+                "{} is not writable by uid {}; the hooks run as root",
+                dir.display(),
+                nix::unistd::geteuid()
+            ),
+        ),
+        Ok(m) if m.is_dir() => check(name, Verdict::Ok, format!("{} (0700)", dir.display())),
+        Ok(_) => check(
+            name,
+            Verdict::Fail,
+            format!("{} is not a directory", dir.display()),
+        ),
+        Err(_) if writable(existing) => check(
+            name,
+            Verdict::Ok,
+            format!("{} (created on first use)", dir.display()),
+        ),
+        Err(_) => check(
+            name,
+            Verdict::Fail,
+            format!(
+                "{} does not exist and {} is not writable; it cannot be created",
+                dir.display(),
+                existing.display()
+            ),
+        ),
+    }
+}
+
+/// The whole `doctor` answer: the checks, in order (JSON: an array).
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct Checks(pub Vec<Check>);
+
+impl Checks {
+    /// Whether any check failed (the command then exits 1).
+    pub fn failed(&self) -> bool {
+        self.0.iter().any(|c| c.verdict == Verdict::Fail)
+    }
+}
+
+impl super::report::Report for Checks {
+    fn human(&self) -> String {
+        human(&self.0)
+    }
+}
+
+/// Human rendering, one line per check (a multi-line detail indented under it).
+pub fn human(checks: &[Check]) -> String {
+    checks
+        .iter()
+        .map(|c| {
+            let v = match c.verdict {
+                Verdict::Ok => "ok  ",
+                Verdict::Warn => "warn",
+                Verdict::Fail => "FAIL",
+            };
+            let mut lines = c.detail.lines();
+            let mut s = format!("{v}  {:<20} {}\n", c.name, lines.next().unwrap_or(""));
+            for l in lines {
+                s.push_str(&format!("      {l}\n"));
+            }
+            s
+        })
+        .collect()
+}

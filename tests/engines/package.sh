@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# The .deb and .rpm end to end, on this machine: build both (cargo-deb, cargo-generate-rpm), check
+# the .deb's contents (conffiles, modes, stripped binaries, man pages, completions), install it,
+# point its policy at the TEST-ONLY simulated driver, `configure podman` (nothing to change: the
+# package ships what configure writes) and `configure docker`, run podman (system containers.conf
+# drop-in, installed hooks) and a private dockerd (the daemon.json configure wrote) through the
+# installed binaries, reinstall (the policy edit survives), try to remove while a container uses
+# a share (refused), then purge and check nothing is left. The rpm's file list is checked.
+# Always purges the package and restores the files it touched, even when it fails.
+source "$(dirname "$0")/lib.sh"
+need dpkg dpkg-deb podman dockerd docker runc jq readelf rpm cargo-deb cargo-generate-rpm
+unset GPUSHARE_CONFIG
+if dpkg -s gpushare >/dev/null 2>&1; then
+    skip "a gpushare package is already installed here; this test would replace and purge it"
+fi
+[ ! -e /etc/gpushare ] || skip "/etc/gpushare exists without the package; this test would remove it"
+
+# Files outside the package this test may touch: saved now, put back at the end.
+LOG=/var/log/gpushare.log
+[ -e "$LOG" ] && cp -a "$LOG" "$T/log.saved"
+restore_log() { rm -f "$LOG"; if [ -e "$T/log.saved" ]; then cp -a "$T/log.saved" "$LOG"; fi; }
+on_exit restore_log
+on_exit "GPUSHARE_FORCE_REMOVE=1 dpkg --purge gpushare"
+on_exit "rm -f /etc/containers/containers.conf.d/50-gpushare.conf.bak-* /usr/share/containers/oci/hooks.d/gpushare-*.bak-* /etc/containers/oci/hooks.d-podman/gpushare-*.bak-*"
+on_exit "podman_ rm -af -t 0"
+
+PT=${GS_PACKAGE_TARGET:-$GS_REPO/target/package}
+echo "== build the .deb (release build, man pages and completions from the CLI)"
+DEB=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/deb/build.sh" 2>"$T/deb-build.log" | tail -1) || { cat "$T/deb-build.log"; fail "deb build"; }
+[ -f "$DEB" ] || fail "no .deb built ($DEB)"
+ok "built $DEB"
+dpkg-deb -f "$DEB" Package Depends
+dpkg-deb --ctrl-tarfile "$DEB" | tar -xO ./conffiles >"$T/conffiles"
+for f in /etc/gpushare/config.toml /etc/containers/containers.conf.d/50-gpushare.conf /etc/logrotate.d/gpushare; do
+    grep -qx "$f" "$T/conffiles" || { cat "$T/conffiles"; fail "$f is not a conffile"; }
+done
+ok "conffiles: policy, podman drop-in, logrotate"
+dpkg-deb --ctrl-tarfile "$DEB" | tar -t | grep -qx './prerm' || fail "no prerm"
+dpkg-deb -c "$DEB" >"$T/contents"
+grep -E '^d' "$T/contents" | grep -Ev '^drwxr-xr-x (root/root|0/0) ' && fail "a directory without mode 0755 root/root"
+grep -E ' \./usr/bin/gpushare-(hook|runtime)$' "$T/contents" | grep -Ev '^-rwxr-xr-x (root/root|0/0) ' && fail "a binary without mode 0755 root/root"
+for f in usr/share/man/man1/gpushare-hook.1.gz usr/share/man/man1/gpushare-hook-configure.1.gz \
+    usr/share/bash-completion/completions/gpushare-hook usr/share/zsh/vendor-completions/_gpushare-hook \
+    usr/share/fish/vendor_completions.d/gpushare-hook.fish usr/share/doc/gpushare/copyright \
+    usr/lib/tmpfiles.d/gpushare.conf usr/lib/gpushare/libgpushare_limiter.so; do
+    grep -q " \./$f\$" "$T/contents" || fail "$f missing from the .deb"
+done
+ok "modes 0755 root/root, man pages, completions, copyright, tmpfiles.d"
+mkdir -p "$T/deb" && dpkg-deb -x "$DEB" "$T/deb"
+for b in usr/bin/gpushare-hook usr/bin/gpushare-runtime; do
+    readelf -S "$T/deb/$b" | grep -q '\.symtab' && fail "$b is not stripped"
+done
+ok "binaries stripped"
+
+echo "== install"
+dpkg -i "$DEB" >"$T/dpkg.out" 2>&1 || { cat "$T/dpkg.out"; fail "dpkg -i"; }
+/usr/bin/gpushare-hook version | grep -q '^gpushare-hook ' || fail "installed gpushare-hook does not run"
+[ "$(stat -c %a /run/gpushare)" = 700 ] || fail "/run/gpushare is not 0700"
+man -w gpushare-hook-configure >/dev/null 2>&1 || fail "man gpushare-hook-configure not found"
+ok "installed: binaries run, state dir 0700, man pages found"
+
+echo "== edit the policy: the TEST-ONLY simulated driver, this test's state dir"
+sed -i -e "s#^state_dir = .*#state_dir = \"$STATE\"#" -e "s#^library = \"libnvidia-ml.so.1\"#library = \"$GS_SIMDRIVER\"#" /etc/gpushare/config.toml
+grep -q "$GS_SIMDRIVER" /etc/gpushare/config.toml || fail "policy edit"
+/usr/bin/gpushare-hook doctor >"$T/doctor" || true
+cat "$T/doctor"
+grep -q '^ok    podman ' "$T/doctor" || fail "doctor does not see podman configured by the package"
+
+echo "== configure podman: the package already has it"
+/usr/bin/gpushare-hook configure podman >"$T/cp" || { cat "$T/cp"; fail "configure podman"; }
+grep -q '^nothing to change: podman is already configured' "$T/cp" || { cat "$T/cp"; fail "configure podman changed the installed files"; }
+ok "configure podman: nothing to change"
+
+echo "== podman through the installed hooks (system containers.conf.d, no --hooks-dir)"
+make_rootfs "$T/rootfs"
+mark_shm_when_ready
+podman_ --runtime runc run --rm $PODMAN_ULIMITS -e NVIDIA_VISIBLE_DEVICES=0 --annotation gpu.share=mps \
+    --rootfs "$T/rootfs" sh -c "$INSIDE_MPS" >"$T/p1" 2>"$T/p1e" || { cat "$T/p1e"; fail "podman run (installed)"; }
+check_mps_output "$T/p1" yes
+podman_ --runtime runc run --rm $PODMAN_ULIMITS -e NVIDIA_VISIBLE_DEVICES=0 --annotation gpu.share=mps --annotation gpu.share.memory=1000Gi \
+    --rootfs "$T/rootfs" true >"$T/p2" 2>&1 && fail "a request above the GPU's memory ran"
+grep -q 'gpu.share.memory asks for 1000.0 GiB but GPU 0' "$T/p2" || { cat "$T/p2"; fail "the refusal is not shown to the podman user"; }
+ok "a refused podman container shows why: $(grep -o 'gpu.share.memory asks[^"]*GiB in all' "$T/p2" | head -1)"
+wait_until 10 daemon_gone || fail "daemon still running after the podman containers"
+
+echo "== configure docker (a private dockerd reading the daemon.json it wrote)"
+echo '{"log-level": "warn"}' >"$T/daemon.json"
+/usr/bin/gpushare-hook configure docker --path "$T/daemon.json" >"$T/cd" || { cat "$T/cd"; fail "configure docker"; }
+grep -q '^restart Docker' "$T/cd" || { cat "$T/cd"; fail "configure docker does not say what to restart"; }
+[ "$(jq -r '.runtimes.gpushare.path' "$T/daemon.json")" = /usr/bin/gpushare-runtime ] || fail "daemon.json has no gpushare runtime"
+[ "$(jq -r '."log-level"' "$T/daemon.json")" = warn ] || fail "daemon.json lost a key"
+/usr/bin/gpushare-hook configure docker --path "$T/daemon.json" | grep -q '^nothing to change' || fail "second configure docker changed something"
+ok "configure docker: merged, then nothing to change"
+D=$T/docker
+mkdir -p "$D"
+X=$(mktemp -d /tmp/gsp-XXXX)
+on_exit "rm -rf $X"
+dockerd --config-file "$T/daemon.json" --data-root "$D/data" --exec-root "$X" -H "unix://$D/sock" --pidfile "$D/pid" \
+    --iptables=false --ip-masq=false --bridge=none --storage-driver=vfs >"$D/log" 2>&1 &
+DPID=$!
+on_exit "kill $DPID; wait $DPID"
+docker_() { docker -H "unix://$D/sock" "$@"; }
+wait_until 60 docker_ version >/dev/null 2>&1 || { tail -20 "$D/log"; fail "dockerd did not come up with the configured daemon.json"; }
+tar -C "$T/rootfs" -cf "$T/rootfs.tar" .
+docker_ import "$T/rootfs.tar" gpushare-busybox:pkg >/dev/null || fail "docker import"
+mark_shm_when_ready
+docker_ run --rm --runtime gpushare --network none -e NVIDIA_VISIBLE_DEVICES=0 -e GPU_SHARE=mps \
+    gpushare-busybox:pkg sh -c "$INSIDE_MPS" >"$T/d1" 2>"$T/d1e" || { cat "$T/d1e"; fail "docker run (installed)"; }
+check_mps_output "$T/d1" yes
+wait_until 10 daemon_gone || fail "daemon still running after the docker container"
+ok "Docker through the installed gpushare-runtime"
+
+echo "== reinstall: the policy edit survives"
+dpkg -i "$DEB" >"$T/dpkg2.out" 2>&1 || { cat "$T/dpkg2.out"; fail "dpkg -i (again)"; }
+grep -q "$GS_SIMDRIVER" /etc/gpushare/config.toml || fail "the reinstall undid the policy edit"
+ok "policy edit kept across a reinstall"
+
+echo "== removal while a container uses a share is refused"
+podman_ --runtime runc run -d --name "${NAME}busy" $PODMAN_ULIMITS -e NVIDIA_VISIBLE_DEVICES=0 --annotation gpu.share=mps \
+    --rootfs "$T/rootfs" sleep 120 >/dev/null || fail "busy container"
+wait_until 10 daemon_running || fail "no daemon for the busy container"
+dpkg -r gpushare >"$T/rm.out" 2>&1 && fail "dpkg -r went ahead while a container uses a share"
+grep -q 'not removing the package while containers use it' "$T/rm.out" || { cat "$T/rm.out"; fail "the refusal does not say why"; }
+dpkg -s gpushare 2>/dev/null | grep -Eq '^Status: (install|deinstall) ok installed$' || fail "package not intact after a refused removal"
+[ -x /usr/bin/gpushare-hook ] || fail "binary gone after a refused removal"
+ok "removal refused while a container uses a share: $(grep -m1 'client' "$T/rm.out" | sed 's/^ *//')"
+podman_ rm -f -t 0 "${NAME}busy" >/dev/null
+wait_until 15 daemon_gone || fail "daemon still running after the busy container"
+
+echo "== purge leaves nothing behind"
+touch "$LOG"
+dpkg --purge gpushare >"$T/purge.out" 2>&1 || { cat "$T/purge.out"; fail "dpkg --purge"; }
+dpkg -s gpushare >/dev/null 2>&1 && fail "package still known to dpkg"
+while read -r p; do
+    [ -d "$T/deb$p" ] && continue
+    [ -e "$p" ] && fail "$p left after purge"
+done < <(awk '{print $NF}' "$T/contents" | sed 's#^\./#/#')
+for p in /etc/gpushare /run/gpushare /var/log/gpushare.log /usr/lib/gpushare /etc/containers/oci/hooks.d-podman; do
+    [ -e "$p" ] && fail "$p left after purge"
+done
+ok "purged: no file of the package, no /etc/gpushare, /run/gpushare or log left"
+
+echo "== the rpm"
+RPM=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/rpm/build.sh" 2>"$T/rpm-build.log" | tail -1) || { cat "$T/rpm-build.log"; fail "rpm build"; }
+[ -f "$RPM" ] || fail "no .rpm built"
+rpm -qlp "$RPM" 2>/dev/null | sort >"$T/rpm.list"
+cat >"$T/rpm.want" <<LIST
+/etc/containers/containers.conf.d/50-gpushare.conf
+/etc/containers/oci/hooks.d-podman/gpushare-precreate.json
+/etc/gpushare/config.toml
+/etc/logrotate.d/gpushare
+/usr/bin/gpushare-hook
+/usr/bin/gpushare-runtime
+/usr/lib/gpushare/libgpushare_limiter.so
+/usr/lib/tmpfiles.d/gpushare.conf
+/usr/share/bash-completion/completions/gpushare-hook
+/usr/share/containers/oci/hooks.d/gpushare-createRuntime.json
+/usr/share/containers/oci/hooks.d/gpushare-poststop.json
+/usr/share/doc/gpushare/config.toml.example
+/usr/share/fish/vendor_completions.d/gpushare-hook.fish
+$(ls "$PT/release/gen/man" | sed 's#^#/usr/share/man/man1/#')
+/usr/share/zsh/site-functions/_gpushare-hook
+LIST
+sort -o "$T/rpm.want" "$T/rpm.want"
+diff -u "$T/rpm.want" "$T/rpm.list" || fail "rpm file list differs (above)"
+rpm -qcp "$RPM" >"$T/rpm.conf" 2>/dev/null
+grep -qx /etc/gpushare/config.toml "$T/rpm.conf" || fail "the rpm's policy is not a config file"
+rpm -qp --scripts "$RPM" >"$T/rpm.scripts" 2>/dev/null
+grep -q 'not removing the package while containers use it' "$T/rpm.scripts" || fail "the rpm has no removal guard"
+ok "rpm $(basename "$RPM"): file list, config files and removal guard as expected"
