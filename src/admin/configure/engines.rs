@@ -344,6 +344,7 @@ fn crio(path: &Path, setup: &Setup, oci_hooks: &Path) -> Result<Change, Configur
             "gpu.share.memory",
             "gpu.share.cores",
             "gpu.share.timeslice",
+            "gpu.share.group",
         ],
         path,
     )?;
