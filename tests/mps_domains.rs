@@ -594,3 +594,48 @@ fn gc_quarantines_an_unreadable_record_and_rebuilds_it_without_stopping_anything
     assert!(daemons_under(&sb.state_dir()).is_empty());
     assert_eq!(sb.compute_mode(0), 0);
 }
+
+#[test]
+fn sigkilled_releases_with_domains_then_gc_leave_the_other_domain_running() {
+    if !common::require("mps domains", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    for point in ["release-locked", "release-daemon-stopped"] {
+        let sb = group_policy(1);
+        let _c = Cleanup(sb.path().to_path_buf());
+        let stay_b = sb.bundle("stay", &group_spec(Some("s"), &[]));
+        let gone_b = sb.bundle("gone", &group_spec(Some("g"), &[]));
+        let stay = FakeContainer::start();
+        let mut gone = FakeContainer::start();
+        ok(&sb.hook(
+            &["createRuntime"],
+            &Sandbox::state_json("stay", stay.pid(), &stay_b),
+        ));
+        ok(&sb.hook(
+            &["createRuntime"],
+            &Sandbox::state_json("gone", gone.pid(), &gone_b),
+        ));
+        gone.kill();
+        let out = sb.hook_env(
+            &["poststop"],
+            &Sandbox::state_json("gone", 0, &gone_b),
+            &[("GPUSHARE_FAILPOINT", point)],
+        );
+        assert_eq!(out.status.code(), None, "{point}: killed");
+        ok(&sb.hook(&["gc"], ""));
+        let st = sb.status();
+        let ds = domains(&st);
+        assert_eq!(ds.len(), 1, "{point}: {st}");
+        assert_eq!(domain(&ds, "g-s")["daemon"]["answers"], true, "{point}");
+        assert_eq!(daemons_under(&sb.state_dir()).len(), 1, "{point}");
+        assert!(
+            !pipe_of(&sb, "g-g").exists(),
+            "{point}: the gone domain's dirs removed"
+        );
+        // A repeated poststop after the crash is a no-op.
+        ok(&sb.hook(&["poststop"], &Sandbox::state_json("gone", 0, &gone_b)));
+        ok(&sb.hook(&["poststop"], &Sandbox::state_json("stay", 0, &stay_b)));
+        assert!(daemons_under(&sb.state_dir()).is_empty(), "{point}");
+        assert!(common::mounts_under(&sb.state_dir()).is_empty(), "{point}");
+    }
+}
