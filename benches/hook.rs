@@ -172,32 +172,12 @@ fn main() {
             run(&hook, &["poststop"], &state("holder", 0, &mps));
         }
         let kids: Vec<_> = (0..32).map(|_| sleeper()).collect();
-        let t = Instant::now();
-        let handles: Vec<_> = kids
+        let states = kids
             .iter()
             .enumerate()
-            .map(|(i, k)| {
-                let st = state(&format!("p{i}"), k.id(), &mps);
-                let hook = hook.clone();
-                let env = env.clone();
-                std::thread::spawn(move || {
-                    let mut c = Command::new(&hook)
-                        .arg("createRuntime")
-                        .env_clear()
-                        .envs(env.iter().map(|(k, v)| (k, v)))
-                        .stdin(Stdio::piped())
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .unwrap();
-                    c.stdin.take().unwrap().write_all(st.as_bytes()).unwrap();
-                    assert!(c.wait().unwrap().success());
-                })
-            })
+            .map(|(i, k)| state(&format!("p{i}"), k.id(), &mps))
             .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
-        let total = t.elapsed();
+        let total = concurrent_acquires(&hook, &env, states);
         println!(
             "  32 concurrent acquires ({label})  {:>8.3} ms total, {:.3} ms per container",
             ms(total),
@@ -273,32 +253,12 @@ fn main() {
             }
         }
         let kids: Vec<_> = (0..32).map(|_| sleeper()).collect();
-        let t = Instant::now();
-        let handles: Vec<_> = kids
+        let states = kids
             .iter()
             .enumerate()
-            .map(|(i, k)| {
-                let st = state(&format!("q{i}"), k.id(), &groups[i % 4]);
-                let hook = hook.clone();
-                let env = env.clone();
-                std::thread::spawn(move || {
-                    let mut c = Command::new(&hook)
-                        .arg("createRuntime")
-                        .env_clear()
-                        .envs(env.iter().map(|(k, v)| (k, v)))
-                        .stdin(Stdio::piped())
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .unwrap();
-                    c.stdin.take().unwrap().write_all(st.as_bytes()).unwrap();
-                    assert!(c.wait().unwrap().success());
-                })
-            })
+            .map(|(i, k)| state(&format!("q{i}"), k.id(), &groups[i % 4]))
             .collect();
-        for h in handles {
-            h.join().unwrap();
-        }
-        let total = t.elapsed();
+        let total = concurrent_acquires(&hook, &env, states);
         println!(
             "  32 concurrent acquires ({label}) {:>8.3} ms total, {:.3} ms per container",
             ms(total),
@@ -342,6 +302,38 @@ fn main() {
             .arg(d.join("state"))
             .status();
     }
+}
+
+/// Runs one `createRuntime` per state at once; the time until all have finished.
+fn concurrent_acquires(
+    hook: &Path,
+    env: &[(&'static str, String); 3],
+    states: Vec<String>,
+) -> Duration {
+    let t = Instant::now();
+    let handles: Vec<_> = states
+        .into_iter()
+        .map(|st| {
+            let hook = hook.to_owned();
+            let env = env.clone();
+            std::thread::spawn(move || {
+                let mut c = Command::new(&hook)
+                    .arg("createRuntime")
+                    .env_clear()
+                    .envs(env.iter().map(|(k, v)| (k, v)))
+                    .stdin(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap();
+                c.stdin.take().unwrap().write_all(st.as_bytes()).unwrap();
+                assert!(c.wait().unwrap().success());
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    t.elapsed()
 }
 
 fn ms(d: Duration) -> f64 {

@@ -47,7 +47,6 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
         .read_to_end(&mut input)
         .map_err(crate::decide::input::InputError::ReadState)?;
     let id = container_id(&input);
-    let before = daemons(ctx);
     let open = || inventory::open(&ctx.cfg);
     let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, &open) {
         Ok(o) => o,
@@ -64,7 +63,6 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
         ))),
         Outcome::Done(plan) => {
             tracing::info!(container = %plan.container, mode = %plan.mode, gpus = ?plan.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), memory = ?plan.memory.map(crate::vocab::size::human), cores = plan.cores, "acquired");
-            log_daemon_changes(&before, &daemons(ctx));
             Ok(Reply::default())
         }
     }
@@ -94,77 +92,6 @@ fn container_id(state: &[u8]) -> String {
     crate::decide::input::read_state(state).map_or_else(|_| "?".into(), |s| s.id().to_owned())
 }
 
-/// MPS daemon pid per GPU and isolation domain (`<uuid>, domain <key>`, index), from a
-/// lock-free read of the records (no daemon is asked anything: this runs in every hook call).
-fn daemons(ctx: &Ctx) -> Vec<(String, u32, Option<i32>)> {
-    crate::host::state::StateDir::new(&ctx.cfg.state_dir)
-        .list_records()
-        .into_iter()
-        .filter_map(|(uuid, rec)| rec.ok().map(|r| (uuid, r)))
-        .flat_map(|(uuid, r)| {
-            r.domains
-                .iter()
-                .map(|(key, d)| {
-                    (
-                        format!("{uuid}, domain {key}"),
-                        r.index,
-                        d.daemon.as_ref().map(|dm| dm.process.pid),
-                    )
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
-/// The GPUs whose records list `id` as a client (lock-free read of the records).
-fn held_by(ctx: &Ctx, id: &str) -> Vec<u32> {
-    crate::host::state::StateDir::new(&ctx.cfg.state_dir)
-        .list_records()
-        .into_iter()
-        .filter_map(|(_, rec)| rec.ok())
-        .filter(|r| r.clients.contains_key(id))
-        .map(|r| r.index)
-        .collect()
-}
-
-/// Logs daemons started, stopped and restarted between two reads of the state.
-fn log_daemon_changes(before: &[(String, u32, Option<i32>)], after: &[(String, u32, Option<i32>)]) {
-    for line in daemon_changes(before, after) {
-        tracing::info!("{line}");
-    }
-}
-
-/// The lines [`log_daemon_changes`] logs (pure).
-pub fn daemon_changes(
-    before: &[(String, u32, Option<i32>)],
-    after: &[(String, u32, Option<i32>)],
-) -> Vec<String> {
-    let was = |uuid: &str| before.iter().find(|b| b.0 == uuid).and_then(|b| b.2);
-    let mut out = Vec::new();
-    for (uuid, index, pid) in after {
-        match (was(uuid), pid) {
-            (None, Some(p)) => out.push(format!(
-                "MPS daemon started on GPU {index} ({uuid}), pid {p}"
-            )),
-            (Some(old), Some(p)) if old != *p => out.push(format!(
-                "MPS daemon restarted on GPU {index} ({uuid}), pid {old} -> {p}"
-            )),
-            (Some(old), None) => out.push(format!(
-                "MPS daemon stopped on GPU {index} ({uuid}), pid {old}"
-            )),
-            _ => {}
-        }
-    }
-    for (uuid, index, pid) in before {
-        if let (Some(p), false) = (pid, after.iter().any(|a| &a.0 == uuid)) {
-            out.push(format!(
-                "MPS daemon stopped on GPU {index} ({uuid}), pid {p}"
-            ));
-        }
-    }
-    out
-}
-
 /// `poststop`: warnings go to the log; never fails because of gpushare's own state.
 ///
 /// # Errors
@@ -176,17 +103,10 @@ pub fn poststop(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
         .read_to_end(&mut input)
         .map_err(crate::decide::input::InputError::ReadState)?;
     let id = container_id(&input);
-    let before = daemons(ctx);
-    let held = held_by(ctx, &id);
     let open = || inventory::open(&ctx.cfg);
     for w in hook::poststop(&input[..], &ctx.cfg, &open)? {
         tracing::warn!(container = %id, "poststop: {w}");
     }
-    let after = daemons(ctx);
-    if !held.is_empty() {
-        tracing::info!(container = %id, gpus = ?held, "released");
-    }
-    log_daemon_changes(&before, &after);
     Ok(Reply::default())
 }
 

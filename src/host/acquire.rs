@@ -335,7 +335,12 @@ impl<'a> Host<'a> {
             }
             // Died or hung: stop it and start afresh below, in the same directories, which
             // running containers have mounted.
-            tracing::warn!(uuid = %rec.uuid, domain = key, pid = d.process.pid, "MPS daemon dead or not answering; restarting it");
+            tracing::warn!(
+                "MPS daemon of GPU {} ({}, domain {key}), pid {}, is dead or does not answer; restarting it",
+                rec.index,
+                rec.uuid,
+                d.process.pid
+            );
             control.stop(&dirs.pipe, Some(d.process));
             if let Some(dom) = rec.domains.get_mut(key) {
                 dom.daemon = None;
@@ -343,7 +348,12 @@ impl<'a> Host<'a> {
         } else if let Some(found) = control.find_daemon(&dirs.pipe) {
             // Something looks wrong (a daemon the record does not know): ask in full.
             if control.answers(&dirs.pipe) && control.set_defaults(&dirs.pipe, &limits).is_ok() {
-                tracing::warn!(uuid = %rec.uuid, domain = key, pid = found.pid, "adopting an MPS daemon missing from the record");
+                tracing::warn!(
+                    "adopting the MPS daemon of GPU {} ({}, domain {key}), pid {}, missing from the record",
+                    rec.index,
+                    rec.uuid,
+                    found.pid
+                );
                 if let Some(dom) = rec.domains.get_mut(key) {
                     dom.daemon = Some(Daemon { process: found });
                 }
@@ -367,7 +377,12 @@ impl<'a> Host<'a> {
             }
             return Err(e.into());
         }
-        tracing::info!(uuid = %rec.uuid, domain = key, pid = proc.pid, "MPS daemon started");
+        tracing::info!(
+            "MPS daemon started on GPU {} ({}, domain {key}), pid {}",
+            rec.index,
+            rec.uuid,
+            proc.pid
+        );
         crate::failpoint::hit("acquire-daemon-started");
         Ok(())
     }
@@ -427,7 +442,12 @@ impl<'a> Host<'a> {
                 Ok(c) => c.stop(&dirs.pipe, Some(p)),
                 Err(_) => crate::host::mps::stop_process(p, Duration::from_secs(2)),
             }
-            tracing::info!(uuid = %rec.uuid, domain = key, pid = p.pid, "MPS daemon stopped");
+            tracing::info!(
+                "MPS daemon stopped on GPU {} ({}, domain {key}), pid {}",
+                rec.index,
+                rec.uuid,
+                p.pid
+            );
         }
         if !rec.dirs_in_use(key, now_seconds()) {
             dirs.remove();

@@ -242,19 +242,7 @@ impl Control {
             command: command.to_owned(),
             output,
         };
-        // The client sees only this daemon's pipe directory, read-only and following no
-        // symlink, at a private path: a `control` a tenant pointed at another daemon dangles.
-        let (mounts, private_pipe) = crate::host::sandbox::client_mounts(pipe)
-            .map_err(|e| fail(format!("cannot open {}: {e}", pipe.display())))?;
-        let mut cmd = Command::new(&self.binary);
-        cmd.env_clear()
-            .env("PATH", SAFE_PATH)
-            .env("CUDA_MPS_PIPE_DIRECTORY", &private_pipe)
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        crate::sys::client_in_sandbox(&mut cmd, mounts);
+        let mut cmd = self.client(pipe, Stdio::piped).map_err(fail)?;
         let mut child = cmd
             .spawn()
             .map_err(|e| fail(sandbox_spawn_error(e).to_string()))?;
@@ -266,6 +254,25 @@ impl Control {
             Some((s, out)) => Err(fail(format!("{} {}", s, out.trim()))),
             None => Err(fail(format!("no answer within {}s", timeout.as_secs_f32()))),
         }
+    }
+
+    /// The control client for the daemon behind `pipe`, commands on stdin and its output to
+    /// `out()`. It runs in a mount namespace of its own in which it sees only this daemon's pipe
+    /// directory, read-only and following no symlink, at a private path: a `control` a tenant
+    /// pointed at another daemon dangles.
+    fn client(&self, pipe: &Path, out: fn() -> Stdio) -> Result<Command, String> {
+        let (mounts, private_pipe) = crate::host::sandbox::client_mounts(pipe)
+            .map_err(|e| format!("cannot open {}: {e}", pipe.display()))?;
+        let mut cmd = Command::new(&self.binary);
+        cmd.env_clear()
+            .env("PATH", SAFE_PATH)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &private_pipe)
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(out())
+            .stderr(out());
+        crate::sys::client_in_sandbox(&mut cmd, mounts);
+        Ok(cmd)
     }
 
     /// Whether a daemon answers on `pipe` (judged without following a link a tenant put in
@@ -365,18 +372,7 @@ impl Control {
             command: command.to_owned(),
             output,
         };
-        // The same sandbox as `command`: only this daemon's pipe directory is visible.
-        let (mounts, private_pipe) = crate::host::sandbox::client_mounts(pipe)
-            .map_err(|e| fail(format!("cannot open {}: {e}", pipe.display())))?;
-        let mut cmd = Command::new(&self.binary);
-        cmd.env_clear()
-            .env("PATH", SAFE_PATH)
-            .env("CUDA_MPS_PIPE_DIRECTORY", &private_pipe)
-            .current_dir("/")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        crate::sys::client_in_sandbox(&mut cmd, mounts);
+        let mut cmd = self.client(pipe, Stdio::null).map_err(fail)?;
         crate::sys::detached_with_deadline(&mut cmd, 5);
         let mut child = cmd.spawn().map_err(|e| fail(e.to_string()))?;
         if let Some(mut stdin) = child.stdin.take() {

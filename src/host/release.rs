@@ -40,7 +40,7 @@ impl Host<'_> {
                 }
             }
             match self.release_one(&uuid, Some(container), false) {
-                Ok(_) => tracing::info!(container, uuid = %uuid, "released"),
+                Ok(_) => tracing::info!(container, "released from GPU {uuid}"),
                 Err(e) => warnings.push(crate::vocab::chain(&e)),
             }
         }
