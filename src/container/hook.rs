@@ -87,14 +87,9 @@ pub fn create_runtime(
     host.acquire(&plan, process, reservation.as_deref())?;
     // Make the share usable inside the container (mounts into its rootfs), unless a spec edit
     // already added them; undo the acquire if that fails.
-    if let Err(e) = crate::container::inject::created::inject(
-        &plan,
-        cfg,
-        &bytes,
-        &c.spec,
-        state.bundle(),
-        c.pid,
-    ) {
+    if let Err(e) =
+        crate::container::inject::created::inject(&plan, cfg, &c.spec, state.bundle(), c.pid)
+    {
         let _ = host.release(&plan.container);
         crate::container::inject::remove_container_files(cfg, &plan.container);
         return Err(e.into());

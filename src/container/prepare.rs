@@ -4,13 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::config::{self, Config};
 use crate::container::error::Error;
 use crate::container::inject;
 use crate::container::spec_edit::{self, Edit, HookCall};
-use crate::decide::input::rootfs_of;
+use crate::decide::input::{self, rootfs_of};
 use crate::decide::plan::Plan;
 use crate::host::mps::SAFE_PATH;
 use crate::vocab::Mode;
@@ -73,20 +71,19 @@ pub fn edit_config(
         }
         None => crate::host::pending::pending_key(),
     };
-    let spec = crate::decide::input::parse_spec(bytes, &path)?;
+    let spec = input::parse_spec(bytes, &path)?;
     let Some((plan, inventory)) = crate::decide::front::plan_for(&key, &spec, cfg, open_inventory)?
     else {
         return Ok(None);
     };
-    let mut value: Value = serde_json::from_slice(bytes).map_err(|source| {
-        crate::decide::input::InputError::ParseConfig {
-            path: path.clone(),
-            source,
-        }
-    })?;
     let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
-    let before = value.clone();
-    spec_edit::apply(&mut value, &edit)?;
+    // Read as every entry point reads a config; the edited document keeps every other member.
+    let edited = input::deep_scope(bytes, || -> Result<Option<Vec<u8>>, Error> {
+        let mut value = input::parse_config(bytes, &path)?;
+        let before = value.clone();
+        spec_edit::apply(&mut value, &edit)?;
+        Ok((value != before).then(|| serde_json::to_vec(&value).expect("JSON value serialises")))
+    })?;
     // The mount sources must exist even when the config was edited before (a restart). MPS
     // directories are reserved under the GPU's lock, so that a release of the GPU's last
     // client before this container's hook runs does not remove them.
@@ -98,12 +95,7 @@ pub fn edit_config(
     }
     let rootfs = rootfs_of(&spec, ctx.bundle);
     inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
-    if value == before {
-        return Ok(None);
-    }
-    Ok(Some(
-        serde_json::to_vec(&value).expect("JSON value serialises"),
-    ))
+    Ok(edited)
 }
 
 /// `gpushare-hook precreate`: the config on `stdin`, the config to use returned (the input
