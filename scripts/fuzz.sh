@@ -15,7 +15,7 @@ targets=("$@")
 rustup toolchain list | grep -q '^nightly' || { echo "fuzz.sh: the nightly toolchain is missing: rustup toolchain install nightly" >&2; exit 1; }
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 
-cargo +nightly fuzz build "${targets[@]}" 2>&1 | tail -1
+for t in "${targets[@]}"; do cargo +nightly fuzz build "$t" 2>&1 | tail -1 >&2; done
 mkdir -p target/fuzz-logs
 printf '| target | seconds | executions | execs/s | cov | ft | corpus |\n|---|---|---|---|---|---|---|\n'
 status=0
