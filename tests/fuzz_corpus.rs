@@ -18,10 +18,18 @@ fn replay(target: &str, f: fn(&[u8])) {
         let path = e.unwrap().path();
         let data = std::fs::read(&path).unwrap();
         let r = std::panic::catch_unwind(|| f(&data));
-        assert!(r.is_ok(), "{target}: {} fails its properties", path.display());
+        assert!(
+            r.is_ok(),
+            "{target}: {} fails its properties",
+            path.display()
+        );
         n += 1;
     }
-    assert!(n >= 3, "{target}: only {n} corpus files in {}", dir.display());
+    assert!(
+        n >= 3,
+        "{target}: only {n} corpus files in {}",
+        dir.display()
+    );
 }
 
 #[test]

@@ -10,7 +10,10 @@ use std::process::Command;
 #[test]
 #[ignore = "fails until the host layer restores compute modes write-ahead and sweeps temp records (issue 9, Found 2 and 4); run with --ignored"]
 fn short_kill_storm_keeps_every_invariant() {
-    if !common::require("kill storm", &["nvidia-cuda-mps-control", "unshare", "python3"]) {
+    if !common::require(
+        "kill storm",
+        &["nvidia-cuda-mps-control", "unshare", "python3"],
+    ) {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

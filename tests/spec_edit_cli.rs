@@ -434,3 +434,94 @@ fn every_entry_point_reads_a_config_as_runc_does() {
         }
     }
 }
+
+#[test]
+fn a_failed_create_leaves_no_per_container_directory() {
+    let t = tempfile::tempdir().unwrap();
+    let next = t.path().join("fake-runc");
+    let log = t.path().join("next.log");
+    // Exits with $NEXT_RC; records its blocked-signal mask; on SIGTERM records it and exits 143.
+    std::fs::write(
+        &next,
+        format!(
+            "#!/bin/sh\ngrep SigBlk /proc/self/status > {log}\ntrap 'echo TERM >> {log}; exit 143' TERM\n\
+             [ -n \"$NEXT_SLEEP\" ] && {{ sleep \"$NEXT_SLEEP\" & wait $!; }}\necho 'next says no' >&2\nexit $(cat {rc})\n",
+            log = log.display(),
+            rc = t.path().join("rc").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&next, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let w = World::new(next.to_str().unwrap());
+    let bundle = w.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    let limit = r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"root":{"path":"rootfs"},"annotations":{"gpu.share":"limit","gpu.share.memory":"2Gi"}}"#;
+    let b = bundle.to_str().unwrap();
+    let cdir = |id: &str| w.path().join("state/containers").join(id);
+    // Rows: (what, next's exit status, directory there before, directory there after).
+    let rows: &[(&str, &str, bool, bool)] = &[
+        ("create fails", "1", false, false),
+        ("create succeeds", "0", false, true),
+        ("create fails, directory already there", "1", true, true),
+    ];
+    for (i, (what, rc, before, after)) in rows.iter().enumerate() {
+        std::fs::write(bundle.join("config.json"), limit).unwrap();
+        std::fs::write(t.path().join("rc"), rc).unwrap();
+        let id = format!("x{i}");
+        if *before {
+            std::fs::create_dir_all(cdir(&id)).unwrap();
+        }
+        let out = w.run("runtime", &["create", "--bundle", b, &id], b"", w.path());
+        assert_eq!(out.status.code(), Some(rc.parse().unwrap()), "{what}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            err.trim(),
+            "next says no",
+            "{what}: the next runtime's own stderr only"
+        );
+        assert_eq!(cdir(&id).exists(), *after, "{what}");
+        let blocked = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            blocked.trim(),
+            "SigBlk:\t0000000000000000",
+            "{what}: the next runtime starts with no signal blocked"
+        );
+    }
+    // A signal sent to the wrapper reaches the next runtime, whose status becomes the wrapper's.
+    std::fs::write(bundle.join("config.json"), limit).unwrap();
+    std::fs::write(t.path().join("rc"), "0").unwrap();
+    let mut child = Command::new(bin("runtime"))
+        .args(["create", "--bundle", b, "x9"])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("GPUSHARE_CONFIG", w.path().join("config.toml"))
+        .env("GPUSHARE_SIM_STATE", w.path().join("sim"))
+        .env("GPUSHARE_SIM_DEVICES", "81920,81920")
+        .env("NEXT_SLEEP", "30")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("SigBlk")) || !cdir("x9").exists()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "next runtime did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    assert!(std::fs::read_to_string(&log).unwrap().contains("TERM"));
+    assert!(
+        !cdir("x9").exists(),
+        "a create ended by a signal leaves nothing"
+    );
+}

@@ -55,12 +55,18 @@ fn inventory() -> Vec<Gpu> {
 pub fn request(data: &[u8]) {
     let s = String::from_utf8_lossy(data);
     if let Ok(b) = quantity::parse_memory(&s) {
-        assert!((quantity::MIN_MEMORY..=quantity::MAX_MEMORY).contains(&b), "{s:?}: {b}");
+        assert!(
+            (quantity::MIN_MEMORY..=quantity::MAX_MEMORY).contains(&b),
+            "{s:?}: {b}"
+        );
         assert_eq!(quantity::parse_memory(&b.to_string()), Ok(b), "{s:?}");
     }
     if let Ok(c) = quantity::parse_cores(&s) {
         assert!((1..=100).contains(&c), "{s:?}: {c}");
-        assert!(s == c.to_string() || s == format!("{c}%"), "{s:?} read as {c}");
+        assert!(
+            s == c.to_string() || s == format!("{c}%"),
+            "{s:?} read as {c}"
+        );
     }
     match request::parse_selector(&s) {
         Some(request::Selector::Index(i)) => assert_eq!(s, i.to_string()),
@@ -91,7 +97,10 @@ pub fn request(data: &[u8]) {
     };
     let cfg = Config::default();
     if let Ok(Some(r)) = request::parse(&src, &cfg) {
-        assert!(request::wants_share(&src, true), "a request that the fast check misses");
+        assert!(
+            request::wants_share(&src, true),
+            "a request that the fast check misses"
+        );
         assert!((1..=100).contains(&r.cores));
         if let Some(m) = r.memory {
             assert!((quantity::MIN_MEMORY..=quantity::MAX_MEMORY).contains(&m));
@@ -128,7 +137,10 @@ pub fn state_record(data: &[u8]) {
         // What was loaded saves as text that loads back the same.
         let text = serde_json::to_vec(&rec).expect("a record serialises");
         std::fs::write(sd.record_path(uuid), text).expect("write scratch record");
-        let again = sd.load(uuid).expect("a saved record loads").expect("present");
+        let again = sd
+            .load(uuid)
+            .expect("a saved record loads")
+            .expect("present");
         assert_eq!(again, rec);
     }
 }
@@ -181,12 +193,19 @@ pub fn spec_edit(data: &[u8]) {
         assert_eq!(again, after, "edited spec does not read back the same");
         kept(&before, &after, &["process", "mounts", "hooks"], "document");
         kept(&before["process"], &after["process"], &["env"], "process");
-        kept(&before["hooks"], &after["hooks"], &["createRuntime", "poststop"], "hooks");
+        kept(
+            &before["hooks"],
+            &after["hooks"],
+            &["createRuntime", "poststop"],
+            "hooks",
+        );
         if let (Some(b), Some(a)) = (before["mounts"].as_array(), after["mounts"].as_array()) {
             // Only stale mounts onto the edit's target under the state dir go.
             for m in b {
                 let ours = m["destination"] == "/tmp/nvidia-mps"
-                    && m["source"].as_str().is_some_and(|s| s.starts_with("/run/gpushare"));
+                    && m["source"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("/run/gpushare"));
                 assert!(ours || a.contains(m), "mount {m} not kept");
             }
         }

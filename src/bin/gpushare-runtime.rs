@@ -10,9 +10,13 @@ use gpushare::container::runtime;
 fn main() -> ExitCode {
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
     let args = runtime::parse_args(&argv);
-    // Returns only when the next runtime could not be started.
-    let msg = runtime::run(&argv, &args);
-    eprintln!("gpushare-runtime: {msg}");
-    runtime::log_error(&args, &msg);
-    ExitCode::from(1)
+    // Returns only when the next runtime could not be started, or ran as a child.
+    match runtime::run(&argv, &args) {
+        runtime::Ended::Next(code) => ExitCode::from(code),
+        runtime::Ended::Failed(msg) => {
+            eprintln!("gpushare-runtime: {msg}");
+            runtime::log_error(&args, &msg);
+            ExitCode::from(1)
+        }
+    }
 }

@@ -128,6 +128,8 @@ pub fn poststop(
     let state = input::read_state(stdin)?;
     crate::container::inject::remove_container_files(cfg, state.id());
     let sd = StateDir::new(&cfg.state_dir);
+    // Pending directories of precreate runs whose create failed before any hook ran.
+    crate::host::pending::sweep_pending(&sd, crate::host::pending::PENDING_MAX_AGE);
     // Cheap check first: a container that holds nothing needs no NVML.
     let holds = sd.list_records().iter().any(|(_, r)| {
         r.as_ref()
