@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark: `gpushare-runtime create` against plain `runc create` on the same bundle,
 # alternating, N rounds each; prints the median times and their ratio for a container that asks
-# for nothing (target <= 1.05) and for an mps one (target <= 1.15; the MPS daemon is kept warm by
-# a holder container, as on a host where sharing is in use).
+# for nothing (target <= 1.05), for a limit one (runc run as a child, see container::runtime) and
+# for an mps one (target <= 1.15; the MPS daemon is kept warm by a holder container, as on a host
+# where sharing is in use).
 #
 # Usage: scripts/bench-runtime.sh [rounds]   (root; builds release binaries if missing;
 #        BIN_DIR=<dir> to use other builds, e.g. target/debug)
@@ -66,6 +67,9 @@ make_rootfs "$T/rootfs"
 export GPUSHARE_CONFIG=$CONFIG
 echo "rounds: $ROUNDS, binaries: $BIN_DIR"
 bench none '{}'
+# limit: the edit makes the container's own directory, so gpushare-runtime runs runc as a child
+# (to remove that directory when the create fails) instead of exec'ing it.
+bench limit '{"gpu.share":"limit","gpu.share.memory":"1Gi"}'
 # Keep the daemon warm: one mps container holds it for the whole mps run.
 hb=$T/holder
 mkdir -p "$hb" && cp -a "$T/rootfs" "$hb/rootfs"

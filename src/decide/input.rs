@@ -149,8 +149,8 @@ pub const MAX_DEPTH: usize = 10_000;
 /// large enough for [`MAX_DEPTH`].
 const SHALLOW_DEPTH: usize = 64;
 /// Stack for a deep config: enough for [`MAX_DEPTH`] levels of recursive parse, compare,
-/// serialise and drop, even unoptimised.
-const DEEP_STACK: usize = 1 << 30;
+/// serialise and drop, even unoptimised (which needs between 16 and 64 MiB) or under a sanitizer.
+const DEEP_STACK: usize = 256 << 20;
 
 /// How deeply arrays and objects nest in `bytes`, read as JSON (strings skipped). Stops counting
 /// past `MAX_DEPTH + 1`.
