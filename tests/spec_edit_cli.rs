@@ -141,6 +141,20 @@ fn precreate_edits_or_returns_the_bytes_unchanged() {
         // Editing the edited config changes nothing.
         let again = w.run("hook", &["precreate"], &out.stdout, w.path());
         assert_eq!(again.stdout, out.stdout, "{what}: second edit");
+        // ... and reserves under the same key: one reservation, not two.
+        let mut reserved = Vec::new();
+        for e in std::fs::read_dir(w.path().join("state/gpus")).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "json") {
+                let rec: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                reserved.extend(rec["reserved"].as_object().unwrap().keys().cloned());
+            }
+        }
+        assert_eq!(reserved.len(), 1, "{what}: {reserved:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&reserved[0]),
+            "{what}"
+        );
     }
     // Undo the shm mount made by the mps row.
     for e in std::fs::read_dir(w.path().join("state/mps")).unwrap() {

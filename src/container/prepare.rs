@@ -31,8 +31,9 @@ pub fn edit_for(plan: &Plan, cfg: &Config, key: &str, config_path: Option<&Path>
     if let Some(p) = config_path {
         env.push(format!("{}={}", config::ENV_PATH, p.display()));
     }
-    if plan.mode == Mode::Mps && key.starts_with(crate::host::pending::PENDING_PREFIX) {
-        // A precreate's pending key: the hook consumes the reservation made under it.
+    if key.starts_with(crate::host::pending::PENDING_PREFIX) {
+        // A precreate's pending key: the hook consumes the reservation made under it (mps),
+        // and a later edit of this config reuses it.
         env.push(format!("{}={key}", crate::decide::front::RESERVATION_ENV));
     }
     Edit {
@@ -45,6 +46,24 @@ pub fn edit_for(plan: &Plan, cfg: &Config, key: &str, config_path: Option<&Path>
             env,
         }),
     }
+}
+
+/// The pending key an earlier edit gave gpushare's createRuntime entry in `spec`, if any.
+fn earlier_key(spec: &input::SpecView) -> Option<String> {
+    let want = format!("{}=", crate::decide::front::RESERVATION_ENV);
+    spec.hooks
+        .create_runtime
+        .iter()
+        .filter(|h| {
+            Path::new(&h.path).file_name() == Some("gpushare-hook".as_ref())
+                && h.args.get(1).map(String::as_str) == Some("createRuntime")
+        })
+        .flat_map(|h| h.env.iter().rev())
+        .find_map(|e| e.strip_prefix(&want))
+        .filter(|k| {
+            k.starts_with(crate::host::pending::PENDING_PREFIX) && crate::vocab::is_safe_name(k)
+        })
+        .map(str::to_owned)
 }
 
 /// Edits the raw `config.json` bytes for a container that asks for sharing. `None`: nothing to
@@ -64,14 +83,16 @@ pub fn edit_config(
     if !crate::decide::front::may_ask(bytes, &Default::default()) {
         return Ok(None);
     }
+    let spec = input::parse_spec(bytes, &path)?;
     let key = match ctx.id {
         Some(id) => {
             crate::decide::input::check_id(id)?;
             id.to_owned()
         }
-        None => crate::host::pending::pending_key(),
+        // A config this edit already made keeps its key, so that editing it again reserves
+        // under the key its hook entry names instead of leaving a second reservation behind.
+        None => earlier_key(&spec).unwrap_or_else(crate::host::pending::pending_key),
     };
-    let spec = input::parse_spec(bytes, &path)?;
     let Some((plan, inventory)) = crate::decide::front::plan_for(&key, &spec, cfg, open_inventory)?
     else {
         return Ok(None);

@@ -262,6 +262,10 @@ pub fn run(argv: &[OsString], args: &Args) -> Ended {
                 let dir = made_here(args, cfg);
                 let had = dir.as_ref().is_some_and(|d| d.exists());
                 if let Err(e) = edit_bundle(args, cfg, source.to_hand_on(), &open) {
+                    // Nothing runs this container: a directory made for it goes too.
+                    if let Some(d) = dir.filter(|d| !had && d.exists()) {
+                        let _ = std::fs::remove_dir_all(d);
+                    }
                     return Ended::Failed(crate::vocab::chain(&e));
                 }
                 if let Some(dir) = dir.filter(|d| !had && d.exists()) {

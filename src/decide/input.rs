@@ -63,6 +63,23 @@ pub struct SpecView {
     pub linux: LinuxView,
     pub root: Option<RootView>,
     pub mounts: Vec<MountView>,
+    pub hooks: HooksView,
+}
+
+/// The spec's `hooks`, as far as gpushare reads them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct HooksView {
+    pub create_runtime: Vec<HookView>,
+}
+
+/// One hook entry.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct HookView {
+    pub path: String,
+    pub args: Vec<String>,
+    pub env: Vec<String>,
 }
 
 /// One of the spec's `mounts`, as far as gpushare reads it.
