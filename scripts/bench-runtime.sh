@@ -31,10 +31,17 @@ one() { # runtime bundle id times-file: time one create (microseconds), then del
     runc delete -f "$3" >/dev/null 2>&1
 }
 
-bench() { # label annotations-json
-    local label=$1 b=$T/bench-$1 i t0 t1
+bench() { # label annotations-json [pristine]
+    local label=$1 b=$T/bench-$1 rb i t0 t1
     mkdir -p "$b" && cp -a "$T/rootfs" "$b/rootfs"
     make_bundle "$b" '["sleep","1000"]' '["NVIDIA_VISIBLE_DEVICES=0"]' "$2"
+    # runc's bundle: the same one, or with "pristine" an unedited copy (a limit edit binds the
+    # directory of the container it was made for, which is gone once that one is deleted).
+    rb=$b
+    if [ "${3:-}" = pristine ]; then
+        rb=$T/bench-$1-runc
+        cp -a "$b" "$rb"
+    fi
     # Warm-up (and, for a share request, the one-time edit of config.json).
     "$RUNTIME" create --bundle "$b" "w$label$$" </dev/null >/dev/null 2>&1
     runc delete -f "w$label$$" >/dev/null 2>&1
@@ -43,11 +50,11 @@ bench() { # label annotations-json
     for i in $(seq "$ROUNDS"); do
         # ABBA order, so that drift and the order of the pair cancel out.
         if ((i % 2)); then
-            one runc "$b" "r$label$i" "$T/runc.$label"
+            one runc "$rb" "r$label$i" "$T/runc.$label"
             one "$GS_RUNTIME" "$b" "g$label$i" "$T/gs.$label"
         else
             one "$GS_RUNTIME" "$b" "g$label$i" "$T/gs.$label"
-            one runc "$b" "r$label$i" "$T/runc.$label"
+            one runc "$rb" "r$label$i" "$T/runc.$label"
         fi
     done
     [ -z "${BENCH_VERBOSE:-}" ] || { echo "runc: $(sort -n "$T/runc.$label" | tr "\n" " ")"; echo "gs:   $(sort -n "$T/gs.$label" | tr "\n" " ")"; }
@@ -68,8 +75,9 @@ export GPUSHARE_CONFIG=$CONFIG
 echo "rounds: $ROUNDS, binaries: $BIN_DIR"
 bench none '{}'
 # limit: the edit makes the container's own directory, so gpushare-runtime runs runc as a child
-# (to remove that directory when the create fails) instead of exec'ing it.
-bench limit '{"gpu.share":"limit","gpu.share.memory":"1Gi"}'
+# (to remove that directory when the create fails) instead of exec'ing it; runc creates the
+# unedited bundle (no hook), so the ratio holds the whole cost of sharing.
+bench limit '{"gpu.share":"limit","gpu.share.memory":"1Gi"}' pristine
 # Keep the daemon warm: one mps container holds it for the whole mps run.
 hb=$T/holder
 mkdir -p "$hb" && cp -a "$T/rootfs" "$hb/rootfs"
