@@ -58,6 +58,9 @@ while IFS= read -r line; do
     l=$(grep -oE 'with limiter [0-9.]+ ns' <<<"$line" | grep -oE '[0-9.]+')
     row "limiter, $what" "$l" ns "no preload (driver alone)" "$d"
 done < <(grep -E ': driver [0-9.]+ ns, with limiter [0-9.]+ ns' "$out/limiter")
+if ! grep -qiE 'async|pool' "$out/limiter"; then
+    echo "| limiter, async pool path | (not measured: scripts/bench-limiter.sh prints no async-pool figure) | | |"
+fi
 other=$(grep -vE ': driver [0-9.]+ ns, with limiter|^rounds:' "$out/limiter" || true)
 if [ -n "$other" ]; then
     echo
