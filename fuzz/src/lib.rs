@@ -121,16 +121,12 @@ pub fn policy(data: &[u8]) {
     }
 }
 
-/// A GPU's state record, loaded as the host reads it (from a file under a scratch state dir).
+/// A GPU's state record, loaded as the host reads it (from a file under a scratch state dir,
+/// removed again after each input).
 pub fn state_record(data: &[u8]) {
-    use std::sync::OnceLock;
-    static DIR: OnceLock<std::path::PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let d = std::env::temp_dir().join(format!("gpushare-fuzz-state-{}", std::process::id()));
-        std::fs::create_dir_all(d.join("gpus")).expect("scratch state dir");
-        d
-    });
-    let sd = gpushare::host::state::StateDir::new(dir);
+    let dir = std::env::temp_dir().join(format!("gpushare-fuzz-state-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("gpus")).expect("scratch state dir");
+    let sd = gpushare::host::state::StateDir::new(&dir);
     let uuid = "GPU-fuzz";
     std::fs::write(sd.record_path(uuid), data).expect("write scratch record");
     if let Ok(Some(rec)) = sd.load(uuid) {
@@ -143,6 +139,7 @@ pub fn state_record(data: &[u8]) {
             .expect("present");
         assert_eq!(again, rec);
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn edit() -> Edit {
