@@ -76,11 +76,14 @@ class World:
                     json.dump(spec, f)
                 self.bundles[(m, g)] = b
         self.live = {}  # id -> (container Popen, bundle)
+        self.started = []  # every container stand-in, killed by close() whatever happened
         self.serial = 0
 
     def container(self):
-        return subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "3600"],
-                                stdin=subprocess.DEVNULL)
+        c = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "3600"],
+                             stdin=subprocess.DEVNULL)
+        self.started.append(c)
+        return c
 
     def new_id(self):
         self.serial += 1
@@ -133,8 +136,9 @@ class World:
         return bad
 
     def close(self):
-        for c, _ in self.live.values():
-            c.kill()
+        for c in self.started:
+            if c.poll() is None:
+                c.kill()
             c.wait()
         self.live.clear()
         for pid in inv.daemons_under(self.state):
