@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Benchmark: `gpushare-runtime create` against plain `runc create` on the same bundle,
 # alternating, N rounds each; prints the median times and their ratio for a container that asks
-# for nothing (target <= 1.05) and for an mps one (target <= 1.15; the MPS daemon is kept warm by
-# a holder container, as on a host where sharing is in use).
+# for nothing (target <= 1.05), for a limit one (runc run as a child, see container::runtime) and
+# for an mps one (target <= 1.15; the MPS daemon is kept warm by a holder container, as on a host
+# where sharing is in use).
 #
 # Usage: scripts/bench-runtime.sh [rounds]   (root; builds release binaries if missing;
 #        BIN_DIR=<dir> to use other builds, e.g. target/debug)
@@ -30,10 +31,17 @@ one() { # runtime bundle id times-file: time one create (microseconds), then del
     runc delete -f "$3" >/dev/null 2>&1
 }
 
-bench() { # label annotations-json
-    local label=$1 b=$T/bench-$1 i t0 t1
+bench() { # label annotations-json [pristine]
+    local label=$1 b=$T/bench-$1 rb i t0 t1
     mkdir -p "$b" && cp -a "$T/rootfs" "$b/rootfs"
     make_bundle "$b" '["sleep","1000"]' '["NVIDIA_VISIBLE_DEVICES=0"]' "$2"
+    # runc's bundle: the same one, or with "pristine" an unedited copy (a limit edit binds the
+    # directory of the container it was made for, which is gone once that one is deleted).
+    rb=$b
+    if [ "${3:-}" = pristine ]; then
+        rb=$T/bench-$1-runc
+        cp -a "$b" "$rb"
+    fi
     # Warm-up (and, for a share request, the one-time edit of config.json).
     "$RUNTIME" create --bundle "$b" "w$label$$" </dev/null >/dev/null 2>&1
     runc delete -f "w$label$$" >/dev/null 2>&1
@@ -42,11 +50,11 @@ bench() { # label annotations-json
     for i in $(seq "$ROUNDS"); do
         # ABBA order, so that drift and the order of the pair cancel out.
         if ((i % 2)); then
-            one runc "$b" "r$label$i" "$T/runc.$label"
+            one runc "$rb" "r$label$i" "$T/runc.$label"
             one "$GS_RUNTIME" "$b" "g$label$i" "$T/gs.$label"
         else
             one "$GS_RUNTIME" "$b" "g$label$i" "$T/gs.$label"
-            one runc "$b" "r$label$i" "$T/runc.$label"
+            one runc "$rb" "r$label$i" "$T/runc.$label"
         fi
     done
     [ -z "${BENCH_VERBOSE:-}" ] || { echo "runc: $(sort -n "$T/runc.$label" | tr "\n" " ")"; echo "gs:   $(sort -n "$T/gs.$label" | tr "\n" " ")"; }
@@ -66,6 +74,10 @@ make_rootfs "$T/rootfs"
 export GPUSHARE_CONFIG=$CONFIG
 echo "rounds: $ROUNDS, binaries: $BIN_DIR"
 bench none '{}'
+# limit: the edit makes the container's own directory, so gpushare-runtime runs runc as a child
+# (to remove that directory when the create fails) instead of exec'ing it; runc creates the
+# unedited bundle (no hook), so the ratio holds the whole cost of sharing.
+bench limit '{"gpu.share":"limit","gpu.share.memory":"1Gi"}' pristine
 # Keep the daemon warm: one mps container holds it for the whole mps run.
 hb=$T/holder
 mkdir -p "$hb" && cp -a "$T/rootfs" "$hb/rootfs"

@@ -17,9 +17,12 @@ pub fn init(log_file: Option<&Path>) {
         Ok("info") => LevelFilter::INFO,
         _ => LevelFilter::WARN,
     };
+    // Colour only for a person at a terminal: engines and log collectors get plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(colour)
         .with_target(false)
         .without_time()
         .with_filter(stderr_level)

@@ -67,7 +67,31 @@ fn bad_requests_are_refused_with_one_line() {
             "zero memory",
             json!({"gpu.share": "mps", "gpu.share.memory": "0"}),
             vec!["NVIDIA_VISIBLE_DEVICES=0"],
-            "greater than zero",
+            "below the minimum of 1Mi",
+        ),
+        (
+            "cores with a sign",
+            json!({"gpu.share": "mps", "gpu.share.cores": "+50"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "no sign, space or leading zero",
+        ),
+        (
+            "memory with a sign",
+            json!({"gpu.share": "mps", "gpu.share.memory": "+4Gi"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0"],
+            "no sign, space or leading zero",
+        ),
+        (
+            "visible devices in capitals",
+            json!({"gpu.share": "mps"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=ALL"],
+            "give all, none, void or",
+        ),
+        (
+            "visible devices with a space",
+            json!({"gpu.share": "limit"}),
+            vec!["NVIDIA_VISIBLE_DEVICES=0, 1"],
+            "entry \" 1\" is not valid",
         ),
         (
             "cores 0",

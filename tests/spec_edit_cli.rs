@@ -141,6 +141,20 @@ fn precreate_edits_or_returns_the_bytes_unchanged() {
         // Editing the edited config changes nothing.
         let again = w.run("hook", &["precreate"], &out.stdout, w.path());
         assert_eq!(again.stdout, out.stdout, "{what}: second edit");
+        // ... and reserves under the same key: one reservation, not two.
+        let mut reserved = Vec::new();
+        for e in std::fs::read_dir(w.path().join("state/gpus")).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "json") {
+                let rec: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                reserved.extend(rec["reserved"].as_object().unwrap().keys().cloned());
+            }
+        }
+        assert_eq!(reserved.len(), 1, "{what}: {reserved:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&reserved[0]),
+            "{what}"
+        );
     }
     // Undo the shm mount made by the mps row.
     for e in std::fs::read_dir(w.path().join("state/mps")).unwrap() {
@@ -305,5 +319,241 @@ fn broken_policy_fails_only_containers_that_ask() {
     assert!(
         err.contains("does not exist") || err.contains("not exist"),
         "{err}"
+    );
+}
+
+/// What one entry point made of a config: the memory cap it planned or edited in, or its error.
+fn memory_seen(out: &Output, edited: Option<&[u8]>) -> Result<u64, String> {
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        return Err(err);
+    }
+    let bytes = edited.unwrap_or(&out.stdout).to_vec();
+    // Deeply nested documents need a deep stack to parse and drop.
+    let (memory, env) = std::thread::Builder::new()
+        .stack_size(1 << 30)
+        .spawn(move || {
+            let mut de = serde_json::Deserializer::from_slice(&bytes);
+            de.disable_recursion_limit();
+            let v: Value = serde::Deserialize::deserialize(&mut de).unwrap();
+            (v.get("memory").cloned(), v["process"]["env"].clone())
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    if let Some(m) = memory {
+        return Ok(m.as_u64().unwrap());
+    }
+    let env = env.as_array().unwrap();
+    let cap = env
+        .iter()
+        .find_map(|e| e.as_str()?.strip_prefix("CUDA_DEVICE_MEMORY_LIMIT_0="))
+        .unwrap_or_else(|| panic!("no memory cap in {env:?}"));
+    Ok(cap.parse().unwrap())
+}
+
+#[test]
+fn every_entry_point_reads_a_config_as_runc_does() {
+    let t = tempfile::tempdir().unwrap();
+    let next = t.path().join("fake-runc");
+    std::fs::write(&next, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&next, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let w = World::new(next.to_str().unwrap());
+    let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let env = r#"{"env":["NVIDIA_VISIBLE_DEVICES=0"]}"#;
+    let ann = r#"{"gpu.share":"limit","gpu.share.memory":"2Gi"}"#;
+    // Rows: (what, config, Ok(memory cap) or Err(part of the one-line message)).
+    let rows: Vec<(&str, String, Result<u64, &str>)> = vec![
+        (
+            "9,999 nested arrays in an unknown member (Go's 10,000 levels)",
+            format!(
+                r#"{{"x-deep":{},"process":{env},"annotations":{ann}}}"#,
+                nested(9_999)
+            ),
+            Ok(2 << 30),
+        ),
+        (
+            "10,000 nested arrays in an unknown member (past Go's limit)",
+            format!(
+                r#"{{"x-deep":{},"process":{env},"annotations":{ann}}}"#,
+                nested(10_000)
+            ),
+            Err("deeper than 10000 levels"),
+        ),
+        (
+            "annotations twice: merged",
+            format!(
+                r#"{{"annotations":{{"gpu.share":"limit"}},"process":{env},"annotations":{{"gpu.share.memory":"3Gi"}}}}"#
+            ),
+            Ok(3 << 30),
+        ),
+        (
+            "annotations twice: the later value wins",
+            format!(
+                r#"{{"annotations":{ann},"process":{env},"annotations":{{"gpu.share.memory":"4Gi"}}}}"#
+            ),
+            Ok(4 << 30),
+        ),
+        (
+            "process twice: merged, env from the first",
+            format!(r#"{{"process":{env},"annotations":{ann},"process":{{"args":["sh"]}}}}"#),
+            Ok(2 << 30),
+        ),
+        (
+            "process twice: the later env replaces",
+            format!(r#"{{"process":{{"env":["A=1"]}},"annotations":{ann},"process":{env}}}"#),
+            Ok(2 << 30),
+        ),
+        (
+            "field names in another case",
+            format!(r#"{{"Process":{{"ENV":["NVIDIA_VISIBLE_DEVICES=0"]}},"ANNOTATIONS":{ann}}}"#),
+            Ok(2 << 30),
+        ),
+        (
+            "trailing bytes after the document",
+            format!(r#"{{"process":{env},"annotations":{ann}}} trailing"#),
+            Ok(2 << 30),
+        ),
+        (
+            "annotations of the wrong type",
+            format!(r#"{{"process":{env},"annotations":["gpu.share"]}}"#),
+            Err("not a valid OCI config"),
+        ),
+    ];
+    let bundle = w.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    let b = bundle.to_str().unwrap();
+    for (i, (what, config, want)) in rows.into_iter().enumerate() {
+        let config = config.replace(r#""process":"#, r#""root":{"path":"rootfs"},"process":"#);
+        std::fs::write(bundle.join("config.json"), &config).unwrap();
+        let state = format!(
+            r#"{{"ociVersion":"1.0.2","id":"c{i}","status":"creating","pid":1,"bundle":"{b}"}}"#
+        );
+        let hook = w.run(
+            "hook",
+            &["createRuntime", "--dry-run"],
+            state.as_bytes(),
+            w.path(),
+        );
+        let pre = w.run("hook", &["precreate"], config.as_bytes(), w.path());
+        let id = format!("c{i}");
+        let wrap = w.run("runtime", &["create", "--bundle", b, &id], b"", w.path());
+        let edited = std::fs::read(bundle.join("config.json")).unwrap();
+        let seen = [
+            ("createRuntime", memory_seen(&hook, None)),
+            ("precreate", memory_seen(&pre, None)),
+            ("runtime", memory_seen(&wrap, Some(&edited))),
+        ];
+        for (entry, got) in &seen {
+            match (got, &want) {
+                (Ok(g), Ok(w)) => assert_eq!(g, w, "{what}: {entry}"),
+                (Err(g), Err(w)) => assert!(g.contains(w), "{what}: {entry}: {g}"),
+                _ => panic!("{what}: {entry}: got {got:?}, want {want:?}"),
+            }
+        }
+        if want.is_ok() {
+            // The edit keeps the unknown member, as deep as it was.
+            let v = String::from_utf8_lossy(&edited);
+            assert_eq!(
+                v.contains("x-deep"),
+                config.contains("x-deep"),
+                "{what}: unknown member kept"
+            );
+            if config.contains("x-deep") {
+                assert!(v.contains(&nested(9_999)), "{what}: depth kept");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_failed_create_leaves_no_per_container_directory() {
+    let t = tempfile::tempdir().unwrap();
+    let next = t.path().join("fake-runc");
+    let log = t.path().join("next.log");
+    // Exits with $NEXT_RC; records its blocked-signal mask; on SIGTERM records it and exits 143.
+    std::fs::write(
+        &next,
+        format!(
+            "#!/bin/sh\ngrep SigBlk /proc/self/status > {log}\ntrap 'echo TERM >> {log}; exit 143' TERM\n\
+             [ -n \"$NEXT_SLEEP\" ] && {{ sleep \"$NEXT_SLEEP\" & wait $!; }}\necho 'next says no' >&2\nexit $(cat {rc})\n",
+            log = log.display(),
+            rc = t.path().join("rc").display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&next, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let w = World::new(next.to_str().unwrap());
+    let bundle = w.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    let limit = r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"root":{"path":"rootfs"},"annotations":{"gpu.share":"limit","gpu.share.memory":"2Gi"}}"#;
+    let b = bundle.to_str().unwrap();
+    let cdir = |id: &str| w.path().join("state/containers").join(id);
+    // Rows: (what, next's exit status, directory there before, directory there after).
+    let rows: &[(&str, &str, bool, bool)] = &[
+        ("create fails", "1", false, false),
+        ("create succeeds", "0", false, true),
+        ("create fails, directory already there", "1", true, true),
+    ];
+    for (i, (what, rc, before, after)) in rows.iter().enumerate() {
+        std::fs::write(bundle.join("config.json"), limit).unwrap();
+        std::fs::write(t.path().join("rc"), rc).unwrap();
+        let id = format!("x{i}");
+        if *before {
+            std::fs::create_dir_all(cdir(&id)).unwrap();
+        }
+        let out = w.run("runtime", &["create", "--bundle", b, &id], b"", w.path());
+        assert_eq!(out.status.code(), Some(rc.parse().unwrap()), "{what}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            err.trim(),
+            "next says no",
+            "{what}: the next runtime's own stderr only"
+        );
+        assert_eq!(cdir(&id).exists(), *after, "{what}");
+        let blocked = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(
+            blocked.trim(),
+            "SigBlk:\t0000000000000000",
+            "{what}: the next runtime starts with no signal blocked"
+        );
+    }
+    // A signal sent to the wrapper reaches the next runtime, whose status becomes the wrapper's.
+    std::fs::write(bundle.join("config.json"), limit).unwrap();
+    std::fs::write(t.path().join("rc"), "0").unwrap();
+    let mut child = Command::new(bin("runtime"))
+        .args(["create", "--bundle", b, "x9"])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("GPUSHARE_CONFIG", w.path().join("config.toml"))
+        .env("GPUSHARE_SIM_STATE", w.path().join("sim"))
+        .env("GPUSHARE_SIM_DEVICES", "81920,81920")
+        .env("NEXT_SLEEP", "30")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("SigBlk")) || !cdir("x9").exists()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "next runtime did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(143));
+    assert!(std::fs::read_to_string(&log).unwrap().contains("TERM"));
+    assert!(
+        !cdir("x9").exists(),
+        "a create ended by a signal leaves nothing"
     );
 }

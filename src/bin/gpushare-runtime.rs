@@ -15,9 +15,13 @@ fn main() -> ExitCode {
         let mut out = std::io::stdout().lock();
         let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
     }
-    // Returns only when the next runtime could not be started.
-    let msg = runtime::run(&argv, &args);
-    eprintln!("gpushare-runtime: {msg}");
-    runtime::log_error(&args, &msg);
-    ExitCode::from(1)
+    // Returns only when the next runtime could not be started, or ran as a child.
+    match runtime::run(&argv, &args) {
+        runtime::Ended::Next(code) => ExitCode::from(code),
+        runtime::Ended::Failed(msg) => {
+            eprintln!("gpushare-runtime: {msg}");
+            runtime::log_error(&args, &msg);
+            ExitCode::from(1)
+        }
+    }
 }

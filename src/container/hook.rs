@@ -87,14 +87,9 @@ pub fn create_runtime(
     host.acquire(&plan, process, reservation.as_deref())?;
     // Make the share usable inside the container (mounts into its rootfs), unless a spec edit
     // already added them; undo the acquire if that fails.
-    if let Err(e) = crate::container::inject::created::inject(
-        &plan,
-        cfg,
-        &bytes,
-        &c.spec,
-        state.bundle(),
-        c.pid,
-    ) {
+    if let Err(e) =
+        crate::container::inject::created::inject(&plan, cfg, &c.spec, state.bundle(), c.pid)
+    {
         let _ = host.release(&plan.container);
         crate::container::inject::remove_container_files(cfg, &plan.container);
         return Err(e.into());
@@ -133,6 +128,8 @@ pub fn poststop(
     let state = input::read_state(stdin)?;
     crate::container::inject::remove_container_files(cfg, state.id());
     let sd = StateDir::new(&cfg.state_dir);
+    // Pending directories of precreate runs whose create failed before any hook ran.
+    crate::host::pending::sweep_pending(&sd, crate::host::pending::PENDING_MAX_AGE);
     // Cheap check first: a container that holds nothing needs no NVML.
     let holds = sd.list_records().iter().any(|(_, r)| {
         r.as_ref()

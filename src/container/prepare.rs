@@ -4,17 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::config::{self, Config};
 use crate::container::error::Error;
 use crate::container::inject;
 use crate::container::spec_edit::{self, Edit, HookCall};
-use crate::decide::input::rootfs_of;
+use crate::decide::input::{self, rootfs_of};
 use crate::decide::plan::Plan;
 use crate::host::mps::SAFE_PATH;
 use crate::vocab::Mode;
 use crate::vocab::{Inventory, InventoryError};
+use serde_json::Value;
 
 /// Where the edit is asked for.
 #[derive(Debug, Clone, Default)]
@@ -33,8 +32,9 @@ pub fn edit_for(plan: &Plan, cfg: &Config, key: &str, config_path: Option<&Path>
     if let Some(p) = config_path {
         env.push(format!("{}={}", config::ENV_PATH, p.display()));
     }
-    if plan.mode == Mode::Mps && key.starts_with(crate::host::pending::PENDING_PREFIX) {
-        // A precreate's pending key: the hook consumes the reservation made under it.
+    if key.starts_with(crate::host::pending::PENDING_PREFIX) {
+        // A precreate's pending key: the hook consumes the reservation made under it (mps),
+        // and a later edit of this config reuses it.
         env.push(format!("{}={key}", crate::decide::front::RESERVATION_ENV));
     }
     Edit {
@@ -47,6 +47,24 @@ pub fn edit_for(plan: &Plan, cfg: &Config, key: &str, config_path: Option<&Path>
             env,
         }),
     }
+}
+
+/// The pending key an earlier edit gave gpushare's createRuntime entry in `spec`, if any.
+fn earlier_key(spec: &input::SpecView) -> Option<String> {
+    let want = format!("{}=", crate::decide::front::RESERVATION_ENV);
+    spec.hooks
+        .create_runtime
+        .iter()
+        .filter(|h| {
+            Path::new(&h.path).file_name() == Some("gpushare-hook".as_ref())
+                && h.args.get(1).map(String::as_str) == Some("createRuntime")
+        })
+        .flat_map(|h| h.env.iter().rev())
+        .find_map(|e| e.strip_prefix(&want))
+        .filter(|k| {
+            k.starts_with(crate::host::pending::PENDING_PREFIX) && crate::vocab::is_safe_name(k)
+        })
+        .map(str::to_owned)
 }
 
 /// Edits the raw `config.json` bytes for a container that asks for sharing. `None`: nothing to
@@ -66,27 +84,28 @@ pub fn edit_config(
     if !crate::decide::front::may_ask(bytes, &Default::default()) {
         return Ok(None);
     }
+    let spec = input::parse_spec(bytes, &path)?;
     let key = match ctx.id {
         Some(id) => {
             crate::decide::input::check_id(id)?;
             id.to_owned()
         }
-        None => crate::host::pending::pending_key(),
+        // A config this edit already made keeps its key, so that editing it again reserves
+        // under the key its hook entry names instead of leaving a second reservation behind.
+        None => earlier_key(&spec).unwrap_or_else(crate::host::pending::pending_key),
     };
-    let spec = crate::decide::input::parse_spec(bytes, &path)?;
     let Some((plan, inventory)) = crate::decide::front::plan_for(&key, &spec, cfg, open_inventory)?
     else {
         return Ok(None);
     };
-    let mut value: Value = serde_json::from_slice(bytes).map_err(|source| {
-        crate::decide::input::InputError::ParseConfig {
-            path: path.clone(),
-            source,
-        }
-    })?;
     let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
-    let before = value.clone();
-    spec_edit::apply(&mut value, &edit)?;
+    // Read as every entry point reads a config; the edited document keeps every other member.
+    let edited = input::deep_scope(bytes, || -> Result<Option<Vec<u8>>, Error> {
+        let mut value = input::parse_config(bytes, &path)?;
+        let before = value.clone();
+        spec_edit::apply(&mut value, &edit)?;
+        Ok((value != before).then(|| serde_json::to_vec(&value).expect("JSON value serialises")))
+    })?;
     // The mount sources must exist even when the config was edited before (a restart). MPS
     // directories are reserved under the GPU's lock, so that a release of the GPU's last
     // client before this container's hook runs does not remove them.
@@ -100,12 +119,7 @@ pub fn edit_config(
     }
     let rootfs = rootfs_of(&spec, ctx.bundle);
     inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
-    if value == before {
-        return Ok(None);
-    }
-    Ok(Some(
-        serde_json::to_vec(&value).expect("JSON value serialises"),
-    ))
+    Ok(edited)
 }
 
 /// Hook-entry env that carries a precreate refusal to the createRuntime hook: podman drops a
@@ -199,12 +213,17 @@ pub fn mark_refused(
     config_path: Option<&Path>,
     message: &str,
 ) -> Result<Vec<u8>, Error> {
-    let mut v: Value = serde_json::from_slice(bytes).map_err(|source| {
-        crate::decide::input::InputError::ParseConfig {
-            path: "<stdin>".into(),
-            source,
-        }
-    })?;
+    // Read as every entry point reads a config (runc's rules, deep nesting on a deep stack).
+    input::deep_scope(bytes, || mark_parsed(bytes, hook, config_path, message))
+}
+
+fn mark_parsed(
+    bytes: &[u8],
+    hook: &Path,
+    config_path: Option<&Path>,
+    message: &str,
+) -> Result<Vec<u8>, Error> {
+    let mut v = input::parse_config(bytes, Path::new("<stdin>"))?;
     let mut line: String = message.replace(['\n', '\r', '\0'], " ");
     if line.len() > MAX_REFUSAL {
         let mut cut = MAX_REFUSAL;
@@ -239,7 +258,9 @@ pub fn mark_refused(
         *list = Value::Array(Vec::new());
     }
     list.as_array_mut().ok_or_else(not_object)?.insert(0, entry);
-    Ok(serde_json::to_vec(&v).expect("JSON value serialises"))
+    let out = serde_json::to_vec(&v).expect("JSON value serialises");
+    drop(v);
+    Ok(out)
 }
 
 #[cfg(test)]

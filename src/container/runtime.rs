@@ -358,12 +358,24 @@ fn bundle_of(next: &Path, global: &[OsString], id: &str) -> Option<PathBuf> {
     b.is_absolute().then_some(b)
 }
 
-/// The whole wrapper: returns only on failure, with the one-line message (on success this
-/// process has become the next runtime). A policy file that cannot be loaded fails only the
-/// containers that may ask for sharing; the others run with the default `[runtime] next`.
-pub fn run(argv: &[OsString], args: &Args) -> String {
+/// How a wrapper call ended, when this process did not become the next runtime.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The wrapper failed before the next runtime ran: the one-line message.
+    Failed(String),
+    /// The next runtime ran as a child and exited with this status (ours to exit with).
+    Next(u8),
+}
+
+/// The whole wrapper. Usually this process becomes the next runtime (exec) and this returns
+/// only on failure. For a `create` whose edit made the container's per-container directory, the
+/// next runtime runs as a child instead (signals forwarded, its exit status returned), so that
+/// the directory can be removed when the create fails before any hook of the container ran.
+/// A policy file that cannot be loaded fails only the containers that may ask for sharing; the
+/// others run with the default `[runtime] next`.
+pub fn run(argv: &[OsString], args: &Args) -> Ended {
     if is_looping(argv) {
-        return RuntimeError::Loop("started by itself".into()).to_string();
+        return Ended::Failed(RuntimeError::Loop("started by itself".into()).to_string());
     }
     // GPUSHARE_CONFIG, else the default file; the wrapper has no flags of its own.
     let source = crate::config::Source::resolve(None);
@@ -372,26 +384,102 @@ pub fn run(argv: &[OsString], args: &Args) -> String {
     let me = std::env::current_exe().unwrap_or_else(|_| "/proc/self/exe".into());
     let next = match find_next(&cfg.runtime.next, &me, std::env::var_os("PATH").as_deref()) {
         Ok(n) => n,
-        Err(e) => return crate::vocab::chain(&e),
+        Err(e) => return Ended::Failed(crate::vocab::chain(&e)),
     };
     if wants_edit(args) {
         match &loaded {
             Ok(cfg) => {
                 let open = || crate::host::inventory::open(cfg);
+                let dir = made_here(args, cfg);
+                let had = dir.as_ref().is_some_and(|d| d.exists());
                 if let Err(e) = edit_bundle(args, cfg, source.to_hand_on(), &open) {
-                    return crate::vocab::chain(&e);
+                    // Nothing runs this container: a directory made for it goes too.
+                    if let Some(d) = dir.filter(|d| !had && d.exists()) {
+                        let _ = std::fs::remove_dir_all(d);
+                    }
+                    return Ended::Failed(crate::vocab::chain(&e));
+                }
+                if let Some(dir) = dir.filter(|d| !had && d.exists()) {
+                    return match run_next_child(&next, argv) {
+                        Ok(0) => Ended::Next(0),
+                        Ok(code) => {
+                            // The create failed: no container has this id, so nothing will
+                            // ever release the directory this call made for it.
+                            let _ = std::fs::remove_dir_all(&dir);
+                            Ended::Next(code)
+                        }
+                        Err(e) => {
+                            let _ = std::fs::remove_dir_all(&dir);
+                            Ended::Failed(crate::vocab::chain(&e))
+                        }
+                    };
                 }
             }
-            Err(e) if bundle_may_ask(args) => return crate::vocab::chain(e),
+            Err(e) if bundle_may_ask(args) => return Ended::Failed(crate::vocab::chain(e)),
             Err(_) => {}
         }
     }
     if args.command.as_deref() == Some("exec") {
         if let Err(e) = edit_exec_process(argv, args, &next) {
-            return crate::vocab::chain(&e);
+            return Ended::Failed(crate::vocab::chain(&e));
         }
     }
-    crate::vocab::chain(&exec_next(&next, argv))
+    Ended::Failed(crate::vocab::chain(&exec_next(&next, argv)))
+}
+
+/// The per-container directory a `create` of a known, safe id may make (`None` for other
+/// commands, where the runtime is exec'd as always).
+fn made_here(args: &Args, cfg: &Config) -> Option<PathBuf> {
+    let id = args
+        .id
+        .as_deref()
+        .filter(|id| crate::vocab::is_safe_name(id))?;
+    (args.command.as_deref() == Some("create"))
+        .then(|| crate::host::state::StateDir::new(&cfg.state_dir).container_dir(id))
+}
+
+/// Signals a caller may send the runtime it started; forwarded to the child runtime.
+const FORWARDED: [nix::sys::signal::Signal; 7] = {
+    use nix::sys::signal::Signal::*;
+    [SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH]
+};
+
+/// Runs `next` with `argv` as a child (the loop guard set as for exec), forwarding
+/// [`FORWARDED`] signals to it, and returns its exit status (128 + the signal when killed).
+///
+/// # Errors
+/// [`RuntimeError::Exec`] when it cannot be started or waited for.
+pub fn run_next_child(next: &Path, argv: &[OsString]) -> Result<u8, RuntimeError> {
+    use nix::sys::signal::SigSet;
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let exec_err = |source| RuntimeError::Exec {
+        path: next.to_owned(),
+        source,
+    };
+    let mut set = SigSet::empty();
+    FORWARDED.iter().for_each(|s| set.add(*s));
+    // Blocked here and taken by the forwarding thread; the child starts with an empty mask
+    // (std resets it before exec).
+    set.thread_block()
+        .map_err(|e| exec_err(std::io::Error::from(e)))?;
+    let mut child = std::process::Command::new(next)
+        .arg0(next.as_os_str())
+        .args(argv)
+        .env(LOOP_GUARD, signature(argv))
+        .spawn()
+        .map_err(exec_err)?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    std::thread::spawn(move || loop {
+        if let Ok(sig) = set.wait() {
+            let _ = nix::sys::signal::kill(pid, sig);
+        }
+    });
+    let status = child.wait().map_err(exec_err)?;
+    Ok(match (status.code(), status.signal()) {
+        (Some(c), _) => u8::try_from(c).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(1),
+        (None, None) => 1,
+    })
 }
 
 /// What the wrapper prints itself before the next runtime answers `--version`/`-v` or

@@ -123,16 +123,49 @@ pub fn has_mount(mounts: &[Value], b: &Binding) -> bool {
     })
 }
 
-fn add_hook(hooks: &mut Vec<Value>, call: &HookCall, stage: &str) {
+/// The env entries of a hook call that the hook must see even when the runtime's entry for it
+/// was made by someone else (podman's hooks.d): the reservation the edit made.
+const CARRIED_ENV: &[&str] = &[crate::decide::front::RESERVATION_ENV];
+
+/// Whether the hook entry `h` runs gpushare's hook for `stage`: the configured path, or any
+/// path to a program named `gpushare-hook` (hooks.d may name another install path).
+fn is_our_entry(h: &Value, path: &str, stage: &str) -> bool {
+    let hp = h.get("path").and_then(Value::as_str);
+    let ours = hp == Some(path)
+        || hp
+            .is_some_and(|p| std::path::Path::new(p).file_name() == Some("gpushare-hook".as_ref()));
+    ours && h
+        .get("args")
+        .and_then(Value::as_array)
+        .and_then(|a| a.get(1))
+        .and_then(Value::as_str)
+        == Some(stage)
+}
+
+fn add_hook(hooks: &mut Vec<Value>, call: &HookCall, stage: &str) -> Result<(), SpecEditError> {
     let path = call.path.to_string_lossy();
-    let present = hooks.iter().any(|h| {
-        h.get("path").and_then(Value::as_str) == Some(path.as_ref())
-            && h.get("args")
-                .and_then(Value::as_array)
-                .and_then(|a| a.get(1))
-                .and_then(Value::as_str)
-                == Some(stage)
-    });
+    let mut present = false;
+    for h in hooks.iter_mut().filter(|h| is_our_entry(h, &path, stage)) {
+        present = true;
+        // An entry made by hooks.d: give it what this edit's own entry would carry, so that
+        // the hook consumes the reservation made for this container.
+        let carried: Vec<(&str, &str)> = call
+            .env
+            .iter()
+            .filter_map(|e| e.split_once('='))
+            .filter(|(k, _)| stage == "createRuntime" && CARRIED_ENV.contains(k))
+            .collect();
+        if carried.is_empty() {
+            continue;
+        }
+        let entry = h
+            .as_object_mut()
+            .ok_or(SpecEditError::Shape("a hook entry"))?;
+        let env = array(entry, "env", "a hook entry's env")?;
+        for (k, v) in carried {
+            set_env(env, k, v).map_err(|_| SpecEditError::Shape("a hook entry's env"))?;
+        }
+    }
     if !present {
         hooks.push(json!({
             "path": path,
@@ -140,6 +173,7 @@ fn add_hook(hooks: &mut Vec<Value>, call: &HookCall, stage: &str) {
             "env": call.env,
         }));
     }
+    Ok(())
 }
 
 /// Applies `edit` to the raw config `spec`. Unknown fields are preserved; applying the same edit
@@ -192,12 +226,12 @@ pub fn apply(spec: &mut Value, edit: &Edit) -> Result<(), SpecEditError> {
             array(hooks, "createRuntime", "hooks.createRuntime")?,
             call,
             "createRuntime",
-        );
+        )?;
         add_hook(
             array(hooks, "poststop", "hooks.poststop")?,
             call,
             "poststop",
-        );
+        )?;
     }
     Ok(())
 }
@@ -385,6 +419,46 @@ mod tests {
                 "{what}"
             );
         }
+    }
+
+    #[test]
+    fn an_entry_from_hooks_d_gets_the_reservation() {
+        let mut e = edit();
+        let hook = e.hook.as_mut().unwrap();
+        hook.env.push("GPUSHARE_RESERVATION=pending-ab".into());
+        let rows: &[(&str, &str)] = &[
+            ("same path", "/usr/bin/gpushare-hook"),
+            ("another install path", "/usr/local/bin/gpushare-hook"),
+        ];
+        for (what, path) in rows {
+            let mut v = json!({"hooks":{"createRuntime":[
+                {"path":"/x","args":["x","createRuntime"]},
+                {"path":path,"args":["gpushare-hook","createRuntime"],"env":["PATH=/bin","GPUSHARE_RESERVATION=stale"],"timeout":5}
+            ],"poststop":[{"path":path,"args":["gpushare-hook","poststop"]}]}});
+            apply(&mut v, &e).unwrap();
+            let cr = &v["hooks"]["createRuntime"];
+            assert_eq!(cr.as_array().unwrap().len(), 2, "{what}: no second entry");
+            assert_eq!(
+                cr[1],
+                json!({"path":path,"args":["gpushare-hook","createRuntime"],"env":["PATH=/bin","GPUSHARE_RESERVATION=pending-ab"],"timeout":5}),
+                "{what}"
+            );
+            assert_eq!(
+                cr[0],
+                json!({"path":"/x","args":["x","createRuntime"]}),
+                "{what}"
+            );
+            assert_eq!(
+                v["hooks"]["poststop"],
+                json!([{"path":path,"args":["gpushare-hook","poststop"]}]),
+                "{what}: poststop untouched"
+            );
+            let once = v.clone();
+            apply(&mut v, &e).unwrap();
+            assert_eq!(v, once, "{what}: idempotent");
+        }
+        let mut v = json!({"hooks":{"createRuntime":[{"path":"/usr/bin/gpushare-hook","args":["gpushare-hook","createRuntime"],"env":"x"}]}});
+        assert!(apply(&mut v, &e).is_err());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-use crate::decide::request::{parse_selector, Selector};
+use crate::decide::request::{parse_selector, Selector, DEVICES_GRAMMAR};
 use crate::vocab::Gpu;
 use crate::vocab::Mode;
 
@@ -11,7 +11,7 @@ use crate::vocab::Mode;
 pub enum DeviceError {
     #[error("the container asks for GPU sharing but was given no GPU; set NVIDIA_VISIBLE_DEVICES or add /dev/nvidia<N> devices")]
     NoGpu,
-    #[error("NVIDIA_VISIBLE_DEVICES entry {0:?} is not a GPU index or UUID")]
+    #[error("NVIDIA_VISIBLE_DEVICES entry {0:?} is not valid: give all, none, void or {DEVICES_GRAMMAR}")]
     BadVisible(String),
     #[error("GPU {0} does not exist on this node")]
     Unknown(String),
@@ -23,6 +23,10 @@ pub enum DeviceError {
 
 /// Finds the GPUs the container was given: `NVIDIA_VISIBLE_DEVICES` if set, else
 /// `/dev/nvidia<N>` entries of `linux.devices` (by minor number), else none.
+///
+/// `NVIDIA_VISIBLE_DEVICES` is read as the NVIDIA container toolkit reads it: exactly `all`,
+/// `none`, `void` or empty (lower case, no spaces), else a comma list of selectors; `ALL` or
+/// `0, 1` are refused here because the toolkit would not give the container those GPUs.
 ///
 /// # Errors
 /// [`DeviceError`] for malformed or unknown entries.
@@ -37,11 +41,11 @@ pub fn assigned(
             out.push(g.clone());
         }
     };
-    match visible.map(str::trim) {
+    match visible {
         Some("all") => inventory.iter().for_each(&mut push),
         Some("" | "none" | "void") => {}
         Some(list) => {
-            for part in list.split(',').map(str::trim) {
+            for part in list.split(',') {
                 let sel = parse_selector(part)
                     .ok_or_else(|| DeviceError::BadVisible(part.chars().take(64).collect()))?;
                 push(find(&sel, inventory)?);
@@ -152,6 +156,31 @@ mod tests {
             ("duplicates folded", Some("1,1"), vec![], Ok(vec![1])),
             ("none", Some("none"), vec!["/dev/nvidia0"], Ok(vec![])),
             ("void", Some("void"), vec![], Ok(vec![])),
+            ("empty", Some(""), vec!["/dev/nvidia0"], Ok(vec![])),
+            (
+                "upper-case ALL",
+                Some("ALL"),
+                vec![],
+                Err(DeviceError::BadVisible("ALL".into())),
+            ),
+            (
+                "all with space",
+                Some(" all"),
+                vec![],
+                Err(DeviceError::BadVisible(" all".into())),
+            ),
+            (
+                "space after comma",
+                Some("0, 1"),
+                vec![],
+                Err(DeviceError::BadVisible(" 1".into())),
+            ),
+            (
+                "lower-case prefix",
+                Some("gpu-00000001"),
+                vec![],
+                Err(DeviceError::BadVisible("gpu-00000001".into())),
+            ),
             (
                 "devices fallback",
                 None,
@@ -183,6 +212,18 @@ mod tests {
             let got =
                 assigned(vis, &devs, &inv).map(|v| v.iter().map(|g| g.index).collect::<Vec<_>>());
             assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn uuid_hex_matches_in_either_case() {
+        let inv = vec![Gpu {
+            index: 0,
+            uuid: "GPU-ab12cd".into(),
+            minor: 0,
+        }];
+        for v in ["GPU-AB12CD", "GPU-ab12cd", "GPU-Ab12cD"] {
+            assert_eq!(assigned(Some(v), &[], &inv).unwrap().len(), 1, "{v}");
         }
     }
 

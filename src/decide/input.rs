@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::State;
 use serde::Deserialize;
+use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::vocab::read_capped;
@@ -44,6 +45,10 @@ pub enum InputError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("cannot start a thread to read a deeply nested config")]
+    DeepThread(#[source] std::io::Error),
+    #[error("{path} nests arrays and objects deeper than 10000 levels, which runc refuses too")]
+    TooDeep { path: PathBuf },
     #[error("the OCI state has no valid pid for the container ({0}); it must be run at createRuntime or prestart")]
     BadPid(i64),
 }
@@ -57,6 +62,32 @@ pub struct SpecView {
     pub process: ProcessView,
     pub linux: LinuxView,
     pub root: Option<RootView>,
+    pub mounts: Vec<MountView>,
+    pub hooks: HooksView,
+}
+
+/// The spec's `hooks`, as far as gpushare reads them.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct HooksView {
+    pub create_runtime: Vec<HookView>,
+}
+
+/// One hook entry.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct HookView {
+    pub path: String,
+    pub args: Vec<String>,
+    pub env: Vec<String>,
+}
+
+/// One of the spec's `mounts`, as far as gpushare reads it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct MountView {
+    pub destination: String,
+    pub source: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -136,15 +167,268 @@ pub fn read_config_bytes(bundle: &Path) -> Result<Vec<u8>, InputError> {
         .ok_or(InputError::ConfigTooLarge { path })
 }
 
-/// Parses the decision's view of a config.
+/// The deepest nesting of arrays and objects Go's `encoding/json`, and so runc, reads.
+pub const MAX_DEPTH: usize = 10_000;
+/// Nesting up to this depth is parsed on the caller's stack; deeper, on a thread with a stack
+/// large enough for [`MAX_DEPTH`].
+const SHALLOW_DEPTH: usize = 64;
+/// Stack for a deep config: enough for [`MAX_DEPTH`] levels of recursive parse, compare,
+/// serialise and drop, even unoptimised (which needs between 16 and 64 MiB) or under a sanitizer.
+const DEEP_STACK: usize = 256 << 20;
+
+/// How deeply arrays and objects nest in `bytes`, read as JSON (strings skipped). Stops counting
+/// past `MAX_DEPTH + 1`.
+pub fn nesting_depth(bytes: &[u8]) -> usize {
+    let (mut depth, mut max, mut in_str, mut esc) = (0usize, 0usize, false, false);
+    for &b in bytes {
+        if in_str {
+            match (esc, b) {
+                (true, _) => esc = false,
+                (false, b'\\') => esc = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+                if max > MAX_DEPTH {
+                    return max;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// Runs `f` on a stack deep enough for the config `bytes`: the caller's when the config nests
+/// shallowly (the common case, no thread), else a scoped thread's. Everything that walks a
+/// parsed config recursively (parse, compare, serialise, drop) must run inside.
 ///
 /// # Errors
-/// [`InputError::ParseConfig`] when it is not a JSON object of the expected shape.
-pub fn parse_spec(bytes: &[u8], path: &Path) -> Result<SpecView, InputError> {
-    serde_json::from_slice(bytes).map_err(|source| InputError::ParseConfig {
+/// `f`'s, or [`InputError::DeepThread`] when no such thread can be started.
+pub fn deep_scope<T: Send, E: Send + From<InputError>>(
+    bytes: &[u8],
+    f: impl FnOnce() -> Result<T, E> + Send,
+) -> Result<T, E> {
+    if nesting_depth(bytes) <= SHALLOW_DEPTH {
+        return f();
+    }
+    std::thread::scope(|s| {
+        match std::thread::Builder::new()
+            .name("deep-config".into())
+            .stack_size(DEEP_STACK)
+            .spawn_scoped(s, f)
+        {
+            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            Err(e) => Err(InputError::DeepThread(e).into()),
+        }
+    })
+}
+
+/// A JSON value read as Go's `encoding/json` reads it into runc's spec types: a member whose key
+/// repeats one before it in the same object is merged into it when both are objects (as Go
+/// decodes into the same struct or map) and replaces it otherwise (as Go does for strings,
+/// numbers, arrays and `null`).
+struct GoValue;
+
+impl<'de> serde::de::DeserializeSeed<'de> for GoValue {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for GoValue {
+    type Value = Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_none<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let mut v = Vec::new();
+        while let Some(x) = a.next_element_seed(GoValue)? {
+            v.push(x);
+        }
+        Ok(Value::Array(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let mut m = Map::new();
+        while let Some(k) = a.next_key::<String>()? {
+            let v = a.next_value_seed(GoValue)?;
+            merge_member(&mut m, k, v);
+        }
+        Ok(Value::Object(m))
+    }
+}
+
+/// Adds `key: value` to `m` as Go decodes a repeated key: objects merge, anything else replaces.
+fn merge_member(m: &mut Map<String, Value>, key: String, value: Value) {
+    match (m.get_mut(&key), value) {
+        (Some(Value::Object(old)), Value::Object(new)) => {
+            for (k, v) in new {
+                merge_member(old, k, v);
+            }
+        }
+        (Some(old), new) => *old = new,
+        (None, new) => {
+            m.insert(key, new);
+        }
+    }
+}
+
+/// Whether `key` names the field `name` as Go matches JSON keys to struct fields: exactly, else
+/// without regard to case (with the Kelvin sign folding to `k` and the long s to `s`).
+fn go_field_match(key: &str, name: &str) -> bool {
+    let fold = |c: char| match c {
+        '\u{212a}' => 'k',
+        '\u{17f}' => 's',
+        c => c.to_ascii_lowercase(),
+    };
+    key.chars().map(fold).eq(name.chars().map(fold))
+}
+
+/// Renames the members of `v` (an object) that Go would decode into one of `fields` to that
+/// field's name, merging repeats in document order, and drops the ones that are `null` (Go sets
+/// such a pointer, slice or map field to nil, that is absent).
+fn canonical_fields(v: &mut Value, fields: &[&str]) {
+    let Some(obj) = v.as_object_mut() else { return };
+    if !obj.iter().any(|(k, v)| {
+        fields
+            .iter()
+            .any(|f| go_field_match(k, f) && (k != f || v.is_null()))
+    }) {
+        return;
+    }
+    let mut out = Map::new();
+    for (k, val) in std::mem::take(obj) {
+        match fields.iter().find(|f| go_field_match(&k, f)) {
+            Some(f) if val.is_null() => {
+                out.shift_remove(*f);
+            }
+            Some(f) => merge_member(&mut out, (*f).to_owned(), val),
+            None => merge_member(&mut out, k, val),
+        }
+    }
+    *obj = out;
+}
+
+/// The members of a spec whose keys gpushare reads or edits, per object.
+fn canonical_spec(v: &mut Value) {
+    canonical_fields(
+        v,
+        &["annotations", "process", "linux", "root", "mounts", "hooks"],
+    );
+    let Some(root) = v.as_object_mut() else {
+        return;
+    };
+    if let Some(p) = root.get_mut("process") {
+        canonical_fields(p, &["env"]);
+    }
+    if let Some(r) = root.get_mut("root") {
+        canonical_fields(r, &["path"]);
+    }
+    if let Some(l) = root.get_mut("linux") {
+        canonical_fields(l, &["devices"]);
+        if let Some(devs) = l.get_mut("devices").and_then(Value::as_array_mut) {
+            devs.iter_mut().for_each(|d| canonical_fields(d, &["path"]));
+        }
+    }
+    if let Some(h) = root.get_mut("hooks") {
+        canonical_fields(
+            h,
+            &[
+                "prestart",
+                "createRuntime",
+                "createContainer",
+                "startContainer",
+                "poststart",
+                "poststop",
+            ],
+        );
+    }
+    if let Some(ms) = root.get_mut("mounts").and_then(Value::as_array_mut) {
+        for m in ms {
+            canonical_fields(m, &["destination", "source", "type", "options"]);
+        }
+    }
+}
+
+/// Reads a `config.json` the way runc does (Go's `encoding/json` into the spec types), as one
+/// JSON value with the members gpushare uses under their canonical names: the first JSON value
+/// of the input (trailing bytes are not read, as Go's decoder does not read them); invalid UTF-8
+/// replaced by U+FFFD; nesting up to [`MAX_DEPTH`]; repeated keys merged or replaced as Go does;
+/// keys matched to the fields gpushare uses as Go matches them, `null` there meaning absent.
+/// Every entry point (createRuntime, precreate, the runtime wrapper) reads a config through
+/// here. Call it inside [`deep_scope`] for the same `bytes`.
+///
+/// # Errors
+/// [`InputError::ParseConfig`] for what runc refuses too, [`InputError::TooDeep`] past
+/// [`MAX_DEPTH`].
+pub fn parse_config(bytes: &[u8], path: &Path) -> Result<Value, InputError> {
+    if nesting_depth(bytes) > MAX_DEPTH {
+        return Err(InputError::TooDeep {
+            path: path.to_owned(),
+        });
+    }
+    let text = String::from_utf8_lossy(bytes);
+    let mut de = serde_json::Deserializer::from_str(&text);
+    de.disable_recursion_limit();
+    let mut v = serde::de::DeserializeSeed::deserialize(GoValue, &mut de).map_err(|source| {
+        InputError::ParseConfig {
+            path: path.to_owned(),
+            source,
+        }
+    })?;
+    canonical_spec(&mut v);
+    Ok(v)
+}
+
+/// The decision's view of a config read by [`parse_config`].
+///
+/// # Errors
+/// [`InputError::ParseConfig`] when the members it uses have the wrong shape.
+pub fn view_of(v: &Value, path: &Path) -> Result<SpecView, InputError> {
+    SpecView::deserialize(v).map_err(|source| InputError::ParseConfig {
         path: path.to_owned(),
         source,
     })
+}
+
+/// Parses the decision's view of a config ([`parse_config`] then [`view_of`]).
+///
+/// # Errors
+/// [`InputError`] as those two.
+pub fn parse_spec(bytes: &[u8], path: &Path) -> Result<SpecView, InputError> {
+    deep_scope(bytes, || view_of(&parse_config(bytes, path)?, path))
 }
 
 /// The container's rootfs as a host path, from `root.path` (relative to the bundle).
@@ -206,5 +490,101 @@ mod tests {
         assert_eq!(v.process.env, vec!["A=1"]);
         assert_eq!(v.linux.devices[0].path, "/dev/nvidia0");
         assert!(parse_spec(b"[1]", Path::new("c")).is_err());
+    }
+
+    fn nested(levels: usize) -> String {
+        format!("{}{}", "[".repeat(levels), "]".repeat(levels))
+    }
+
+    #[test]
+    fn configs_read_as_runc_reads_them() {
+        let p = Path::new("c");
+        let read = |text: &str| -> Result<Value, String> {
+            deep_scope(text.as_bytes(), || parse_config(text.as_bytes(), p))
+                .map_err(|e| crate::vocab::chain(&e))
+        };
+        // Rows: (what, input, Ok(expected JSON) or Err(part of the message)).
+        let rows: Vec<(&str, String, Result<Value, &str>)> = vec![
+            (
+                "repeated object members merge",
+                r#"{"annotations":{"a":"1","b":"1"},"x":1,"annotations":{"b":"2"}}"#.into(),
+                Ok(serde_json::json!({"annotations":{"a":"1","b":"2"},"x":1})),
+            ),
+            (
+                "repeated process merges, a repeated env replaces",
+                r#"{"process":{"env":["A=1"],"cwd":"/"},"process":{"env":["B=2"]}}"#.into(),
+                Ok(serde_json::json!({"process":{"env":["B=2"],"cwd":"/"}})),
+            ),
+            (
+                "a later non-object replaces",
+                r#"{"annotations":{"a":"1"},"annotations":null}"#.into(),
+                Ok(serde_json::json!({})),
+            ),
+            (
+                "keys matched without regard to case, merged in order",
+                r#"{"Annotations":{"a":"1"},"annotations":{"b":"2"},"PROCESS":{"Env":["A=1"]}}"#
+                    .into(),
+                Ok(serde_json::json!({"annotations":{"a":"1","b":"2"},"process":{"env":["A=1"]}})),
+            ),
+            (
+                "Kelvin sign and long s fold as Go folds them",
+                "{\"proce\u{17f}s\":{\"env\":[\"A=1\"]}}".into(),
+                Ok(serde_json::json!({"process":{"env":["A=1"]}})),
+            ),
+            (
+                "unknown keys kept with their case",
+                r#"{"X-Keep":{"Deep":[1]},"x-keep":2}"#.into(),
+                Ok(serde_json::json!({"X-Keep":{"Deep":[1]},"x-keep":2})),
+            ),
+            (
+                "trailing bytes are not read",
+                r#"{"a":1} trailing"#.into(),
+                Ok(serde_json::json!({"a":1})),
+            ),
+            (
+                "invalid UTF-8 becomes U+FFFD",
+                "{\"a\":\"x\u{fffd}\"}".into(),
+                Ok(serde_json::json!({"a":"x\u{fffd}"})),
+            ),
+            ("not JSON", "{nope".into(), Err("not a valid OCI config")),
+            ("empty", "".into(), Err("not a valid OCI config")),
+        ];
+        for (what, input, want) in rows {
+            match (read(&input), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{what}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{what}: {got}"),
+                (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+            }
+        }
+        let bad_utf8 = b"{\"a\":\"x\xff\"}";
+        assert_eq!(
+            parse_config(bad_utf8, p).unwrap(),
+            serde_json::json!({"a":"x\u{fffd}"})
+        );
+    }
+
+    #[test]
+    fn nesting_up_to_go_limit_is_read_deeper_is_refused() {
+        let p = Path::new("c");
+        // 9,999 arrays in a member: 10,000 levels with the document itself, as deep as Go reads.
+        let ok = format!(
+            r#"{{"x":{},"annotations":{{"gpu.share":"mps"}}}}"#,
+            nested(9_999)
+        );
+        assert_eq!(nesting_depth(ok.as_bytes()), MAX_DEPTH);
+        let view = parse_spec(ok.as_bytes(), p).unwrap();
+        assert_eq!(view.annotations["gpu.share"], "mps");
+        let round = deep_scope(ok.as_bytes(), || -> Result<usize, InputError> {
+            let v = parse_config(ok.as_bytes(), p)?;
+            Ok(nesting_depth(&serde_json::to_vec(&v).unwrap()))
+        })
+        .unwrap();
+        assert_eq!(round, MAX_DEPTH);
+        let deep = format!(r#"{{"x":{}}}"#, nested(10_000));
+        let e = parse_spec(deep.as_bytes(), p).unwrap_err().to_string();
+        assert!(e.contains("deeper than 10000"), "{e}");
+        // Brackets inside strings do not count.
+        let s = format!(r#"{{"x":"{}\"[["}}"#, "[".repeat(20_000));
+        assert_eq!(nesting_depth(s.as_bytes()), 1);
     }
 }

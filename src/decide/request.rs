@@ -87,13 +87,40 @@ pub enum RequestError {
     Group { key: &'static str, value: String },
     #[error("{key}: unknown time slice {value:?}; valid values are default, short, medium, long")]
     Timeslice { key: &'static str, value: String },
-    #[error("{key}: {value:?} is not a GPU index or GPU-… UUID; give a comma list like 0,1")]
+    #[error("{key}: {value:?} is not a GPU index or UUID; give {DEVICES_GRAMMAR}")]
     Devices { key: &'static str, value: String },
+    #[error("{key}: {requested} bytes is above the {total} bytes of GPU {gpu}; ask for less")]
+    MemoryAboveGpu {
+        key: &'static str,
+        requested: u64,
+        total: u64,
+        gpu: String,
+    },
     #[error("{key} only applies to {applies}; remove it or use gpu.share={applies}")]
     NotForMode {
         key: &'static str,
         applies: &'static str,
     },
+}
+
+/// The device-list grammar, as every message words it (README "Request grammar").
+pub const DEVICES_GRAMMAR: &str = "a comma list without spaces of GPU indices (0 to 1023, no leading zero) or UUIDs as nvidia-smi -L prints them (GPU-<hex and dashes>, MIG-<hex and dashes>), e.g. 0,1";
+
+/// Refuses a memory cap above a GPU's size (the hook for a check against the inventory, which
+/// knows each GPU's memory).
+///
+/// # Errors
+/// [`RequestError::MemoryAboveGpu`] when `requested` exceeds `total`.
+pub fn memory_fits(requested: u64, total: u64, gpu: &str) -> Result<(), RequestError> {
+    if requested > total {
+        return Err(RequestError::MemoryAboveGpu {
+            key: MEMORY.annotation,
+            requested,
+            total,
+            gpu: gpu.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// One request field: its annotation name and env fallback.
@@ -152,7 +179,8 @@ impl Sources<'_> {
             Some((key, v)) if v.len() > MAX_VALUE_LEN => Err(RequestError::TooLong {
                 key: key.to_owned(),
             }),
-            Some((key, v)) => Ok(Some((key, v.trim().to_owned()))),
+            // Values are taken exactly as written (README "Request grammar"): no trimming.
+            Some((key, v)) => Ok(Some((key, v.to_owned()))),
             None => Ok(None),
         }
     }
@@ -191,7 +219,7 @@ pub fn wants_share(src: &Sources<'_>, env_fallback: bool) -> bool {
         });
     let any_sub = src.annotations.keys().any(|k| k.starts_with(PREFIX));
     match v {
-        Some(v) => !v.trim().is_empty() && v.trim() != "none" || any_sub,
+        Some(v) => !v.is_empty() && v != "none" || any_sub,
         None => any_sub,
     }
 }
@@ -355,10 +383,10 @@ fn reject_orphans(src: &Sources<'_>) -> Result<Option<Request>, RequestError> {
 fn parse_selectors(key: &'static str, v: &str) -> Result<Vec<Selector>, RequestError> {
     let bad = |value: &str| RequestError::Devices {
         key,
-        value: value.to_owned(),
+        value: value.chars().take(64).collect(),
     };
     let mut out = Vec::new();
-    for part in v.split(',').map(str::trim) {
+    for part in v.split(',') {
         let sel = parse_selector(part).ok_or_else(|| bad(part))?;
         if !out.contains(&sel) {
             out.push(sel);
@@ -370,21 +398,26 @@ fn parse_selectors(key: &'static str, v: &str) -> Result<Vec<Selector>, RequestE
     Ok(out)
 }
 
-/// One device selector: a decimal index below 1024 or a `GPU-`/`MIG-` UUID of safe characters.
+/// One device selector ([`DEVICES_GRAMMAR`]): a decimal index below 1024 without a leading
+/// zero, or a `GPU-`/`MIG-` UUID (prefix in capitals as NVIDIA prints it; the hex digits in
+/// either case, matched without regard to case).
 pub fn parse_selector(part: &str) -> Option<Selector> {
-    if !part.is_empty() && part.len() <= 4 && part.bytes().all(|b| b.is_ascii_digit()) {
+    if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
+        if part.len() > 4 || (part.len() > 1 && part.starts_with('0')) {
+            return None;
+        }
         return part
             .parse::<u32>()
             .ok()
             .filter(|n| *n < 1024)
             .map(Selector::Index);
     }
-    let ok_uuid = (part.starts_with("GPU-") || part.starts_with("MIG-"))
-        && part.len() <= 96
-        && part.len() > 4
-        && part[4..]
-            .bytes()
-            .all(|b| b.is_ascii_hexdigit() || b == b'-' || b == b'/');
+    let body = part
+        .strip_prefix("GPU-")
+        .or_else(|| part.strip_prefix("MIG-"))?;
+    let ok_uuid = part.len() <= 96
+        && body.bytes().any(|b| b.is_ascii_hexdigit())
+        && body.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
     ok_uuid.then(|| Selector::Uuid(part.to_owned()))
 }
 
@@ -471,7 +504,7 @@ mod tests {
                     ("gpu.share", "mps"),
                     ("gpu.share.memory", "4Gi"),
                     ("gpu.share.cores", "30"),
-                    ("gpu.share.devices", "0, GPU-abc-1"),
+                    ("gpu.share.devices", "0,GPU-abc-1"),
                 ],
                 vec![],
                 Some(Request {
@@ -608,6 +641,69 @@ mod tests {
                 "only applies",
             ),
             (
+                "space after comma",
+                vec![("gpu.share", "mps"), ("gpu.share.devices", "0, 1")],
+                vec![],
+                "\" 1\" is not a GPU index",
+            ),
+            (
+                "lower-case uuid prefix",
+                vec![("gpu.share", "mps"), ("gpu.share.devices", "gpu-abc")],
+                vec![],
+                "GPU-<hex and dashes>",
+            ),
+            (
+                "index with leading zero",
+                vec![("gpu.share", "mps"), ("gpu.share.devices", "01")],
+                vec![],
+                "no leading zero",
+            ),
+            (
+                "empty list item",
+                vec![("gpu.share", "mps"), ("gpu.share.devices", "0,,1")],
+                vec![],
+                "not a GPU index",
+            ),
+            (
+                "mode with trailing space",
+                vec![("gpu.share", "mps ")],
+                vec![],
+                "unknown mode \"mps \"",
+            ),
+            (
+                "cores with plus",
+                vec![("gpu.share", "mps"), ("gpu.share.cores", "+50")],
+                vec![],
+                "gpu.share.cores: cores \"+50\" is not valid",
+            ),
+            (
+                "env cores with newline",
+                vec![],
+                vec!["GPU_SHARE=mps", "GPU_SHARE_CORES=50\n"],
+                "GPU_SHARE_CORES: cores \"50\\n\" is not valid",
+            ),
+            (
+                "memory with plus",
+                vec![("gpu.share", "mps"), ("gpu.share.memory", "+4Gi")],
+                vec![],
+                "gpu.share.memory: memory \"+4Gi\" is not valid",
+            ),
+            (
+                "memory of one byte",
+                vec![("gpu.share", "mps"), ("gpu.share.memory", "1")],
+                vec![],
+                "below the minimum of 1Mi",
+            ),
+            (
+                "memory of u64::MAX",
+                vec![
+                    ("gpu.share", "limit"),
+                    ("gpu.share.memory", "18446744073709551615"),
+                ],
+                vec![],
+                "above the maximum",
+            ),
+            (
                 "env unknown mode",
                 vec![],
                 vec!["GPU_SHARE=bogus"],
@@ -619,6 +715,40 @@ mod tests {
             let msg = crate::vocab::chain(&err);
             assert!(msg.contains(want), "{what}: {msg}");
         }
+    }
+
+    #[test]
+    fn selector_table() {
+        let rows: &[(&str, Option<Selector>)] = &[
+            ("0", Some(Selector::Index(0))),
+            ("1023", Some(Selector::Index(1023))),
+            ("1024", None),
+            ("007", None),
+            ("GPU-0a1B-2c", Some(Selector::Uuid("GPU-0a1B-2c".into()))),
+            ("MIG-0a1b", Some(Selector::Uuid("MIG-0a1b".into()))),
+            ("gpu-0a1b", None),
+            ("Gpu-0a1b", None),
+            ("GPU-", None),
+            ("GPU----", None),
+            ("GPU-xyz", None),
+            ("GPU-0a/1", None),
+            ("MIG-GPU-0a1b/1/0", None),
+            (" 0", None),
+            ("", None),
+            ("+1", None),
+        ];
+        for (input, want) in rows {
+            assert_eq!(&parse_selector(input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn memory_above_a_gpu_is_refused() {
+        assert!(memory_fits(4 << 30, 8 << 30, "GPU-0").is_ok());
+        let e = memory_fits(9 << 30, 8 << 30, "GPU-0")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("above the 8589934592 bytes of GPU GPU-0"), "{e}");
     }
 
     #[test]

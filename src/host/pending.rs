@@ -9,8 +9,11 @@ use crate::host::state::StateDir;
 pub const PENDING_PREFIX: &str = "pending-";
 
 /// How long a precreate-made directory may wait for its createRuntime hook before it counts as
-/// left behind by a create that failed.
-pub const PENDING_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+/// left behind by a create that failed: as long as the MPS reservation a spec edit makes
+/// ([`crate::host::state::RESERVATION_SECONDS`]). podman runs precreate when it starts the
+/// container, right before the runtime's `create`, so a live container's hook has long run.
+pub const PENDING_MAX_AGE: std::time::Duration =
+    std::time::Duration::from_secs(crate::host::state::RESERVATION_SECONDS);
 
 /// Removes `pending-*` per-container directories older than `max_age` (their create never
 /// reached createRuntime, which renames them to the container id). Best effort.

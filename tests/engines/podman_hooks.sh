@@ -9,6 +9,17 @@ make_rootfs "$T/rootfs"
 make_hooks_dirs "$T/hooks"
 on_exit "podman_ rm -af -t 0"
 
+# After the last MPS container: no MPS directory or mount, no reservation, no pending dir.
+no_mps_leftovers() { # what
+    local left
+    left=$(ls -A "$STATE/mps" 2>/dev/null || true)
+    [ -z "$left" ] || fail "$1: MPS directories left: $left"
+    ! grep -q " $STATE/" /proc/self/mountinfo || fail "$1: mounts left: $(grep " $STATE/" /proc/self/mountinfo)"
+    ! ls "$STATE/containers" 2>/dev/null | grep -q '^pending-' || fail "$1: pending dirs left: $(ls "$STATE/containers")"
+    ! grep -qs 'pending-' "$STATE"/gpus/*.json || fail "$1: reservation left: $(cat "$STATE"/gpus/*.json)"
+    ok "$1: no MPS directory, mount, pending dir or reservation left"
+}
+
 run_in() { # hooks-args... -- podman-run-args...
     local hooks=()
     while [ "$1" != "--" ]; do hooks+=("$1"); shift; done
@@ -29,12 +40,16 @@ mark_shm_when_ready
 run_in --hooks-dir "$T/hooks/oci" --hooks-dir "$T/hooks/podman-precreate" -- --annotation gpu.share=mps --rootfs "$T/rootfs" sh -c "$INSIDE_MPS" >"$T/out2" 2>"$T/err2" ||
     { cat "$T/err2"; fail "podman run (precreate) failed"; }
 check_mps_output "$T/out2" yes
+wait_until 10 daemon_gone || fail "daemon still running after the precreate container"
+no_mps_leftovers "hooks.d + precreate"
 
 echo "== precreate with the env fallback GPU_SHARE=mps (no annotation)"
 mark_shm_when_ready
 run_in --hooks-dir "$T/hooks/oci" --hooks-dir "$T/hooks/podman-precreate" -- -e GPU_SHARE=mps --rootfs "$T/rootfs" sh -c "$INSIDE_MPS" >"$T/out3" 2>"$T/err3" ||
     { cat "$T/err3"; fail "podman run (env fallback) failed"; }
 check_mps_output "$T/out3" yes
+wait_until 10 daemon_gone || fail "daemon still running after the env-fallback container"
+no_mps_leftovers "precreate with the env fallback"
 
 echo "== limit mode, hooks only and with precreate"
 run_in --hooks-dir "$T/hooks/oci" -- --annotation gpu.share=limit --annotation gpu.share.memory=1Gi --annotation gpu.share.cores=30 \

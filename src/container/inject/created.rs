@@ -4,28 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
 use super::{bindings, into_container, prepare_host, Binding, InjectError, SHARED_IN_CONTAINER};
 use crate::config::Config;
-use crate::decide::input::SpecView;
+use crate::decide::input::{MountView, SpecView};
 use crate::decide::plan::Plan;
 use crate::host::state::StateDir;
 use crate::vocab::is_safe_name;
 use crate::vocab::Mode;
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct MountsView {
-    mounts: Vec<MountView>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct MountView {
-    destination: String,
-    source: Option<PathBuf>,
-}
 
 fn spec_binds(mounts: &[MountView], b: &Binding) -> bool {
     mounts
@@ -76,7 +61,6 @@ fn spec_mounts_current(pid: i32, rootfs: &Path, wanted: &[Binding]) -> bool {
 pub fn inject(
     plan: &Plan,
     cfg: &Config,
-    config_bytes: &[u8],
     spec: &SpecView,
     bundle: &Path,
     pid: Option<i32>,
@@ -84,18 +68,17 @@ pub fn inject(
     if plan.mode == Mode::Timeslice {
         return Ok(());
     }
-    let view: MountsView = serde_json::from_slice(config_bytes).unwrap_or_default();
     let sd = StateDir::new(&cfg.state_dir);
     let mut key = plan.container.clone();
     if plan.mode == Mode::Limit {
-        if let Some(k) = edited_key(&view.mounts, &sd) {
+        if let Some(k) = edited_key(&spec.mounts, &sd) {
             key = k;
         }
     }
     let wanted = bindings(plan, cfg, &key);
     let rootfs = crate::decide::input::rootfs_of(spec, Some(bundle))
         .unwrap_or_else(|| bundle.join("rootfs"));
-    if wanted.iter().all(|b| spec_binds(&view.mounts, b))
+    if wanted.iter().all(|b| spec_binds(&spec.mounts, b))
         && (plan.mode != Mode::Mps || pid.is_none_or(|p| spec_mounts_current(p, &rootfs, &wanted)))
     {
         if key != plan.container && key.starts_with(crate::host::pending::PENDING_PREFIX) {
