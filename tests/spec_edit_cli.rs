@@ -147,7 +147,9 @@ fn precreate_edits_or_returns_the_bytes_unchanged() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "json") {
                 let rec: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-                reserved.extend(rec["reserved"].as_object().unwrap().keys().cloned());
+                for d in rec["domains"].as_object().unwrap().values() {
+                    reserved.extend(d["reserved"].as_object().unwrap().keys().cloned());
+                }
             }
         }
         assert_eq!(reserved.len(), 1, "{what}: {reserved:?}");
@@ -337,11 +339,24 @@ fn memory_seen(out: &Output, edited: Option<&[u8]>) -> Result<u64, String> {
             let mut de = serde_json::Deserializer::from_slice(&bytes);
             de.disable_recursion_limit();
             let v: Value = serde::Deserialize::deserialize(&mut de).unwrap();
+            // precreate carries a refusal to the createRuntime hook in the config it prints.
+            let refused = v["hooks"]["createRuntime"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|h| h["env"].as_array().cloned().unwrap_or_default())
+                .find_map(|e| Some(e.as_str()?.strip_prefix("GPUSHARE_REFUSED=")?.to_owned()));
+            if let Some(r) = refused {
+                return (None, Value::String(r));
+            }
             (v.get("memory").cloned(), v["process"]["env"].clone())
         })
         .unwrap()
         .join()
         .unwrap();
+    if let Value::String(refusal) = env {
+        return Err(refusal);
+    }
     if let Some(m) = memory {
         return Ok(m.as_u64().unwrap());
     }
