@@ -15,7 +15,8 @@ Invariants:
   mounts     no mount under the state dir except a domain's shm while its daemon runs
   files      no temp file (*.tmp) and no pending-* dir under the state dir, no per-container dir
              of a container that is not live, no MPS dir of a domain without a daemon
-  modes      a GPU is EXCLUSIVE_PROCESS (3) iff its daemon runs, DEFAULT (0) otherwise
+  modes      under isolation "gpu" a GPU is EXCLUSIVE_PROCESS (3) iff its daemon runs, DEFAULT
+             (0) otherwise; with several domains per GPU it stays DEFAULT
 """
 import argparse
 import json
@@ -133,8 +134,9 @@ def check(hook, state, sim, gpus, live, env=None):
         for n in os.listdir(mdir):
             if n not in live_dirs:
                 bad.append(f"files: MPS dir {n} of a domain without a daemon")
+    exclusive = status.get("isolation", "gpu") == "gpu"
     for i in range(gpus):
-        want = 3 if i in with_daemon else 0
+        want = 3 if exclusive and i in with_daemon else 0
         got = compute_mode(sim, i)
         if got != want:
             bad.append(f"modes: GPU {i} compute mode {got}, {'a' if want else 'no'} daemon runs")

@@ -7,7 +7,9 @@ scripts/check-invariants.py. Needs root and nvidia-cuda-mps-control.
     storm.py storm ROUNDS SEED   # scripts/kill-storm.sh
     storm.py soak CYCLES [SEED]  # scripts/soak.sh
 
-Environment: GS_HOOK (default target/debug/gpushare-hook), GS_SIMDRIVER (default next to it).
+Environment: GS_HOOK (default target/debug/gpushare-hook), GS_SIMDRIVER (default next to it),
+GS_ISOLATION (`gpu`, the default, or `group`: MPS containers then name one of three groups, so
+several isolation domains share each GPU).
 """
 import json
 import os
@@ -30,7 +32,11 @@ _spec.loader.exec_module(inv)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPUS = 4
-MODES = ["mps"] * 6 + ["limit", "timeslice"]
+# GS_ISOLATION=group: MPS containers name one of three groups, so that several isolation
+# domains (daemons) share each GPU; "mps" then stands for the first group's bundle.
+ISOLATION = os.environ.get("GS_ISOLATION", "gpu")
+GROUPS = ["", "#1", "#2"] if ISOLATION == "group" else [""]
+MODES = [f"mps{g}" for g in GROUPS] * (6 // len(GROUPS)) + ["limit", "timeslice"]
 
 
 class World:
@@ -53,7 +59,8 @@ class World:
         self.config = os.path.join(self.dir, "config.toml")
         with open(self.config, "w") as f:
             f.write(f'state_dir = "{self.state}"\nlog_file = "{self.dir}/log"\nlock_timeout_seconds = 20\n'
-                    f'[nvml]\nlibrary = "{sim_lib}"\n[limit]\nlibrary = "{limiter}"\n')
+                    f'[nvml]\nlibrary = "{sim_lib}"\n[limit]\nlibrary = "{limiter}"\n'
+                    f'[mps]\nisolation = "{ISOLATION}"\n')
         self.env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "GPUSHARE_CONFIG": self.config,
@@ -65,9 +72,11 @@ class World:
             for m in set(MODES):
                 b = os.path.join(self.dir, "bundles", f"{m}{g}")
                 os.makedirs(os.path.join(b, "rootfs", "tmp"))
-                ann = {"gpu.share": m}
-                if m == "mps":
+                ann = {"gpu.share": m.split("#")[0]}
+                if m.startswith("mps"):
                     ann["gpu.share.cores"] = "50"
+                    if ISOLATION == "group":
+                        ann["gpu.share.group"] = "g" + (m.split("#")[1] if "#" in m else "0")
                 if m == "limit":
                     ann["gpu.share.memory"] = "1Gi"
                 spec = {"ociVersion": "1.0.2", "process": {"args": ["sh"], "cwd": "/",

@@ -9,6 +9,16 @@ use std::process::Command;
 
 #[test]
 fn short_kill_storm_keeps_every_invariant() {
+    storm("gpu", "9");
+}
+
+#[test]
+fn short_kill_storm_with_isolation_domains_keeps_every_invariant() {
+    storm("group", "10");
+}
+
+/// Runs 20 rounds under `[mps] isolation = <isolation>`.
+fn storm(isolation: &str, seed: &str) {
     if !common::require(
         "kill storm",
         &["nvidia-cuda-mps-control", "unshare", "python3"],
@@ -17,7 +27,8 @@ fn short_kill_storm_keeps_every_invariant() {
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(root.join("scripts/kill-storm.sh"))
-        .args(["20", "9"])
+        .args(["20", seed])
+        .env("GS_ISOLATION", isolation)
         .env("GS_HOOK", common::hook_bin())
         .env("GS_SIMDRIVER", common::simdriver())
         .output()
