@@ -72,6 +72,10 @@ pub struct MpsDirs {
 /// Name of the file in a domain's directory that says whose it is.
 pub const OWNER_FILE: &str = "owner";
 
+/// Prefix of a domain directory being made (`.new-<pid>-<nanos>`), renamed into place with its
+/// owner file; one whose maker is gone is removed by `gc`.
+pub const NEW_PREFIX: &str = ".new-";
+
 impl MpsDirs {
     pub fn new(dir: PathBuf) -> Self {
         Self {
@@ -113,24 +117,39 @@ impl MpsDirs {
             let path = path.to_owned();
             move |source| MpsError::Dirs { path, source }
         };
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .recursive(true)
-            .create(&self.dir)
-            .map_err(dirs_err(&self.dir))?;
-        if let Some(owner) = &self.owner {
-            let path = self.dir.join(OWNER_FILE);
-            use std::os::unix::fs::OpenOptionsExt;
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-            {
-                Ok(mut f) => f.write_all(owner.as_bytes()).map_err(dirs_err(&path))?,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(dirs_err(&path)(e)),
+        match &self.owner {
+            // Made with its owner file in place, by a rename: a directory under `mps/` always
+            // says whose it is, even when its maker was killed half-way.
+            Some(owner) if !self.dir.is_dir() => {
+                let parent = self.dir.parent().unwrap_or(Path::new("/"));
+                std::fs::DirBuilder::new()
+                    .mode(0o755)
+                    .recursive(true)
+                    .create(parent)
+                    .map_err(dirs_err(parent))?;
+                let stamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos());
+                let tmp = parent.join(format!("{NEW_PREFIX}{}-{stamp}", std::process::id()));
+                std::fs::DirBuilder::new()
+                    .mode(0o755)
+                    .create(&tmp)
+                    .map_err(dirs_err(&tmp))?;
+                let made = std::fs::write(tmp.join(OWNER_FILE), owner)
+                    .and_then(|()| std::fs::rename(&tmp, &self.dir));
+                if let Err(e) = made {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    // Someone else made it meanwhile: theirs stands.
+                    if !self.dir.is_dir() {
+                        return Err(dirs_err(&self.dir)(e));
+                    }
+                }
             }
+            _ => std::fs::DirBuilder::new()
+                .mode(0o755)
+                .recursive(true)
+                .create(&self.dir)
+                .map_err(dirs_err(&self.dir))?,
         }
         for d in [&self.pipe, &self.log, &self.shm] {
             std::fs::DirBuilder::new()

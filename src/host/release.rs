@@ -1,6 +1,8 @@
 //! Undoing: releasing a container from its GPUs (poststop) and `gc`, which drops what dead
 //! containers and killed hooks left behind.
 
+use std::path::Path;
+
 use crate::host::acquire::Host;
 use crate::host::mps::MpsDirs;
 use crate::host::procinfo::ProcId;
@@ -177,6 +179,20 @@ impl Host<'_> {
         // Domain directories without a record, or without a daemon or user in their record.
         if let Ok(rd) = std::fs::read_dir(self.state.mps_root()) {
             for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(rest) = name.strip_prefix(crate::host::mps::NEW_PREFIX) {
+                    // A directory being made: removed once its maker is gone.
+                    let maker = rest.split('-').next().unwrap_or("");
+                    if !Path::new(&format!("/proc/{maker}")).exists()
+                        && std::fs::remove_dir_all(e.path()).is_ok()
+                    {
+                        report.push(format!(
+                            "removed {} of a killed acquire",
+                            e.path().display()
+                        ));
+                    }
+                    continue;
+                }
                 self.gc_domain_dir(&e.path(), &unreadable, report, problems);
             }
         }
