@@ -157,7 +157,10 @@ class World:
                 pass
         for m in sorted(inv.mounts_under(self.dir), reverse=True):
             subprocess.run(["umount", "-l", m], capture_output=True)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if os.environ.get("STORM_KEEP"):
+            print(f"storm: kept {self.dir}", flush=True)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def round_of_hooks(w, rng, n_hooks, gpus, kill_p, max_delay):

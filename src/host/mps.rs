@@ -182,6 +182,11 @@ impl MpsDirs {
         if is_mount_point(&self.shm) {
             let _ = umount2(&self.shm, MntFlags::MNT_DETACH);
         }
+        // The owner file goes last, so that a removal cut short leaves a directory that still
+        // says whose it is (and `gc` finishes it under that GPU's lock).
+        for d in [&self.pipe, &self.log, &self.shm] {
+            let _ = std::fs::remove_dir_all(d);
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
         // The shared `mps/` parent goes too once no domain uses it (fails harmlessly
         // otherwise).
