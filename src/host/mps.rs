@@ -187,7 +187,11 @@ impl MpsDirs {
         for d in [&self.pipe, &self.log, &self.shm] {
             let _ = std::fs::remove_dir_all(d);
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove an MPS domain directory");
+            }
+        }
         // The shared `mps/` parent goes too once no domain uses it (fails harmlessly
         // otherwise).
         if let Some(parent) = self.dir.parent() {
