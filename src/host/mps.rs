@@ -179,8 +179,15 @@ impl MpsDirs {
 
     /// Unmounts the shm tmpfs and removes the directory tree. Best effort, idempotent.
     pub fn remove(&self) {
-        if is_mount_point(&self.shm) {
-            let _ = umount2(&self.shm, MntFlags::MNT_DETACH);
+        // The shm tmpfs, and anything else found mounted on a directory of the domain in this
+        // mount namespace (nothing of gpushare's is; a mount there would only keep the
+        // directory from going).
+        for d in [&self.shm, &self.pipe, &self.log] {
+            while is_mount_point(d) {
+                if umount2(d.as_path(), MntFlags::MNT_DETACH).is_err() {
+                    break;
+                }
+            }
         }
         // The owner file goes last, so that a removal cut short leaves a directory that still
         // says whose it is (and `gc` finishes it under that GPU's lock).
