@@ -47,6 +47,12 @@ row "hook, no-share fast path" "$fast" ms "floor process" "$floor"
 row "hook, warm MPS acquire" "$warm" ms "no-share fast path" "$fast"
 row "hook, 32 concurrent MPS acquires, cold daemon (total)" "$cold32" ms "32 x no-share fast path" "$fast32"
 row "hook, 32 concurrent MPS acquires, warm daemon (total)" "$warm32" ms "32 x no-share fast path" "$fast32"
+dwarm=$(num 'mps acquire, 4 domains running' "$out/hook" '[0-9.]+ ms')
+dcold32=$(num '4 domains, cold' "$out/hook" '[0-9.]+ ms total')
+dwarm32=$(num '4 domains, warm' "$out/hook" '[0-9.]+ ms total')
+row "hook, warm MPS acquire, 4 isolation domains on one GPU" "$dwarm" ms "no-share fast path" "$fast"
+row "hook, 32 concurrent acquires over 4 domains, cold (total)" "$dcold32" ms "32 x no-share fast path" "$fast32"
+row "hook, 32 concurrent acquires over 4 domains, warm (total)" "$dwarm32" ms "32 x no-share fast path" "$fast32"
 while read -r label rest; do
     r=$(grep -oE 'runc create median +[0-9.]+' <<<"$rest" | grep -oE '[0-9.]+$')
     g=$(grep -oE 'gpushare-runtime create median +[0-9.]+' <<<"$rest" | grep -oE '[0-9.]+$')
