@@ -639,7 +639,9 @@ impl MpsControl for Control {
 }
 
 /// Whether `sock` is a unix socket (not a link a tenant planted) that accepts a connection.
-/// MPS's control socket is a `SOCK_SEQPACKET` one.
+/// MPS's control socket is a `SOCK_SEQPACKET` one. The connect never blocks: a socket a tenant
+/// planted there that never accepts (a full backlog) answers "no" at once instead of holding
+/// the caller, and the GPU's lock, forever.
 pub fn listens(sock: &Path) -> bool {
     use std::os::unix::fs::FileTypeExt;
     if !std::fs::symlink_metadata(sock).is_ok_and(|m| m.file_type().is_socket()) {
@@ -648,7 +650,7 @@ pub fn listens(sock: &Path) -> bool {
     let Ok(fd) = nix::sys::socket::socket(
         nix::sys::socket::AddressFamily::Unix,
         nix::sys::socket::SockType::SeqPacket,
-        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC | nix::sys::socket::SockFlag::SOCK_NONBLOCK,
         None,
     ) else {
         return false;
@@ -920,5 +922,53 @@ mod log_tests {
         std::os::unix::fs::symlink(&target, &log).unwrap();
         assert!(open_log(&log).is_err(), "a link is not followed");
         assert!(!target.exists());
+    }
+}
+
+#[cfg(test)]
+mod listens_tests {
+    use super::listens;
+    use nix::sys::socket::{
+        bind, connect, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+    };
+    use std::os::fd::AsRawFd;
+
+    fn seqpacket(nonblock: bool) -> std::os::fd::OwnedFd {
+        let mut flags = SockFlag::SOCK_CLOEXEC;
+        if nonblock {
+            flags |= SockFlag::SOCK_NONBLOCK;
+        }
+        socket(AddressFamily::Unix, SockType::SeqPacket, flags, None).unwrap()
+    }
+
+    #[test]
+    fn a_socket_that_never_accepts_does_not_hold_the_caller() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control");
+        let addr = UnixAddr::new(&path).unwrap();
+        let server = seqpacket(false);
+        bind(server.as_raw_fd(), &addr).unwrap();
+        listen(&server, Backlog::new(0).unwrap()).unwrap();
+        assert!(listens(&path), "a listening socket accepts a connection");
+        // Fill the backlog of a socket that never accepts, as a tenant could plant one.
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let c = seqpacket(true);
+            if connect(c.as_raw_fd(), &addr).is_err() {
+                break;
+            }
+            held.push(c);
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || tx.send(listens(&p)).unwrap());
+        let answer = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("listens() returned instead of blocking");
+        assert!(!answer, "a full backlog is no answer");
+        drop(held);
+        assert!(!listens(&dir.path().join("absent")));
+        std::os::unix::fs::symlink(&path, dir.path().join("link")).unwrap();
+        assert!(!listens(&dir.path().join("link")), "a link is not followed");
     }
 }
