@@ -419,25 +419,9 @@ pub unsafe fn in_forked_child(work: impl FnOnce() -> i32) -> nix::Result<Result<
 pub fn umount_fd_detach(fd: std::os::fd::BorrowedFd<'_>) -> nix::Result<()> {
     use std::os::fd::AsRawFd;
     let mut buf = [0u8; 32];
-    let prefix = b"/proc/self/fd/";
-    buf[..prefix.len()].copy_from_slice(prefix);
-    let mut n = fd.as_raw_fd() as u32;
-    let mut digits = [0u8; 10];
-    let mut len = 0;
-    loop {
-        digits[len] = b'0' + (n % 10) as u8;
-        len += 1;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for i in 0..len {
-        buf[prefix.len() + i] = digits[len - 1 - i];
-    }
-    // buf stays NUL-terminated: at most 14 + 10 bytes of 32 are written.
-    // SAFETY: `buf` is a NUL-terminated path that lives across the call.
-    let r = unsafe { libc::umount2(buf.as_ptr().cast(), libc::MNT_DETACH) };
+    let path = proc_fd_path(fd.as_raw_fd(), &mut buf);
+    // SAFETY: `path` is a NUL-terminated C string that lives across the call.
+    let r = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
     nix::errno::Errno::result(r).map(drop)
 }
 

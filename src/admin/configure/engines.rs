@@ -210,27 +210,38 @@ fn ensure_in_array(
     vals: &[&str],
     path: &Path,
 ) -> Result<(), ConfigureError> {
-    if !t.contains_key(key) {
-        let mut a = Array::new();
-        for v in initial {
-            a.push(*v);
-        }
-        t.insert(key, toml_edit::value(a));
-    }
-    let a = t
-        .get_mut(key)
-        .and_then(Item::as_array_mut)
-        .ok_or_else(|| ConfigureError::Shape {
-            path: path.to_owned(),
-            key: key.to_owned(),
-            want: "array",
-        })?;
+    let a = array_mut(t, key, initial, path)?;
     for v in vals {
         if !a.iter().any(|x| x.as_str() == Some(v)) {
             a.push(*v);
         }
     }
     Ok(())
+}
+
+/// The array `key` of `t`, made from `initial` when missing.
+///
+/// # Errors
+/// [`ConfigureError::Shape`] when `key` holds something else.
+fn array_mut<'t>(
+    t: &'t mut Table,
+    key: &str,
+    initial: &[&str],
+    path: &Path,
+) -> Result<&'t mut Array, ConfigureError> {
+    if !t.contains_key(key) {
+        t.insert(
+            key,
+            toml_edit::value(initial.iter().copied().collect::<Array>()),
+        );
+    }
+    t.get_mut(key)
+        .and_then(Item::as_array_mut)
+        .ok_or_else(|| ConfigureError::Shape {
+            path: path.to_owned(),
+            key: key.to_owned(),
+            want: "array",
+        })
 }
 
 /// Puts `v` first in the array `key` (removing it from further down), unless it is first.
@@ -241,21 +252,7 @@ fn put_first(
     rest: &[&str],
     path: &Path,
 ) -> Result<(), ConfigureError> {
-    if !t.contains_key(key) {
-        let mut a = Array::new();
-        for x in rest {
-            a.push(*x);
-        }
-        t.insert(key, toml_edit::value(a));
-    }
-    let a = t
-        .get_mut(key)
-        .and_then(Item::as_array_mut)
-        .ok_or_else(|| ConfigureError::Shape {
-            path: path.to_owned(),
-            key: key.to_owned(),
-            want: "array",
-        })?;
+    let a = array_mut(t, key, rest, path)?;
     if a.get(0).and_then(|x| x.as_str()) != Some(v) {
         a.retain(|x| x.as_str() != Some(v));
         a.insert(0, v);
