@@ -35,22 +35,30 @@ impl Reply {
     }
 }
 
-/// `createRuntime` / `prestart`: logs the acquire, a refusal (with the container id), and MPS
-/// daemons started or restarted.
-///
-/// # Errors
-/// [`Error`] for bad input, a refused request or a failed acquire (which undid itself).
-pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Reply, Error> {
+/// The OCI state on stdin, kept as bytes so that a log line can name the container (at most
+/// one byte past the cap is read; the hook stage refuses an oversized state).
+fn read_state_input(stdin: impl Read) -> Result<Vec<u8>, Error> {
     let mut input = Vec::new();
     stdin
         .take(crate::decide::input::MAX_STATE_BYTES + 1)
         .read_to_end(&mut input)
         .map_err(crate::decide::input::InputError::ReadState)?;
-    let id = container_id(&input);
+    Ok(input)
+}
+
+/// `createRuntime` / `prestart`: logs the acquire, and a refusal with the container id (MPS
+/// daemons started, stopped and restarted are logged by the host layer).
+///
+/// # Errors
+/// [`Error`] for bad input, a refused request or a failed acquire (which undid itself).
+pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Reply, Error> {
+    let input = read_state_input(stdin)?;
     let open = || inventory::open(&ctx.cfg);
     let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, &open) {
         Ok(o) => o,
         Err(e) => {
+            // Parsed again only here: a container that asks for nothing pays nothing for it.
+            let id = container_id(&input);
             tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, gpus = %requested_gpus(&input), "refused: {}", chain(&e));
             return Err(e);
         }
@@ -97,15 +105,14 @@ fn container_id(state: &[u8]) -> String {
 /// # Errors
 /// Only for unreadable input.
 pub fn poststop(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
-    let mut input = Vec::new();
-    stdin
-        .take(crate::decide::input::MAX_STATE_BYTES + 1)
-        .read_to_end(&mut input)
-        .map_err(crate::decide::input::InputError::ReadState)?;
-    let id = container_id(&input);
+    let input = read_state_input(stdin)?;
     let open = || inventory::open(&ctx.cfg);
-    for w in hook::poststop(&input[..], &ctx.cfg, &open)? {
-        tracing::warn!(container = %id, "poststop: {w}");
+    let warnings = hook::poststop(&input[..], &ctx.cfg, &open)?;
+    if !warnings.is_empty() {
+        let id = container_id(&input);
+        for w in warnings {
+            tracing::warn!(container = %id, "poststop: {w}");
+        }
     }
     Ok(Reply::default())
 }
