@@ -694,10 +694,18 @@ fn start_once(
     ready_timeout: Duration,
 ) -> Result<ProcId, MpsError> {
     // Whatever a tenant left in the pipe directory goes before the daemon looks at it.
-    crate::host::sandbox::empty_dir(&dirs.pipe).map_err(|source| MpsError::Dirs {
+    // A tenant that keeps writing into it cannot stop the start: the daemon is confined to
+    // its directories whatever it finds there.
+    let left = crate::host::sandbox::empty_dir(&dirs.pipe).map_err(|source| MpsError::Dirs {
         path: dirs.pipe.clone(),
         source,
     })?;
+    if left > 0 {
+        tracing::warn!(
+            "{left} entries a container keeps writing into {} were left there; starting the daemon anyway",
+            dirs.pipe.display()
+        );
+    }
     let mounts =
         crate::host::sandbox::daemon_mounts(&dirs.pipe, &dirs.log, &dirs.shm, &control.binary)
             .map_err(|source| MpsError::Dirs {

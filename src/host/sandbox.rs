@@ -21,19 +21,25 @@ use crate::sys;
 
 /// Deepest directory nesting [`empty_dir`] descends into.
 const MAX_DEPTH: usize = 32;
-/// Passes over one directory before [`empty_dir`] gives up on a tenant that keeps filling it.
+/// Passes over one directory before [`empty_dir`] leaves a tenant that keeps filling it.
 const MAX_PASSES: usize = 64;
+/// Names one pass of [`empty_dir`] reads: a directory a tenant keeps growing is never listed
+/// to its end.
+const MAX_NAMES_PER_PASS: usize = 4096;
 
 /// Removes every entry of the directory `path`, which itself stays. `path` must not be a
 /// symlink; no link inside is ever followed: every name is removed relative to a descriptor of
 /// its directory (`unlinkat`), and subdirectories are opened with `openat2` refusing symlinks
 /// and mount crossings, emptied the same way, then removed.
 ///
+/// Best effort against a tenant: a directory that still has entries after many passes
+/// (something keeps writing into it), or that nests deeper than a daemon ever would, is left
+/// as it is. Returns how many names were left behind in `path` (0: it is empty).
+///
 /// # Errors
-/// `ENOTDIR` (or `ELOOP`) when `path` is a symlink or not a directory; any other error of the calls, or `EAGAIN` when the
-/// directory still is not empty after many passes (something keeps writing into it) or nests
-/// deeper than a daemon ever would.
-pub fn empty_dir(path: &Path) -> io::Result<()> {
+/// `ENOTDIR` (or `ELOOP`) when `path` is a symlink or not a directory; any other error of the
+/// calls.
+pub fn empty_dir(path: &Path) -> io::Result<usize> {
     let fd = nix::fcntl::open(
         path,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
@@ -42,35 +48,45 @@ pub fn empty_dir(path: &Path) -> io::Result<()> {
     empty_at(fd, 0)
 }
 
-fn empty_at(fd: OwnedFd, depth: usize) -> io::Result<()> {
-    if depth > MAX_DEPTH {
-        return Err(Errno::EAGAIN.into());
-    }
+/// Empties the directory `fd`; returns how many names it still holds after the last pass.
+fn empty_at(fd: OwnedFd, depth: usize) -> io::Result<usize> {
     let mut dir = Dir::from_fd(fd)?;
+    // Subdirectories that could not be emptied are not tried again.
+    let mut stuck: Vec<CString> = Vec::new();
+    let mut left = 0;
     for _ in 0..MAX_PASSES {
         let names: Vec<CString> = dir
             .iter()
             .filter_map(Result::ok)
             .map(|e| e.file_name().to_owned())
             .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+            .filter(|n| !stuck.contains(n))
+            .take(MAX_NAMES_PER_PASS)
             .collect();
+        left = names.len() + stuck.len();
         if names.is_empty() {
-            return Ok(());
+            return Ok(left);
         }
-        for name in &names {
-            remove_entry(&dir, name, depth)?;
+        for name in names {
+            if !remove_entry(&dir, &name, depth)? {
+                stuck.push(name);
+            }
         }
     }
-    Err(Errno::EAGAIN.into())
+    Ok(left)
 }
 
 /// Removes `name` from `dir`: unlinks it, or empties and removes it if it is a directory. A
-/// name that changed kind or vanished meanwhile is left for the next pass.
-fn remove_entry(dir: &Dir, name: &CString, depth: usize) -> io::Result<()> {
+/// name that changed kind or vanished meanwhile is left for the next pass. Returns false for
+/// a directory that could not be emptied (too deep, or still being filled).
+fn remove_entry(dir: &Dir, name: &CString, depth: usize) -> io::Result<bool> {
     match unlinkat(dir.as_fd(), name.as_c_str(), UnlinkatFlags::NoRemoveDir) {
-        Ok(()) | Err(Errno::ENOENT) => return Ok(()),
+        Ok(()) | Err(Errno::ENOENT) => return Ok(true),
         Err(Errno::EISDIR) => {}
         Err(e) => return Err(e.into()),
+    }
+    if depth >= MAX_DEPTH {
+        return Ok(false);
     }
     let how = OpenHow::new()
         .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
@@ -82,13 +98,16 @@ fn remove_entry(dir: &Dir, name: &CString, depth: usize) -> io::Result<()> {
         );
     let sub = match openat2(dir.as_fd(), name.as_c_str(), how) {
         Ok(fd) => fd,
-        // Swapped for a link or a file, or gone: the next pass sees what it is now.
-        Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR) => return Ok(()),
+        // Swapped for a link or a file, or gone, or raced (`EAGAIN`): the next pass sees what
+        // it is now.
+        Err(Errno::ENOENT | Errno::ELOOP | Errno::ENOTDIR | Errno::EAGAIN) => return Ok(true),
         Err(e) => return Err(e.into()),
     };
-    empty_at(sub, depth + 1)?;
+    if empty_at(sub, depth + 1)? > 0 {
+        return Ok(false);
+    }
     match unlinkat(dir.as_fd(), name.as_c_str(), UnlinkatFlags::RemoveDir) {
-        Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::ENOTDIR) => Ok(()),
+        Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::ENOTDIR) => Ok(true),
         Err(e) => Err(e.into()),
     }
 }
@@ -229,7 +248,7 @@ mod tests {
         nix::unistd::mkfifo(&pipe.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
         let _sock = std::os::unix::net::UnixListener::bind(pipe.join("control")).unwrap();
 
-        empty_dir(&pipe).unwrap();
+        assert_eq!(empty_dir(&pipe).unwrap(), 0);
         assert!(pipe.is_dir(), "the directory itself stays");
         assert!(tree(&pipe).is_empty(), "{:?}", tree(&pipe));
         assert_eq!(tree(&outside), before, "nothing outside touched");
@@ -238,7 +257,7 @@ mod tests {
             "keep"
         );
         // Idempotent.
-        empty_dir(&pipe).unwrap();
+        assert_eq!(empty_dir(&pipe).unwrap(), 0);
     }
 
     #[test]
@@ -257,17 +276,49 @@ mod tests {
     }
 
     #[test]
-    fn empty_dir_gives_up_on_absurd_nesting() {
+    fn empty_dir_leaves_absurd_nesting_and_says_so() {
         let t = tempfile::tempdir().unwrap();
         let mut p = t.path().join("pipe");
         std::fs::create_dir(&p).unwrap();
         let top = p.clone();
+        std::fs::write(top.join("f"), "x").unwrap();
         for _ in 0..(MAX_DEPTH + 3) {
             p = p.join("d");
         }
         std::fs::create_dir_all(&p).unwrap();
-        let e = empty_dir(&top).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
+        assert_eq!(empty_dir(&top).unwrap(), 1, "only the deep tree is left");
+        assert!(!top.join("f").exists());
+    }
+
+    #[test]
+    fn empty_dir_leaves_a_tenant_that_keeps_writing_without_failing() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let t = tempfile::tempdir().unwrap();
+        let pipe = t.path().join("pipe");
+        std::fs::create_dir(&pipe).unwrap();
+        std::fs::write(pipe.join("old"), "x").unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (stop, pipe) = (stop.clone(), pipe.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = symlink("/etc/shadow", pipe.join(format!("l{n}")));
+                    n += 1;
+                }
+            })
+        };
+        while !pipe.join("l0").exists() && !pipe.join("l1").exists() {
+            std::thread::yield_now();
+        }
+        let left = empty_dir(&pipe);
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        assert!(left.is_ok(), "{left:?}");
+        assert!(!pipe.join("old").exists());
+        // Once the tenant stops, the next call empties it.
+        assert_eq!(empty_dir(&pipe).unwrap(), 0);
     }
 
     #[test]
