@@ -166,42 +166,44 @@ fn main() {
         ms(a)
     );
 
-    // 32 concurrent acquires on one GPU, daemon cold (first one starts it), then warm.
-    for (label, warm) in [("cold daemon", false), ("warm daemon", true)] {
-        if !warm {
-            run(&hook, &["poststop"], &state("holder", 0, &mps));
-        }
+    // 32 concurrent acquires on one GPU, daemon cold (first one starts it; the burst's releases
+    // stop it again), then warm (a holder keeps it running); each repeated BURSTS times.
+    let burst = |id: &dyn Fn(usize) -> String, bundle: &dyn Fn(usize) -> PathBuf| -> Duration {
         let kids: Vec<_> = (0..32).map(|_| sleeper()).collect();
         let states = kids
             .iter()
             .enumerate()
-            .map(|(i, k)| state(&format!("p{i}"), k.id(), &mps))
+            .map(|(i, k)| state(&id(i), k.id(), &bundle(i)))
             .collect();
         let total = concurrent_acquires(&hook, &env, states);
-        println!(
-            "  32 concurrent acquires ({label})  {:>8.3} ms total, {:.3} ms per container",
-            ms(total),
-            ms(total) / 32.0
-        );
         for i in 0..32 {
-            run(&hook, &["poststop"], &state(&format!("p{i}"), 0, &mps));
+            run(&hook, &["poststop"], &state(&id(i), 0, &bundle(i)));
         }
         for mut k in kids {
             let _ = k.kill();
             let _ = k.wait();
         }
-        if !warm {
-            // A fresh holder: the old one's namespace still has the removed pipe dir mounted.
-            let _ = holder.kill();
-            let _ = holder.wait();
-            holder = sleeper();
-            run(
-                &hook,
-                &["createRuntime"],
-                &state("holder", holder.id(), &mps),
-            );
-        }
-    }
+        total
+    };
+    run(&hook, &["poststop"], &state("holder", 0, &mps));
+    let one_gpu = |i: usize| format!("p{i}");
+    let mut cold: Vec<Duration> = (0..BURSTS)
+        .map(|_| burst(&one_gpu, &|_| mps.clone()))
+        .collect();
+    // A fresh holder: the old one's namespace still has the removed pipe dir mounted.
+    let _ = holder.kill();
+    let _ = holder.wait();
+    holder = sleeper();
+    run(
+        &hook,
+        &["createRuntime"],
+        &state("holder", holder.id(), &mps),
+    );
+    let mut warm: Vec<Duration> = (0..BURSTS)
+        .map(|_| burst(&one_gpu, &|_| mps.clone()))
+        .collect();
+    report_bursts("cold daemon", &mut cold);
+    report_bursts("warm daemon", &mut warm);
     run(&hook, &["poststop"], &state("holder", 0, &mps));
 
     // Four isolation domains on one GPU (`isolation = "group"`): a warm acquire in one of
@@ -246,45 +248,22 @@ fn main() {
         ms(med(&mut in_domain)),
         med(&mut in_domain).as_secs_f64() / n.as_secs_f64()
     );
-    for (label, warm) in [("4 domains, cold", false), ("4 domains, warm", true)] {
-        if !warm {
-            for (g, b) in groups.iter().enumerate() {
-                run(&hook, &["poststop"], &state(&format!("h{g}"), 0, b));
-            }
-        }
-        let kids: Vec<_> = (0..32).map(|_| sleeper()).collect();
-        let states = kids
-            .iter()
-            .enumerate()
-            .map(|(i, k)| state(&format!("q{i}"), k.id(), &groups[i % 4]))
-            .collect();
-        let total = concurrent_acquires(&hook, &env, states);
-        println!(
-            "  32 concurrent acquires ({label}) {:>8.3} ms total, {:.3} ms per container",
-            ms(total),
-            ms(total) / 32.0
-        );
-        for i in 0..32 {
-            run(
-                &hook,
-                &["poststop"],
-                &state(&format!("q{i}"), 0, &groups[i % 4]),
-            );
-        }
-        for mut k in kids {
-            let _ = k.kill();
-            let _ = k.wait();
-        }
-        if !warm {
-            for (g, h) in holders.iter().enumerate() {
-                run(
-                    &hook,
-                    &["createRuntime"],
-                    &state(&format!("h{g}"), h.id(), &groups[g]),
-                );
-            }
-        }
+    for (g, b) in groups.iter().enumerate() {
+        run(&hook, &["poststop"], &state(&format!("h{g}"), 0, b));
     }
+    let spread = |i: usize| format!("q{i}");
+    let group_of = |i: usize| groups[i % 4].clone();
+    let mut cold: Vec<Duration> = (0..BURSTS).map(|_| burst(&spread, &group_of)).collect();
+    for (g, h) in holders.iter().enumerate() {
+        run(
+            &hook,
+            &["createRuntime"],
+            &state(&format!("h{g}"), h.id(), &groups[g]),
+        );
+    }
+    let mut warm: Vec<Duration> = (0..BURSTS).map(|_| burst(&spread, &group_of)).collect();
+    report_bursts("4 domains, cold", &mut cold);
+    report_bursts("4 domains, warm", &mut warm);
     for (g, b) in groups.iter().enumerate() {
         run(&hook, &["poststop"], &state(&format!("h{g}"), 0, b));
     }
@@ -302,6 +281,23 @@ fn main() {
             .arg(d.join("state"))
             .status();
     }
+}
+
+/// Bursts of 32 concurrent acquires measured per case (each burst's total is one sample).
+const BURSTS: usize = 7;
+
+/// Prints the median total of a case's bursts, with the fastest and slowest.
+fn report_bursts(label: &str, totals: &mut [Duration]) {
+    totals.sort();
+    let m = totals[totals.len() / 2];
+    println!(
+        "  32 concurrent acquires ({label})  {:>8.3} ms total, {:.3} ms per container (median of {} bursts, {:.1}-{:.1} ms)",
+        ms(m),
+        ms(m) / 32.0,
+        totals.len(),
+        ms(totals[0]),
+        ms(totals[totals.len() - 1]),
+    );
 }
 
 /// Runs one `createRuntime` per state at once; the time until all have finished.

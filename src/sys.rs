@@ -113,50 +113,165 @@ const CLIENT_PIPE_ATTRS: u64 = MOUNT_ATTR_RDONLY
 /// Arranges for `cmd` to start in a mount namespace of its own in which `m.hide` is an empty
 /// tmpfs holding only the copy of `m.pipe` at `m.at`.
 pub fn client_in_sandbox(cmd: &mut Command, m: ClientMounts) {
-    // SAFETY: the closure runs in the forked child before exec and only makes raw system calls
-    // (unshare, open, mount, mkdir, mount_setattr, close) on data prepared before the fork or
-    // on the stack; it allocates nothing and takes no locks, so it is async-signal-safe.
+    // SAFETY: the closure runs in the forked child before exec and only calls
+    // `enter_client_sandbox`, which is async-signal-safe.
     unsafe {
-        cmd.pre_exec(move || {
-            unshare(CloneFlags::CLONE_NEWNS)?;
-            mount(
-                None::<&CStr>,
-                c"/",
-                None::<&CStr>,
-                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                None::<&CStr>,
-            )?;
-            let dir = libc::open(
-                m.pipe.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            );
-            let dir = nix::errno::Errno::result(dir)?;
-            mount(
-                Some(c"tmpfs"),
-                m.hide.as_c_str(),
-                Some(c"tmpfs"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some(c"mode=0700,size=16k,nr_inodes=16"),
-            )?;
-            nix::unistd::mkdir(
-                m.at.as_c_str(),
-                nix::sys::stat::Mode::from_bits_truncate(0o700),
-            )?;
-            let mut buf = [0u8; 32];
-            let src = proc_fd_path(dir, &mut buf);
-            let r = mount(
-                Some(src),
-                m.at.as_c_str(),
-                None::<&CStr>,
-                MsFlags::MS_BIND,
-                None::<&CStr>,
-            );
-            libc::close(dir);
-            r?;
-            set_attrs(libc::AT_FDCWD, &m.at, 0, CLIENT_PIPE_ATTRS, 0)?;
-            Ok(())
-        });
+        cmd.pre_exec(move || enter_client_sandbox(&m).map_err(std::io::Error::from));
     }
+}
+
+/// Makes the calling process's view the client sandbox `m` (see [`client_in_sandbox`]). Makes
+/// only raw system calls (unshare, open, mount, mkdir, mount_setattr, close) on data prepared
+/// before or on the stack; it allocates nothing and takes no locks, so it is async-signal-safe
+/// and may run between fork and exec.
+fn enter_client_sandbox(m: &ClientMounts) -> nix::Result<()> {
+    unshare(CloneFlags::CLONE_NEWNS)?;
+    mount(
+        None::<&CStr>,
+        c"/",
+        None::<&CStr>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&CStr>,
+    )?;
+    // SAFETY: `m.pipe` is a valid NUL-terminated string for the duration of the call.
+    let dir = unsafe {
+        libc::open(
+            m.pipe.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    let dir = nix::errno::Errno::result(dir)?;
+    mount(
+        Some(c"tmpfs"),
+        m.hide.as_c_str(),
+        Some(c"tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(c"mode=0700,size=16k,nr_inodes=16"),
+    )?;
+    nix::unistd::mkdir(
+        m.at.as_c_str(),
+        nix::sys::stat::Mode::from_bits_truncate(0o700),
+    )?;
+    let mut buf = [0u8; 32];
+    let src = proc_fd_path(dir, &mut buf);
+    let r = mount(
+        Some(src),
+        m.at.as_c_str(),
+        None::<&CStr>,
+        MsFlags::MS_BIND,
+        None::<&CStr>,
+    );
+    // SAFETY: `dir` was opened above and is owned here; close is async-signal-safe.
+    unsafe { libc::close(dir) };
+    r?;
+    set_attrs(libc::AT_FDCWD, &m.at, 0, CLIENT_PIPE_ATTRS, 0)
+}
+
+/// A program for [`spawn_client_unwaited`], prepared before the fork: its path, arguments
+/// (the first is its name) and environment (`NAME=value`).
+#[derive(Debug)]
+pub struct Exec {
+    pub path: CString,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+}
+
+/// Starts `exec` in a session of its own, in the client sandbox `m`, with `input` on its
+/// stdin and stdout and stderr on `/dev/null`, to be killed by `SIGALRM` after `seconds`, and
+/// waits for nothing: neither its exec nor its exit (a failure between fork and exec ends the
+/// child with 127, unseen). For a helper whose answer nobody needs; the caller is expected to
+/// exit soon, which hands the child to init. Returns its pid.
+///
+/// # Errors
+/// `input` longer than a pipe holds without a reader (`E2BIG`), or `pipe`, `open` or `fork`
+/// failing.
+pub fn spawn_client_unwaited(
+    exec: &Exec,
+    m: &ClientMounts,
+    input: &[u8],
+    seconds: u32,
+) -> nix::Result<i32> {
+    use std::os::fd::AsRawFd;
+    // What POSIX guarantees a pipe holds before a reader comes.
+    if input.len() > libc::PIPE_BUF {
+        return Err(nix::errno::Errno::E2BIG);
+    }
+    let argv: Vec<*const libc::c_char> = exec
+        .argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
+    let envp: Vec<*const libc::c_char> = exec
+        .envp
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let mut left = input;
+    while !left.is_empty() {
+        match nix::unistd::write(&write, left) {
+            Ok(n) => left = &left[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    drop(write);
+    let null = nix::fcntl::open(
+        c"/dev/null",
+        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let (read, null) = (read.as_raw_fd(), null.as_raw_fd());
+    // SAFETY: the child only makes async-signal-safe system calls on data prepared above
+    // (descriptors, C strings and pointer arrays that outlive the fork in its copy of the
+    // memory) and leaves by `execve` or `_exit`, running no destructor.
+    match unsafe { nix::unistd::fork() }? {
+        nix::unistd::ForkResult::Child => {
+            // SAFETY: see above; every call here is async-signal-safe.
+            unsafe {
+                let ok = libc::dup2(read, 0) == 0
+                    && libc::dup2(null, 1) == 1
+                    && libc::dup2(null, 2) == 2
+                    && libc::chdir(c"/".as_ptr()) == 0
+                    && enter_client_sandbox(m).is_ok()
+                    && libc::setsid() != -1;
+                if ok {
+                    // Rust ignores SIGPIPE, and an ignored signal stays ignored across exec.
+                    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                    let mut none: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut none);
+                    libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                    libc::alarm(seconds);
+                    close_inherited_on_exec();
+                    libc::execve(exec.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+                }
+                libc::_exit(127)
+            }
+        }
+        nix::unistd::ForkResult::Parent { child } => Ok(child.as_raw()),
+    }
+}
+
+/// Whether `path` (a symlink is not followed) is the root of a mount, as `statx` says
+/// (`STATX_ATTR_MOUNT_ROOT`, Linux 5.8); `None` when it cannot say.
+pub fn is_mount_root(path: &CStr) -> Option<bool> {
+    // SAFETY: an all-zero `statx` is a valid value of this plain C struct.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is a valid C string and `stx` a writable buffer of the right type, both
+    // living across the call.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            0,
+            &mut stx,
+        )
+    };
+    let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    (r == 0 && stx.stx_attributes_mask & bit != 0).then_some(stx.stx_attributes & bit != 0)
 }
 
 /// `/proc/self/fd/<fd>` written into `buf`, without allocating.
@@ -376,41 +491,6 @@ pub fn move_mount_onto(
     nix::errno::Errno::result(r).map(drop)
 }
 
-/// Runs `work` in a forked, single-threaded child (so that it may `setns` into a mount
-/// namespace) and returns the code it ends with: `Ok(())` for 0, `Err(code)` otherwise (a
-/// child killed by a signal gives `Err(-signal)`).
-///
-/// # Errors
-/// `fork` or `waitpid` failing, as an errno.
-///
-/// # Safety
-/// `work` must be async-signal-safe: it runs after `fork` in a possibly multi-threaded program,
-/// so it must not allocate, lock or log — only make system calls on data prepared before.
-pub unsafe fn in_forked_child(work: impl FnOnce() -> i32) -> nix::Result<Result<(), i32>> {
-    use nix::sys::wait::{waitpid, WaitStatus};
-    use nix::unistd::{fork, ForkResult};
-    // SAFETY: the child only runs `work`, which the caller guarantees is async-signal-safe
-    // (this function's safety contract), and then leaves with `_exit`, running no destructors
-    // or atexit handlers.
-    match unsafe { fork() }? {
-        ForkResult::Child => {
-            let code = work();
-            // SAFETY: `_exit` is async-signal-safe and ends the child at once.
-            unsafe { libc::_exit(code) }
-        }
-        ForkResult::Parent { child } => loop {
-            match waitpid(child, None) {
-                Ok(WaitStatus::Exited(_, 0)) => return Ok(Ok(())),
-                Ok(WaitStatus::Exited(_, c)) => return Ok(Err(c)),
-                Ok(WaitStatus::Signaled(_, s, _)) => return Ok(Err(-(s as i32))),
-                Ok(_) => continue,
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(e),
-            }
-        },
-    }
-}
-
 /// Detaches the mount whose root `fd` (an `O_PATH` descriptor) is open on, through
 /// `/proc/self/fd/<fd>`. Allocation-free, so it may be used in a forked child.
 ///
@@ -423,20 +503,4 @@ pub fn umount_fd_detach(fd: std::os::fd::BorrowedFd<'_>) -> nix::Result<()> {
     // SAFETY: `path` is a NUL-terminated C string that lives across the call.
     let r = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
     nix::errno::Errno::result(r).map(drop)
-}
-
-/// Arranges for `cmd` to start in a session of its own, with inherited descriptors above
-/// stderr closed on exec, and to be killed by `SIGALRM` after `seconds` (an alarm survives
-/// `exec`): for a helper that is not waited for.
-pub fn detached_with_deadline(cmd: &mut Command, seconds: u32) {
-    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
-    // system calls (setsid, alarm, close_range) on no shared data.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::unistd::setsid()?;
-            libc::alarm(seconds);
-            close_inherited_on_exec();
-            Ok(())
-        });
-    }
 }

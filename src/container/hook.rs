@@ -94,6 +94,7 @@ pub fn create_runtime(
         crate::container::inject::remove_container_files(cfg, &plan.container);
         return Err(e.into());
     }
+    host.flush();
     Ok(Outcome::Done(plan))
 }
 

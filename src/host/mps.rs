@@ -207,8 +207,12 @@ impl MpsDirs {
     }
 }
 
-/// Whether `path` is a mount point (its device differs from its parent's, or mountinfo says so).
+/// Whether `path` is a mount point: as `statx` says, or failing that as mountinfo says.
 pub fn is_mount_point(path: &Path) -> bool {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes());
+    if let Some(root) = c.ok().and_then(|c| crate::sys::is_mount_root(&c)) {
+        return root;
+    }
     let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
@@ -400,22 +404,30 @@ impl Control {
         }
     }
 
-    /// Sends `command` through a control client that is not waited for; it leaves the caller's
-    /// session, has no inherited descriptors and is killed after five seconds.
+    /// Sends `command` through a control client that is not waited for, not even for its
+    /// exec; it leaves the caller's session, has no inherited descriptors and is killed after
+    /// five seconds.
     fn command_detached(&self, pipe: &Path, command: &str) -> Result<(), MpsError> {
         let fail = |output: String| MpsError::Command {
             command: command.to_owned(),
             output,
         };
-        let mut cmd = self.client(pipe, Stdio::null).map_err(fail)?;
-        crate::sys::detached_with_deadline(&mut cmd, 5);
-        let mut child = cmd.spawn().map_err(|e| fail(e.to_string()))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(format!("{command}\n").as_bytes());
-        }
-        // Not waited for: it finishes on its own, reparented once this process exits.
-        drop(child);
-        Ok(())
+        let (mounts, private_pipe) = crate::host::sandbox::client_mounts(pipe)
+            .map_err(|e| fail(format!("cannot open {}: {e}", pipe.display())))?;
+        let c = |s: &[u8]| {
+            std::ffi::CString::new(s).map_err(|_| fail("a path holds a NUL byte".into()))
+        };
+        let binary = c(self.binary.as_os_str().as_encoded_bytes())?;
+        let mut pipe_env = b"CUDA_MPS_PIPE_DIRECTORY=".to_vec();
+        pipe_env.extend_from_slice(private_pipe.as_os_str().as_encoded_bytes());
+        let exec = crate::sys::Exec {
+            argv: vec![binary.clone()],
+            path: binary,
+            envp: vec![c(format!("PATH={SAFE_PATH}").as_bytes())?, c(&pipe_env)?],
+        };
+        crate::sys::spawn_client_unwaited(&exec, &mounts, format!("{command}\n").as_bytes(), 5)
+            .map(drop)
+            .map_err(|e| fail(e.to_string()))
     }
 
     /// The daemon's current defaults.

@@ -13,7 +13,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -438,32 +438,49 @@ impl StateDir {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(lock_err)?;
-        let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_micros(200);
-        loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    if Instant::now() >= deadline {
-                        let mut who = String::new();
-                        let _ = (&file).take(256).read_to_string(&mut who);
-                        return Err(StateError::LockTimeout {
-                            uuid: uuid.to_owned(),
-                            seconds: timeout.as_secs(),
-                            holder: lock_holder(&file, who.trim()),
-                        });
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                if let Err(e) = wait_for_lock(&file, timeout) {
+                    if e.kind() != std::io::ErrorKind::TimedOut {
+                        return Err(lock_err(e));
                     }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(20));
+                    let mut who = String::new();
+                    let _ = (&file).take(256).read_to_string(&mut who);
+                    return Err(StateError::LockTimeout {
+                        uuid: uuid.to_owned(),
+                        seconds: timeout.as_secs(),
+                        holder: lock_holder(&file, who.trim()),
+                    });
                 }
-                Err(std::fs::TryLockError::Error(e)) => return Err(lock_err(e)),
             }
+            Err(std::fs::TryLockError::Error(e)) => return Err(lock_err(e)),
         }
         // Name the holder for whoever times out waiting; best effort.
         let _ = file.set_len(0);
         let _ = file.rewind();
         let _ = writeln!(file, "pid {} ({holder})", std::process::id());
         Ok(GpuLock { _file: file })
+    }
+}
+
+/// Waits up to `timeout` for `file`'s `flock`: a blocking `flock` on a duplicate of the
+/// descriptor (the lock belongs to the open file they share), made on a thread of its own, so
+/// that the kernel wakes the waiter the moment the lock is free and no poll interval adds
+/// latency. A lock the thread gets after the timeout is let go at once: the thread closes its
+/// duplicate, and the caller, having timed out, closes the original.
+///
+/// # Errors
+/// `TimedOut`, or the error of `dup` or `flock`.
+fn wait_for_lock(file: &File, timeout: Duration) -> std::io::Result<()> {
+    let waiter = file.try_clone()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(waiter.lock());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(r) => r,
+        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
     }
 }
 

@@ -178,7 +178,7 @@ pub fn container_env(plan: &Plan) -> Vec<(String, String)> {
 
 /// Binds `list` into the container whose init process is `pid` and whose rootfs (as the
 /// engine gave it, a host path) is `rootfs`. Sources are cloned as detached mount trees on the
-/// host first; a forked child then enters the container's mount namespace, resolves each
+/// host first; a thread of ours then enters the container's mount namespace, resolves each
 /// target inside the rootfs (creating it if missing) and moves the clone onto it.
 ///
 /// # Errors
@@ -214,94 +214,70 @@ pub fn into_container(pid: i32, rootfs: &Path, list: &[Binding]) -> Result<(), I
         let kind = if b.dir { Kind::Dir } else { Kind::File };
         prepared.push((tree, Target::new(&b.target, kind)));
     }
-    let (rd, wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| InjectError::Child(e.to_string()))?;
-    // SAFETY: the closure is async-signal-safe: it only makes system calls (setns, openat2,
-    // mkdirat, move_mount, write) on descriptors and buffers prepared above, and reports
-    // through a fixed-size stack buffer; it neither allocates, locks nor logs.
-    #[allow(unsafe_code)]
-    let outcome = unsafe {
-        sys::in_forked_child(|| {
-            let report = |idx: usize, step: u8, e: Errno| {
-                let mut msg = [0u8; 9];
-                msg[..4].copy_from_slice(&(idx as u32).to_le_bytes());
-                msg[4] = step;
-                msg[5..].copy_from_slice(&(e as i32).to_le_bytes());
-                let _ = nix::unistd::write(&wr, &msg);
-                1
-            };
-            if let Err(e) = setns(ns.as_fd(), CloneFlags::CLONE_NEWNS) {
-                return report(0, 0, e);
-            }
-            let root = match rootfs::open_root(&root_c) {
-                Ok(r) => r,
-                Err(e) => return report(0, 1, e),
-            };
-            for (i, (tree, target)) in prepared.iter().enumerate() {
-                let fd = match rootfs::ensure_target(&root, target) {
-                    Ok(fd) => fd,
-                    Err((Step::Resolve, e)) => return report(i, 2, e),
-                    Err((Step::Create, e)) => return report(i, 3, e),
-                    Err((Step::Kind, e)) => return report(i, 4, e),
+    // Which binding failed (its index), at which step, with which errno.
+    type Failure = (usize, &'static str, Errno);
+    let outcome = in_mount_namespace(ns.as_fd(), || -> Result<(), Failure> {
+        let root = rootfs::open_root(&root_c).map_err(|e| (0, "open", e))?;
+        for (i, (tree, target)) in prepared.iter().enumerate() {
+            let step = |(step, e): (Step, Errno)| {
+                let step = match step {
+                    Step::Resolve => "resolve",
+                    Step::Create => "create",
+                    Step::Kind => "use (wrong file type)",
                 };
-                match sys::move_mount_onto(tree.as_fd(), fd.as_fd()) {
-                    Ok(()) => {}
-                    // The target is a mount over a removed directory (a spec mount of a daemon
-                    // directory that was replaced since): detach it and bind onto what is below.
-                    Err(Errno::ENOENT) => {
-                        if let Err(e) = sys::umount_fd_detach(fd.as_fd()) {
-                            return report(i, 5, e);
-                        }
-                        drop(fd);
-                        let fd = match rootfs::ensure_target(&root, target) {
-                            Ok(fd) => fd,
-                            Err((_, e)) => return report(i, 2, e),
-                        };
-                        if let Err(e) = sys::move_mount_onto(tree.as_fd(), fd.as_fd()) {
-                            return report(i, 5, e);
-                        }
-                    }
-                    Err(e) => return report(i, 5, e),
+                (i, step, e)
+            };
+            let fd = rootfs::ensure_target(&root, target).map_err(step)?;
+            match sys::move_mount_onto(tree.as_fd(), fd.as_fd()) {
+                Ok(()) => {}
+                // The target is a mount over a removed directory (a spec mount of a daemon
+                // directory that was replaced since): detach it and bind onto what is below.
+                Err(Errno::ENOENT) => {
+                    sys::umount_fd_detach(fd.as_fd()).map_err(|e| (i, "bind-mount onto", e))?;
+                    drop(fd);
+                    let fd = rootfs::ensure_target(&root, target).map_err(step)?;
+                    sys::move_mount_onto(tree.as_fd(), fd.as_fd())
+                        .map_err(|e| (i, "bind-mount onto", e))?;
                 }
+                Err(e) => return Err((i, "bind-mount onto", e)),
             }
-            0
-        })
-    }
-    .map_err(|e| InjectError::Child(e.to_string()))?;
-    drop(wr);
-    if outcome.is_ok() {
-        return Ok(());
-    }
-    let mut msg = [0u8; 9];
-    let got = nix::unistd::read(&rd, &mut msg).unwrap_or(0);
-    if got != msg.len() {
-        return Err(InjectError::Child(format!("exit {outcome:?}")));
-    }
-    let idx = u32::from_le_bytes(msg[..4].try_into().expect("4 bytes")) as usize;
-    let errno = Errno::from_raw(i32::from_le_bytes(msg[5..].try_into().expect("4 bytes")));
-    if msg[4] == 0 {
-        return Err(InjectError::Namespace {
-            pid,
-            source: std::io::Error::from(errno),
-        });
-    }
-    let step = match msg[4] {
-        1 => "open",
-        2 => "resolve",
-        3 => "create",
-        4 => "use (wrong file type)",
-        _ => "bind-mount onto",
-    };
-    let target = if msg[4] == 1 {
-        "/".to_owned()
-    } else {
-        list.get(idx).map_or_else(String::new, |b| b.target.clone())
-    };
-    Err(InjectError::Target {
+        }
+        Ok(())
+    })
+    .map_err(|source| InjectError::Namespace {
+        pid,
+        source: source.into(),
+    })?;
+    outcome.map_err(|(i, step, source)| InjectError::Target {
         step,
-        target,
+        target: if step == "open" {
+            "/".to_owned()
+        } else {
+            list.get(i).map_or_else(String::new, |b| b.target.clone())
+        },
         rootfs: rootfs.to_owned(),
-        source: errno,
+        source,
+    })
+}
+
+/// Runs `work` on a thread of its own that has entered the mount namespace `ns` (having first
+/// unshared its filesystem attributes, as `setns` requires); the process's other threads stay
+/// where they are, and the thread ends with `work`.
+///
+/// # Errors
+/// The errno of `unshare` or `setns`; `EIO` if `work` panicked.
+fn in_mount_namespace<T: Send>(
+    ns: std::os::fd::BorrowedFd<'_>,
+    work: impl FnOnce() -> T + Send,
+) -> Result<T, Errno> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::unshare(CloneFlags::CLONE_FS)?;
+            setns(ns, CloneFlags::CLONE_NEWNS)?;
+            Ok(work())
+        })
+        .join()
+        .unwrap_or(Err(Errno::EIO))
     })
 }
 

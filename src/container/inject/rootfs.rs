@@ -3,8 +3,7 @@
 //! Every lookup goes through `openat2(2)` with `RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS` on a
 //! descriptor of the root, so a symlink in the image (absolute, `../../..`, looping) can never
 //! lead outside it. Missing components are created one at a time on the descriptor of their
-//! (already resolved) parent. Nothing here allocates after set-up, so [`ensure_target`] can run
-//! in a forked child.
+//! (already resolved) parent.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -96,8 +95,6 @@ fn kind_ok(fd: &OwnedFd, want: Kind) -> nix::Result<bool> {
 /// Resolves `target` inside `root`, creating missing directories (mode 0755) and, for a file
 /// target, a missing empty file (mode 0644). Returns an `O_PATH` descriptor of the target,
 /// which must be a directory or a regular file as asked.
-///
-/// Async-signal-safe: only system calls on prepared data.
 ///
 /// # Errors
 /// The failed step and its errno.
