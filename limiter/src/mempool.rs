@@ -5,10 +5,13 @@
 //!
 //! What counts is a pool's *reserved* memory (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, read from
 //! the real driver), not the requests: memory a pool keeps after `cuMemFreeAsync` (up to its
-//! release threshold) stays counted until the pool releases it. Before an allocation the
-//! limiter refuses it with `CUDA_ERROR_OUT_OF_MEMORY` when `request − the pool's free reserved
-//! memory` does not fit under the cap; after it, the pool's growth (new reading − last charged
-//! reading, [`crate::pools`]) is charged. Every other result is the driver's own `CUresult`.
+//! release threshold) stays counted until the pool releases it. Under the pool's lock
+//! ([`crate::pools`]), an allocation reads the pool, refuses with `CUDA_ERROR_OUT_OF_MEMORY`
+//! when `request − the pool's free reserved memory` does not fit under the cap, allocates, and
+//! charges the pool's new reading; a synchronisation or trim re-reads the pools afterwards.
+//! Every reading replaces the charge in the order it was taken, so a trim in another thread
+//! can never be applied over a growth it did not see. Every other result is the driver's own
+//! `CUresult`.
 
 use crate::driver::cuda::{self as drv, Opaque};
 use crate::driver::real;
@@ -20,6 +23,7 @@ use cuda_abi::pool_attr::{
 };
 use cuda_abi::result::{OUT_OF_MEMORY, SUCCESS};
 use cuda_abi::{CuResult, MemPoolPropsHead, LOCATION_DEVICE};
+use std::cell::Cell;
 
 /// Applies a pool size change to the shared accounting (capped devices only).
 fn apply(l: &Limiter, ord: usize, d: Delta) {
@@ -32,46 +36,25 @@ fn apply(l: &Limiter, ord: usize, d: Delta) {
     }
 }
 
-/// Re-reads the reserved size of `pool` and charges or credits the change. The reading replaces
-/// the charge only if no allocation charged growth meanwhile (else it may be older than that
-/// growth): then the pool is read again.
+/// Re-reads the reserved size of `pool` and charges or credits the change. A pool whose lock
+/// is held is left alone: the holder charges a reading taken after ours would have been, and
+/// a change it missed is taken up by the pool's next reading.
 fn resync(l: &Limiter, pool: usize, e: &Entry) {
     let Some(ord) = e.ord() else {
         return;
     };
-    for _ in 0..3 {
-        let before = e.charged();
-        let Some(reserved) = drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT) else {
-            return;
-        };
-        if let Some(d) = e.replace(before, reserved) {
-            apply(l, ord, d);
-            return;
-        }
-    }
-    // A busy pool: growth only, the shrinkage is credited at the next synchronisation.
-    grow(l, pool, e);
-}
-
-/// Re-reads the reserved size of `pool` and charges any growth (an allocation never shrinks a
-/// pool, so a reading lower than the charge is older than it and ignored).
-fn grow(l: &Limiter, pool: usize, e: &Entry) {
-    if let (Some(ord), Some(reserved)) = (e.ord(), drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT))
-    {
-        apply(l, ord, e.raise(reserved));
+    let Some(g) = e.try_lock() else {
+        return;
+    };
+    if let Some(reserved) = drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT) {
+        apply(l, ord, e.set(&g, reserved));
     }
 }
 
-/// Most time a call that may shrink pools waits for allocations in flight to settle.
-const SHRINK_WAIT_NS: u64 = 50_000_000;
-
-/// Runs a call after which pools may have shrunk (synchronisation, trim) so that no allocation
-/// counts on free pool memory that goes away meanwhile, then re-reads every watched pool.
+/// Runs a call after which pools may have shrunk (synchronisation, trim), then re-reads every
+/// watched pool.
 pub(crate) fn shrinking(call: impl FnOnce() -> CuResult) -> CuResult {
-    if !state::get().is_some_and(|l| l.limits.any_mem()) {
-        return call();
-    }
-    let r = POOLS.shrink(SHRINK_WAIT_NS, call);
+    let r = call();
     if r == SUCCESS {
         resync_all();
     }
@@ -87,6 +70,12 @@ pub(crate) fn resync_all() {
     }
 }
 
+thread_local! {
+    /// Set while this thread holds a pool's lock: a driver that allocates from inside an
+    /// allocation is passed through instead of waiting for the lock it holds.
+    static IN_POOL: Cell<bool> = const { Cell::new(false) };
+}
+
 /// A stream-ordered allocation from `pool` (`None`: the current device's current pool).
 fn counted_async(
     size: u64,
@@ -97,6 +86,9 @@ fn counted_async(
     let Some(l) = state::get().filter(|l| l.limits.any_mem()) else {
         return call();
     };
+    if IN_POOL.with(Cell::get) {
+        return call();
+    }
     let found = match pool {
         None => drv::current_ordinal().and_then(|ord| Some((drv::current_pool(ord)?, Some(ord)))),
         Some(p) if p.is_null() => return call(),
@@ -121,64 +113,44 @@ fn counted_async(
     if l.mem_limit(ord).is_none() {
         return call();
     }
-    // The most the pool can grow by: the request less the pool's free reserved memory that no
-    // other allocation in flight has been promised. A reading taken while another allocation
-    // of this pool completed may count memory that one took: then it is read again.
-    let mut granted = 0;
-    let mut readings = 0;
-    loop {
-        let since = e.completed();
-        let (Some(reserved), Some(used)) = (
-            drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT),
-            drv::pool_attr(pool, ATTR_USED_MEM_CURRENT),
-        ) else {
-            return memory::counted(
-                ord,
-                drv::current().map_or(0, |(c, _)| c),
-                size,
-                Kind::Ptr,
-                call,
-                key,
-            );
-        };
-        apply(l, ord, e.raise(reserved));
-        if POOLS.shrinking() {
-            // The free memory read may be going away right now: promise nothing.
-            break;
-        }
-        if let Some(g) = e.promise(size, reserved.saturating_sub(used), since) {
-            // A shrink that began after the check above waits for this promise to settle;
-            // one that began before it may have taken the memory: promise nothing then.
-            if !POOLS.shrinking() {
-                granted = g;
-            } else {
-                e.unpromise(g);
-            }
-            break;
-        }
-        readings += 1;
-        if readings == 3 {
-            // Busy pool: assume nothing free (may refuse what would fit, never over-admit).
-            break;
-        }
-    }
-    let need = size - granted;
+    let g = e.lock();
+    let (Some(reserved), Some(used)) = (
+        drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT),
+        drv::pool_attr(pool, ATTR_USED_MEM_CURRENT),
+    ) else {
+        drop(g);
+        return memory::counted(
+            ord,
+            drv::current().map_or(0, |(c, _)| c),
+            size,
+            Kind::Ptr,
+            call,
+            key,
+        );
+    };
+    // Whatever changed since the last reading (a trim in a synchronisation) first.
+    apply(l, ord, e.set(&g, reserved));
+    // The most the pool can grow by: the request less its free reserved memory.
+    let need = size.saturating_sub(reserved.saturating_sub(used));
     let ticket = if need == 0 {
         None
     } else {
         match l.reserve(ord, need) {
             Ok(t) => t,
-            Err(()) => {
-                e.unpromise(granted);
-                return OUT_OF_MEMORY;
-            }
+            Err(()) => return OUT_OF_MEMORY,
         }
     };
+    IN_POOL.with(|f| f.set(true));
     let r = call();
+    IN_POOL.with(|f| f.set(false));
     if r == SUCCESS {
-        grow(l, pool, e);
+        match drv::pool_attr(pool, ATTR_RESERVED_MEM_CURRENT) {
+            Some(now) => apply(l, ord, e.set(&g, now)),
+            // No reading: charge the most it can have grown by; the next reading corrects it.
+            None => apply(l, ord, e.set(&g, reserved + need)),
+        }
     }
-    e.complete(granted);
+    drop(g);
     if let Some(t) = ticket {
         l.unreserve(t);
     }

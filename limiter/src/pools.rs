@@ -3,10 +3,13 @@
 //! holds on the device), not as the sizes of the allocations made from it.
 //!
 //! Lookups scan a fixed table with atomic loads (no lock). Adding and removing a pool take a
-//! small mutex that is never held across a driver call.
+//! small mutex that is never held across a driver call. Each pool's accounting (a reading of
+//! the driver, the admission decided from it, the allocation, the reading after it, and the
+//! charge) is one step under the pool's own spin lock, so that no reading is applied out of
+//! order with another; a forked child starts with every pool lock free.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Pools watched at once; allocations from further pools are counted by request size.
@@ -19,15 +22,18 @@ pub struct Entry {
     handle: AtomicUsize,
     ord: AtomicU32,
     charged: AtomicU64,
-    /// Free reserved memory promised to allocations in flight (they need not grow the pool),
-    /// in the low 48 bits, and a count of changes (allocations completed, shrinks done; mod
-    /// 2^16) above: one word, so that a promise is made only if nothing changed the pool since
-    /// it was read.
-    promises: AtomicU64,
+    /// Held while the pool's accounting is read and changed (see the module's text).
+    busy: AtomicBool,
 }
 
-const PROMISED: u64 = (1 << 48) - 1;
-const ONE_COMPLETED: u64 = 1 << 48;
+/// A held pool lock; released on drop.
+pub struct PoolGuard<'a>(&'a Entry);
+
+impl Drop for PoolGuard<'_> {
+    fn drop(&mut self) {
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
 
 /// A change of a pool's charged size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +48,7 @@ impl Entry {
             handle: AtomicUsize::new(0),
             ord: AtomicU32::new(NOT_DEVICE),
             charged: AtomicU64::new(0),
-            promises: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
         }
     }
 
@@ -51,76 +57,37 @@ impl Entry {
         self.charged.load(Ordering::Acquire)
     }
 
-    /// Records a fresh reading `reserved` in place of the charge `expected` read before it.
-    /// `None` when the charge changed meanwhile (an allocation charged growth): read again.
-    pub fn replace(&self, expected: u64, reserved: u64) -> Option<Delta> {
-        self.charged
-            .compare_exchange(expected, reserved, Ordering::AcqRel, Ordering::Acquire)
-            .ok()
-            .map(|old| {
-                if reserved >= old {
-                    Delta::Grew(reserved - old)
-                } else {
-                    Delta::Shrank(old - reserved)
-                }
-            })
-    }
-
-    /// Records a reading taken on an allocation path: only growth counts, since an allocation
-    /// never shrinks a pool (a lower reading is older than the charge).
-    #[inline]
-    pub fn raise(&self, reserved: u64) -> Delta {
-        if reserved <= self.charged.load(Ordering::Acquire) {
-            return Delta::Grew(0);
+    /// Takes the pool's lock, waiting for another thread's accounting step (which holds it
+    /// across one driver allocation).
+    pub fn lock(&self) -> PoolGuard<'_> {
+        while self
+            .busy
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
         }
-        let old = self.charged.fetch_max(reserved, Ordering::AcqRel);
-        Delta::Grew(reserved.saturating_sub(old))
+        PoolGuard(self)
     }
 
-    /// How many changes (completed allocations, shrinks) this pool has seen (mod 2^16): read
-    /// before a reading of the pool and handed to [`Self::promise`].
-    #[inline]
-    pub fn completed(&self) -> u64 {
-        self.promises.load(Ordering::SeqCst) >> 48
+    /// Takes the pool's lock if it is free.
+    pub fn try_lock(&self) -> Option<PoolGuard<'_>> {
+        self.busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+            // Made only on success: a guard dropped unused would free another holder's lock.
+            .then(|| PoolGuard(self))
     }
 
-    /// Promises up to `size` bytes of the pool's `free` reserved memory (a reading taken after
-    /// [`Self::completed`] returned `since`) to an allocation, less what is promised to others
-    /// already; returns the bytes granted. `None` (nothing promised) when an allocation
-    /// completed or the pool shrank since: the reading may count memory that is gone.
-    #[inline]
-    pub fn promise(&self, size: u64, free: u64, since: u64) -> Option<u64> {
-        let mut granted = 0;
-        self.promises
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
-                if w >> 48 != since {
-                    return None;
-                }
-                granted = size.min(free.saturating_sub(w & PROMISED));
-                Some(w + granted)
-            })
-            .ok()
-            .map(|_| granted)
-    }
-
-    /// Takes a promise back (the allocation did not go ahead).
-    pub fn unpromise(&self, granted: u64) {
-        if granted != 0 {
-            self.promises.fetch_sub(granted, Ordering::SeqCst);
+    /// Records the reading `reserved` as the pool's charge; returns the change. Called with
+    /// the pool's lock held (the guard proves it), so readings are applied in the order taken.
+    pub fn set(&self, _held: &PoolGuard<'_>, reserved: u64) -> Delta {
+        let old = self.charged.swap(reserved, Ordering::AcqRel);
+        if reserved >= old {
+            Delta::Grew(reserved - old)
+        } else {
+            Delta::Shrank(old - reserved)
         }
-    }
-
-    /// Whether any allocation in flight holds a promise.
-    pub fn promised(&self) -> bool {
-        self.promises.load(Ordering::SeqCst) & PROMISED != 0
-    }
-
-    /// An allocation holding `granted` completed (the pool's used size now shows it).
-    #[inline]
-    pub fn complete(&self, granted: u64) {
-        // One step: the count goes up (wrapping off the top) and the promise is released.
-        self.promises
-            .fetch_add(ONE_COMPLETED.wrapping_sub(granted), Ordering::SeqCst);
     }
 
     /// CUDA ordinal of the pool's device; `None` for host pools.
@@ -134,9 +101,6 @@ impl Entry {
 pub struct Pools {
     entries: [Entry; MAX_POOLS],
     edit: Mutex<()>,
-    /// Calls in progress after which pools may have shrunk (synchronisation, trim): while one
-    /// runs, no allocation is promised a pool's free memory, which may be going away.
-    shrinking: AtomicU32,
 }
 
 /// The process's watched pools.
@@ -153,7 +117,6 @@ impl Pools {
         Pools {
             entries: [const { Entry::new() }; MAX_POOLS],
             edit: Mutex::new(()),
-            shrinking: AtomicU32::new(0),
         }
     }
 
@@ -195,29 +158,11 @@ impl Pools {
         Some((e.ord(), e.charged.swap(0, Ordering::AcqRel)))
     }
 
-    /// Whether a call that may shrink pools is in progress.
-    pub fn shrinking(&self) -> bool {
-        self.shrinking.load(Ordering::SeqCst) != 0
-    }
-
-    /// Runs `call`, which may make pools give memory back, once no allocation in flight holds
-    /// a promise of a pool's free memory (waiting at most `max_wait_ns`); no new promise is
-    /// made until it returns.
-    pub fn shrink<T>(&self, max_wait_ns: u64, call: impl FnOnce() -> T) -> T {
-        self.shrinking.fetch_add(1, Ordering::SeqCst);
-        let start = crate::sys::now_ns();
-        while self.iter().any(|(_, e)| e.promised())
-            && crate::sys::now_ns().saturating_sub(start) < max_wait_ns
-        {
-            std::thread::yield_now();
+    /// In a forked child: frees every pool lock (the threads that held them are gone).
+    pub fn after_fork_child(&self) {
+        for e in &self.entries {
+            e.busy.store(false, Ordering::Release);
         }
-        let r = call();
-        // Readings taken before or during the call are stale now (see `Entry::promise`).
-        for (_, e) in self.iter() {
-            e.promises.fetch_add(ONE_COMPLETED, Ordering::SeqCst);
-        }
-        self.shrinking.fetch_sub(1, Ordering::SeqCst);
-        r
     }
 
     /// Every watched pool with its handle.
@@ -237,6 +182,7 @@ mod tests {
     fn readings_report_growth_and_shrinkage_that_add_up() {
         let p = Pools::new();
         let e = p.register(0x10, 1).unwrap();
+        let g = e.lock();
         let rows: &[(&str, u64, Delta)] = &[
             ("first reading charges everything", 6, Delta::Grew(6)),
             ("same size, no change", 6, Delta::Grew(0)),
@@ -244,57 +190,43 @@ mod tests {
             ("trim", 2, Delta::Shrank(8)),
         ];
         for (what, reserved, want) in rows {
-            assert_eq!(e.replace(e.charged(), *reserved), Some(*want), "{what}");
+            assert_eq!(e.set(&g, *reserved), *want, "{what}");
         }
-        assert_eq!(
-            e.replace(7, 3),
-            None,
-            "a charge that changed since it was read is not replaced"
-        );
-        let raises: &[(&str, u64, Delta)] = &[
-            ("growth on an allocation path", 5, Delta::Grew(3)),
-            ("an older, lower reading is ignored", 4, Delta::Grew(0)),
-        ];
-        for (what, reserved, want) in raises {
-            assert_eq!(e.raise(*reserved), *want, "{what}");
-        }
+        assert_eq!(e.charged(), 2);
         assert_eq!(e.ord(), Some(1));
     }
 
     #[test]
-    fn promises_never_hand_out_free_memory_twice() {
+    fn one_accounting_step_at_a_time_and_a_fork_frees_the_locks() {
         let p = Pools::new();
         let e = p.register(0x10, 0).unwrap();
-        let since = e.completed();
-        let rows: &[(&str, u64, Option<u64>)] = &[
-            ("first allocation served from free memory", 60, Some(60)),
-            ("the second gets only what is left", 60, Some(40)),
-            ("nothing left to promise", 10, Some(0)),
-        ];
-        for (what, size, want) in rows {
-            assert_eq!(e.promise(*size, 100, since), *want, "{what}");
-        }
-        e.complete(60);
-        assert_ne!(e.completed(), since, "a completion is seen");
-        assert_eq!(
-            e.promise(30, 100, since),
-            None,
-            "a reading older than a completion earns no promise"
+        let g = e.lock();
+        assert!(e.try_lock().is_none(), "held");
+        assert!(
+            e.try_lock().is_none(),
+            "a failed try leaves the holder's lock alone"
         );
-        assert_eq!(
-            e.promise(30, 100, e.completed()),
-            Some(30),
-            "the completed allocation's promise was given back"
-        );
-        e.unpromise(40);
-        e.unpromise(30);
-        assert!(!e.promised(), "all back");
-        for _ in 0..70_000 {
-            e.complete(0);
-        }
-        assert_eq!(e.promise(5, 100, e.completed()), Some(5), "the count wraps");
-        e.unpromise(5);
-        assert!(!e.promised());
+        assert_eq!(e.set(&g, 100), Delta::Grew(100));
+        assert_eq!(e.set(&g, 40), Delta::Shrank(60));
+        drop(g);
+        assert!(e.try_lock().is_some(), "free again");
+        // Sixteen threads each add 1000 one-unit growths under the lock: none is lost.
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        let g = e.lock();
+                        let now = e.charged();
+                        assert_eq!(e.set(&g, now + 1), Delta::Grew(1));
+                    }
+                });
+            }
+        });
+        assert_eq!(e.charged(), 16_040);
+        std::mem::forget(e.lock());
+        assert!(e.try_lock().is_none());
+        p.after_fork_child();
+        assert!(e.try_lock().is_some(), "a child starts with the lock free");
     }
 
     #[test]
@@ -303,7 +235,7 @@ mod tests {
         assert!(p.find(0x10).is_none(), "unknown pool");
         assert!(p.register(0, 0).is_none(), "null handle is never watched");
         let e = p.register(0x10, 0).unwrap();
-        e.raise(5);
+        e.set(&e.lock(), 5);
         assert!(
             std::ptr::eq(p.register(0x10, 3).unwrap(), e),
             "registering again returns the same entry"

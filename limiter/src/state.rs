@@ -143,6 +143,7 @@ extern "C" fn after_fork_child() {
     OWN_SLOT.store(usize::MAX, Ordering::SeqCst);
     OWN_PID.store(sys::getpid(), Ordering::SeqCst);
     sm::after_fork_child();
+    crate::pools::POOLS.after_fork_child();
 }
 
 /// The message for a shared file that is not (or no longer) this library's layout.
