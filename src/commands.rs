@@ -53,7 +53,7 @@ fn read_state_input(stdin: impl Read) -> Result<Vec<u8>, Error> {
 /// [`Error`] for bad input, a refused request or a failed acquire (which undid itself).
 pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Reply, Error> {
     let input = read_state_input(stdin)?;
-    let open = || inventory::open(&ctx.cfg);
+    let open = || inventory::open_for_planning(&ctx.cfg);
     let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, &open) {
         Ok(o) => o,
         Err(e) => {
@@ -124,7 +124,7 @@ pub fn poststop(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
 /// [`Error`] for unreadable input, or a refusal that cannot be carried.
 pub fn precreate(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
     let bytes = prepare::read_precreate_input(stdin)?;
-    let open = || inventory::open(&ctx.cfg);
+    let open = || inventory::open_for_planning(&ctx.cfg);
     let out = match prepare::precreate(bytes, &ctx.cfg, ctx.source.to_hand_on(), &open)? {
         Precreated::Config(c) => c,
         Precreated::Refused { config, message } => {

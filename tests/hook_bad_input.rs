@@ -239,7 +239,10 @@ fn missing_or_failing_drivers_and_binaries_are_refused() {
     let err = refused(&sb, &state, &[]);
     assert!(err.contains("cannot load NVML"), "{err}");
 
+    // Without the GPU list a previous request saved, planning needs NVML. (With it, a join of
+    // the running daemon needs none: tests/hook_lifecycle.rs.)
     sb.write_config("");
+    let _ = std::fs::remove_file(sb.state_dir().join("inventory.json"));
     let err = refused(&sb, &state, &[("GPUSHARE_SIM_FAIL", "nvmlInit_v2")]);
     assert!(err.contains("cannot load NVML"), "{err}");
     let err = refused(&sb, &state, &[("GPUSHARE_SIM_FAIL", "nvmlDeviceGetUUID")]);

@@ -575,3 +575,70 @@ fn spec_edit_reservation_keeps_mount_sources_across_a_last_release() {
     assert!(!dir.exists(), "directories removed after the last client");
     assert!(common::mounts_under(&sb.state_dir()).is_empty());
 }
+
+#[test]
+fn a_join_of_a_running_daemon_loads_no_nvml_and_a_start_still_does() {
+    if !common::require("mps lifecycle", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(2);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b0 = sb.bundle("b0", &mps_spec());
+    let b1 = sb.bundle(
+        "b1",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=1"]),
+    );
+    let (a, c, d) = (
+        FakeContainer::start(),
+        FakeContainer::start(),
+        FakeContainer::start(),
+    );
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("ca", a.pid(), &b0)));
+    let snap = sb.state_dir().join("inventory.json");
+    assert!(snap.is_file(), "the first plan saves the GPU list");
+
+    // NVML now fails as soon as it is loaded: a join of GPU 0's running daemon does not load it.
+    let broken = [("GPUSHARE_SIM_FAIL", "nvmlInit_v2")];
+    ok(&sb.hook_env(
+        &["createRuntime"],
+        &Sandbox::state_json("cb", c.pid(), &b0),
+        &broken,
+    ));
+    assert_eq!(clients(&sb.status(), 0), vec!["ca", "cb"]);
+    // Starting GPU 1's daemon changes its compute mode: that needs NVML, and says so.
+    let out = sb.hook_env(
+        &["createRuntime"],
+        &Sandbox::state_json("cd", d.pid(), &b1),
+        &broken,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot load NVML"), "{err}");
+    assert_eq!(daemons_under(&sb.state_dir()).len(), 1, "nothing started");
+    assert_eq!(sb.compute_mode(1), 0, "GPU 1 untouched");
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("cd", d.pid(), &b1)));
+    assert_eq!(daemons_under(&sb.state_dir()).len(), 2);
+
+    // A snapshot the driver contradicts (here: GPUs swapped) is dropped and the request
+    // refused with "retry"; the retry plans from NVML again.
+    let text = std::fs::read_to_string(&snap).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let gpus = v["gpus"].as_array_mut().unwrap();
+    let (u0, u1) = (gpus[0]["uuid"].clone(), gpus[1]["uuid"].clone());
+    gpus[0]["uuid"] = u1;
+    gpus[1]["uuid"] = u0;
+    std::fs::write(&snap, v.to_string()).unwrap();
+    for id in ["ca", "cb", "cd"] {
+        let bundle = if id == "cd" { &b1 } else { &b0 };
+        ok(&sb.hook(&["poststop"], &Sandbox::state_json(id, 0, bundle)));
+    }
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("ce", a.pid(), &b0));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("retry"), "{err}");
+    assert!(!snap.exists(), "dropped");
+    assert!(daemons_under(&sb.state_dir()).is_empty());
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("ce", a.pid(), &b0)));
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("ce", 0, &b0)));
+    assert!(daemons_under(&sb.state_dir()).is_empty());
+}

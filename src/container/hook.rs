@@ -95,6 +95,7 @@ pub fn create_runtime(
         return Err(e.into());
     }
     host.flush();
+    inventory.remember();
     Ok(Outcome::Done(plan))
 }
 

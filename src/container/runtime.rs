@@ -389,7 +389,7 @@ pub fn run(argv: &[OsString], args: &Args) -> Ended {
     if wants_edit(args) {
         match &loaded {
             Ok(cfg) => {
-                let open = || crate::host::inventory::open(cfg);
+                let open = || crate::host::inventory::open_for_planning(cfg);
                 let dir = made_here(args, cfg);
                 let had = dir.as_ref().is_some_and(|d| d.exists());
                 if let Err(e) = edit_bundle(args, cfg, source.to_hand_on(), &open) {

@@ -15,6 +15,22 @@ pub fn open(cfg: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
     Ok(Box::new(NvmlInventory::open(&cfg.nvml.library)?))
 }
 
+/// The inventory of a command that plans containers: NVML behind the GPU snapshot, so that a
+/// join of a running daemon loads no NVML (see [`crate::host::snapshot`]).
+///
+/// # Errors
+/// None itself: NVML is loaded on first need, and its errors come from the calls.
+pub fn open_for_planning(cfg: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
+    let library = cfg.nvml.library.clone();
+    let open: crate::host::snapshot::Opener =
+        Box::new(move || NvmlInventory::open(&library).map(|n| Box::new(n) as Box<dyn Inventory>));
+    Ok(Box::new(crate::host::snapshot::Snapshotted::new(
+        &cfg.state_dir,
+        &cfg.nvml.library,
+        open,
+    )))
+}
+
 /// The real inventory: NVML, loaded from a configured library path.
 pub struct NvmlInventory {
     nvml: Nvml,

@@ -10,6 +10,7 @@ pub mod pending;
 pub mod procinfo;
 pub mod release;
 pub mod sandbox;
+pub mod snapshot;
 pub mod state;
 pub mod timeslice;
 

@@ -198,8 +198,14 @@ impl Host<'_> {
         }
         let _ = std::fs::remove_dir(self.state.mps_root());
         self.gc_container_dirs(report);
-        for p in crate::host::state::sweep_temp_files(&self.state.gpus_dir()) {
-            report.push(format!("removed {} of a killed write", p.display()));
+        for dir in [self.state.gpus_dir(), self.state.root().to_path_buf()] {
+            for p in crate::host::state::sweep_temp_files(&dir) {
+                report.push(format!("removed {} of a killed write", p.display()));
+            }
+        }
+        if let Some(line) = crate::host::snapshot::drop_if_stale(self.state.root(), self.inventory)
+        {
+            report.push(line);
         }
         out
     }

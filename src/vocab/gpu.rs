@@ -51,6 +51,8 @@ pub enum InventoryError {
     },
     #[error("NVML unavailable: {0}")]
     Unavailable(String),
+    #[error("the GPUs NVML lists differ from those saved in {path}, which was dropped; retry")]
+    Changed { path: String },
     #[error("NVML reports a GPU UUID {0:?} that is not a safe name")]
     BadUuid(String),
 }
@@ -82,4 +84,8 @@ pub trait Inventory {
             "this inventory does not report memory sizes".into(),
         ))
     }
+    /// Keeps what this inventory learned for later commands; called once a request has
+    /// succeeded, so that a refused one leaves the state directory as it was. The default:
+    /// nothing to keep.
+    fn remember(&self) {}
 }
