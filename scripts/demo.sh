@@ -27,7 +27,7 @@ cleanup() {
 trap cleanup EXIT
 
 SIM_ENV=""
-if nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+if nvidia-smi -L 2>/dev/null | grep '^GPU ' >/dev/null; then
     echo "== NVIDIA GPU found: using the real driver"
     NVML=libnvidia-ml.so.1
 else
@@ -75,7 +75,7 @@ start() { # name cores
 }
 stop() { # name
     runc kill "$ID-$1" KILL
-    for _ in $(seq 50); do runc state "$ID-$1" | grep -q stopped && break; sleep 0.1; done
+    for _ in $(seq 50); do runc state "$ID-$1" | grep stopped >/dev/null && break; sleep 0.1; done
     "$BIN/gpushare-runtime" delete "$ID-$1"
 }
 

@@ -12,7 +12,7 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(oci_state config_json request policy state_record spec_edit)
 
-rustup toolchain list | grep -q '^nightly' || { echo "fuzz.sh: the nightly toolchain is missing: rustup toolchain install nightly" >&2; exit 1; }
+rustup toolchain list | grep '^nightly' >/dev/null || { echo "fuzz.sh: the nightly toolchain is missing: rustup toolchain install nightly" >&2; exit 1; }
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 
 for t in "${targets[@]}"; do cargo +nightly fuzz build "$t" 2>&1 | tail -1 >&2; done

@@ -200,7 +200,7 @@ log_of mps-b "$T/out-b" pipe:
 grep -q '^control:answers' "$T/out-b" || { cat "$T/out-b"; fail "MPS control did not answer in mps-b"; }
 n=0
 for p in $(pgrep -f nvidia-cuda-mps-control || true); do
-    if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$STATE/"; then n=$((n + 1)); fi
+    if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | has "^CUDA_MPS_PIPE_DIRECTORY=$STATE/"; then n=$((n + 1)); fi
 done
 [ "$n" = 1 ] || fail "expected one MPS daemon for two pods, found $n"
 ok "two mps pods, one daemon"

@@ -8,6 +8,10 @@
 set -euo pipefail
 
 SAFE_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# `grep -q` for the end of a pipeline: reads all its input, so that the writer before it is not
+# killed by SIGPIPE when the match comes early (under pipefail that fails the whole pipeline).
+has() { grep "$@" >/dev/null; }
 T=$(mktemp -d /tmp/gpushare-engine-XXXXXX)
 NAME="gs$$"
 CLEANUPS=()
@@ -20,7 +24,7 @@ cleanup() {
     done
     # Any MPS daemon this test started (its pipe dir is under $T).
     for p in $(pgrep -f nvidia-cuda-mps-control 2>/dev/null || true); do
-        if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$T/"; then
+        if { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | has "^CUDA_MPS_PIPE_DIRECTORY=$T/"; then
             kill "$p" 2>/dev/null || true
         fi
     done
@@ -158,7 +162,7 @@ shm_dir() {
 daemon_running() { # is an MPS daemon serving our state dir?
     local p
     for p in $(pgrep -f nvidia-cuda-mps-control 2>/dev/null || true); do
-        { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -q "^CUDA_MPS_PIPE_DIRECTORY=$STATE/" && return 0
+        { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | has "^CUDA_MPS_PIPE_DIRECTORY=$STATE/" && return 0
     done
     return 1
 }
@@ -200,7 +204,7 @@ check_limit_output() { # file; $2 expect env (yes/no)
     ok "limits file and writable shared dir present"
     if [ "$want_env" = yes ]; then
         grep -qx 'mem:1073741824' "$out" && grep -qx 'sm:30' "$out" || { cat "$out"; fail "CUDA_DEVICE_* env not set"; }
-        grep -qx 'ld:/usr/local/gpushare/libgpushare_limiter.so' "$out" || grep -q '^ld:.*:/usr/local/gpushare/libgpushare_limiter.so$' "$out" || { cat "$out"; fail "LD_PRELOAD not appended"; }
+        grep -qx 'ld:/usr/local/gpushare/libgpushare_limiter.so' "$out" || has '^ld:.*:/usr/local/gpushare/libgpushare_limiter.so$' "$out" || { cat "$out"; fail "LD_PRELOAD not appended"; }
         ok "limit env (CUDA_DEVICE_MEMORY_LIMIT_0, CUDA_DEVICE_SM_LIMIT, LD_PRELOAD) set"
     fi
 }

@@ -35,7 +35,7 @@ for f in /etc/gpushare/config.toml /etc/containers/containers.conf.d/50-gpushare
     grep -qx "$f" "$T/conffiles" || { cat "$T/conffiles"; fail "$f is not a conffile"; }
 done
 ok "conffiles: policy, podman drop-in, logrotate"
-dpkg-deb --ctrl-tarfile "$DEB" | tar -t | grep -qx './prerm' || fail "no prerm"
+dpkg-deb --ctrl-tarfile "$DEB" | tar -t | has -x './prerm' || fail "no prerm"
 dpkg-deb -c "$DEB" >"$T/contents"
 grep -E '^d' "$T/contents" | grep -Ev '^drwxr-xr-x (root/root|0/0) ' && fail "a directory without mode 0755 root/root"
 grep -E ' \./usr/bin/gpushare-(hook|runtime)$' "$T/contents" | grep -Ev '^-rwxr-xr-x (root/root|0/0) ' && fail "a binary without mode 0755 root/root"
@@ -48,13 +48,13 @@ done
 ok "modes 0755 root/root, man pages, completions, copyright, tmpfiles.d"
 mkdir -p "$T/deb" && dpkg-deb -x "$DEB" "$T/deb"
 for b in usr/bin/gpushare-hook usr/bin/gpushare-runtime; do
-    readelf -S "$T/deb/$b" | grep -q '\.symtab' && fail "$b is not stripped"
+    readelf -S "$T/deb/$b" | has '\.symtab' && fail "$b is not stripped"
 done
 ok "binaries stripped"
 
 echo "== install"
 dpkg -i "$DEB" >"$T/dpkg.out" 2>&1 || { cat "$T/dpkg.out"; fail "dpkg -i"; }
-/usr/bin/gpushare-hook version | grep -q '^gpushare-hook ' || fail "installed gpushare-hook does not run"
+/usr/bin/gpushare-hook version | has '^gpushare-hook ' || fail "installed gpushare-hook does not run"
 [ "$(stat -c %a /run/gpushare)" = 700 ] || fail "/run/gpushare is not 0700"
 man -w gpushare-hook-configure >/dev/null 2>&1 || fail "man gpushare-hook-configure not found"
 ok "installed: binaries run, state dir 0700, man pages found"
@@ -89,7 +89,7 @@ echo '{"log-level": "warn"}' >"$T/daemon.json"
 grep -q '^restart Docker' "$T/cd" || { cat "$T/cd"; fail "configure docker does not say what to restart"; }
 [ "$(jq -r '.runtimes.gpushare.path' "$T/daemon.json")" = /usr/bin/gpushare-runtime ] || fail "daemon.json has no gpushare runtime"
 [ "$(jq -r '."log-level"' "$T/daemon.json")" = warn ] || fail "daemon.json lost a key"
-/usr/bin/gpushare-hook configure docker --path "$T/daemon.json" | grep -q '^nothing to change' || fail "second configure docker changed something"
+/usr/bin/gpushare-hook configure docker --path "$T/daemon.json" | has '^nothing to change' || fail "second configure docker changed something"
 ok "configure docker: merged, then nothing to change"
 D=$T/docker
 mkdir -p "$D"

@@ -15,7 +15,7 @@ no_mps_leftovers() { # what
     left=$(ls -A "$STATE/mps" 2>/dev/null || true)
     [ -z "$left" ] || fail "$1: MPS directories left: $left"
     ! grep -q " $STATE/" /proc/self/mountinfo || fail "$1: mounts left: $(grep " $STATE/" /proc/self/mountinfo)"
-    ! ls "$STATE/containers" 2>/dev/null | grep -q '^pending-' || fail "$1: pending dirs left: $(ls "$STATE/containers")"
+    ! ls "$STATE/containers" 2>/dev/null | has '^pending-' || fail "$1: pending dirs left: $(ls "$STATE/containers")"
     ! grep -qs 'pending-' "$STATE"/gpus/*.json || fail "$1: reservation left: $(cat "$STATE"/gpus/*.json)"
     ok "$1: no MPS directory, mount, pending dir or reservation left"
 }
