@@ -39,14 +39,7 @@ pub fn daemon_in_sandbox(cmd: &mut Command, m: DaemonMounts) {
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid()?;
-            unshare(CloneFlags::CLONE_NEWNS)?;
-            mount(
-                None::<&CStr>,
-                c"/",
-                None::<&CStr>,
-                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                None::<&CStr>,
-            )?;
+            private_mount_namespace()?;
             // Detached writable copies of the three directories, taken before the host goes
             // read-only (and before `/tmp` is covered, should they lie under it).
             let pipe = writable_copy(&m.pipe, TENANT_DIR_ATTRS | MOUNT_ATTR_NOEXEC)?;
@@ -125,14 +118,7 @@ pub fn client_in_sandbox(cmd: &mut Command, m: ClientMounts) {
 /// before or on the stack; it allocates nothing and takes no locks, so it is async-signal-safe
 /// and may run between fork and exec.
 fn enter_client_sandbox(m: &ClientMounts) -> nix::Result<()> {
-    unshare(CloneFlags::CLONE_NEWNS)?;
-    mount(
-        None::<&CStr>,
-        c"/",
-        None::<&CStr>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&CStr>,
-    )?;
+    private_mount_namespace()?;
     // SAFETY: `m.pipe` is a valid NUL-terminated string for the duration of the call.
     let dir = unsafe {
         libc::open(
@@ -165,6 +151,19 @@ fn enter_client_sandbox(m: &ClientMounts) -> nix::Result<()> {
     unsafe { libc::close(dir) };
     r?;
     set_attrs(libc::AT_FDCWD, &m.at, 0, CLIENT_PIPE_ATTRS, 0)
+}
+
+/// Moves the calling process into a mount namespace of its own whose mounts propagate nowhere.
+/// Async-signal-safe (two system calls).
+fn private_mount_namespace() -> nix::Result<()> {
+    unshare(CloneFlags::CLONE_NEWNS)?;
+    mount(
+        None::<&CStr>,
+        c"/",
+        None::<&CStr>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&CStr>,
+    )
 }
 
 /// A program for [`spawn_client_unwaited`], prepared before the fork: its path, arguments
