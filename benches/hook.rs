@@ -122,11 +122,17 @@ fn main() {
             b.display()
         )
     };
+    // A stand-in container process, returned once it is in a mount namespace of its own.
     let sleeper = || {
-        Command::new("unshare")
+        let c = Command::new("unshare")
             .args(["-m", "--propagation", "private", "sleep", "600"])
             .spawn()
-            .unwrap()
+            .unwrap();
+        let own = std::fs::read_link("/proc/self/ns/mnt").ok();
+        while std::fs::read_link(format!("/proc/{}/ns/mnt", c.id())).ok() == own {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        c
     };
 
     // Keep the daemon warm with a holder client.

@@ -92,6 +92,15 @@ class World:
         c = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "3600"],
                              stdin=subprocess.DEVNULL)
         self.started.append(c)
+        # As a runtime's container process is by createRuntime: in its own mount namespace.
+        own = os.readlink("/proc/self/ns/mnt")
+        for _ in range(1000):
+            try:
+                if os.readlink(f"/proc/{c.pid}/ns/mnt") != own:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.005)
         return c
 
     def new_id(self):

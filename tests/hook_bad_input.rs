@@ -348,3 +348,43 @@ fn missing_cap_sys_admin_is_named() {
     assert!(err.contains("lacks CAP_SYS_ADMIN"), "{err}");
     assert!(sb.snapshot().is_empty(), "nothing written");
 }
+
+#[test]
+fn a_container_process_in_the_hooks_own_mount_namespace_is_refused_and_nothing_lands_on_the_host() {
+    if !common::require("host namespace", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle(
+        "b",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    // A process that never left the host's mount namespace (a spec without a mount namespace,
+    // or a pid that is not the container's).
+    let mut host = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .unwrap();
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("h", host.id(), &b));
+    let _ = host.kill();
+    let _ = host.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err:?}");
+    assert!(err.contains("own mount namespace"), "{err}");
+    assert!(
+        common::mounts_under(sb.path()).is_empty(),
+        "nothing mounted on the host: {:?}",
+        common::mounts_under(sb.path())
+    );
+    assert!(common::daemons_under(&sb.state_dir()).is_empty());
+    let st = sb.status();
+    assert!(
+        st["gpus"].as_array().is_none_or(|g| g.is_empty())
+            || st["gpus"][0]["clients"]
+                .as_array()
+                .is_some_and(|c| c.is_empty()),
+        "{st}"
+    );
+}

@@ -283,15 +283,32 @@ pub fn spec(annotations: Value, env: &[&str]) -> Value {
 /// own (so the hook's mounts into "its" rootfs stay there); killed on drop.
 pub struct FakeContainer(pub std::process::Child);
 
+/// Waits (up to 5 s) until process `pid` is in another mount namespace than this process.
+pub fn wait_for_own_mount_ns(pid: u32) {
+    let own = std::fs::read_link("/proc/self/ns/mnt").ok();
+    for _ in 0..1000 {
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+        if theirs.is_some() && theirs != own {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    panic!("process {pid} did not enter a mount namespace of its own");
+}
+
 impl FakeContainer {
+    /// A process in a mount namespace of its own, as a runtime's container process is by
+    /// createRuntime: returns once `unshare` has entered it.
     pub fn start() -> Self {
-        Self(
+        let c = Self(
             Command::new("unshare")
                 .args(["-m", "--propagation", "private", "sleep", "600"])
                 .stdin(Stdio::null())
                 .spawn()
                 .expect("sleep"),
-        )
+        );
+        wait_for_own_mount_ns(c.pid());
+        c
     }
 
     pub fn pid(&self) -> u32 {

@@ -66,6 +66,8 @@ pub enum InjectError {
         #[source]
         source: Errno,
     },
+    #[error("container process {pid} is in gpushare's own mount namespace, so its mounts would land on the host; run it with a mount namespace of its own (a runtime gives one before createRuntime)")]
+    HostNamespace { pid: i32 },
     #[error("cannot enter the mount namespace of container process {pid}")]
     Namespace {
         pid: i32,
@@ -190,6 +192,9 @@ pub fn into_container(pid: i32, rootfs: &Path, list: &[Binding]) -> Result<(), I
     }
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
         .map_err(|source| InjectError::Namespace { pid, source })?;
+    if same_file(&ns, Path::new("/proc/thread-self/ns/mnt")) {
+        return Err(InjectError::HostNamespace { pid });
+    }
     let root_c = CString::new(rootfs.as_os_str().as_bytes()).map_err(|_| InjectError::Target {
         step: "open",
         target: "/".into(),
@@ -258,6 +263,15 @@ pub fn into_container(pid: i32, rootfs: &Path, list: &[Binding]) -> Result<(), I
         rootfs: rootfs.to_owned(),
         source,
     })
+}
+
+/// Whether the open file `f` and the file at `path` are the same (device and inode).
+fn same_file(f: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
 }
 
 /// Runs `work` on a thread of its own that has entered the mount namespace `ns` (having first
