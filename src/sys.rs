@@ -358,16 +358,30 @@ fn writable_copy(path: &CStr, attrs: u64) -> nix::Result<libc::c_int> {
 /// `move_mount(2)` of the detached tree `tree` onto the path `target`. Makes only the system
 /// call.
 fn move_mount_raw(tree: libc::c_int, target: &CStr) -> nix::Result<()> {
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    move_mount_at(tree, libc::AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)
+}
+
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+/// `move_mount(2)` of the detached tree `tree` onto `to_path` relative to `to_dirfd` (with
+/// `MOVE_MOUNT_T_EMPTY_PATH` in `flags`: onto what `to_dirfd` is open on). Makes only the
+/// system call.
+fn move_mount_at(
+    tree: libc::c_int,
+    to_dirfd: libc::c_int,
+    to_path: &CStr,
+    flags: libc::c_uint,
+) -> nix::Result<()> {
     // SAFETY: both paths are valid C strings for the duration of the call.
     let r = unsafe {
         libc::syscall(
             libc::SYS_move_mount,
             tree,
             c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
+            to_dirfd,
+            to_path.as_ptr(),
+            flags,
         )
     };
     nix::errno::Errno::result(r).map(drop)
@@ -415,50 +429,22 @@ pub const MOUNT_ATTR_NOSYMFOLLOW: u64 = 0x0020_0000;
 /// # Errors
 /// The system call's errno.
 pub fn clone_tree(path: &std::ffi::CStr, attrs: u64) -> nix::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    const AT_RECURSIVE: libc::c_uint = 0x8000;
-    // SAFETY: `path` is a valid NUL-terminated string for the duration of the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
-        )
-    };
-    let fd = nix::errno::Errno::result(fd)? as libc::c_int;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let fd = open_tree_raw(
+        libc::AT_FDCWD,
+        path,
+        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE,
+    )?;
     // SAFETY: open_tree returned a new descriptor that nothing else owns.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     if attrs != 0 {
-        #[repr(C)]
-        struct MountAttr {
-            attr_set: u64,
-            attr_clr: u64,
-            propagation: u64,
-            userns_fd: u64,
-        }
-        let attr = MountAttr {
-            attr_set: attrs,
-            attr_clr: 0,
-            propagation: 0,
-            userns_fd: 0,
-        };
-        use std::os::fd::AsRawFd;
-        const AT_RECURSIVE_ATTR: libc::c_uint = 0x8000;
-        // SAFETY: the empty path is a valid C string, `attr` lives across the call and its size
-        // is passed.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_mount_setattr,
-                fd.as_raw_fd(),
-                c"".as_ptr(),
-                libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE_ATTR,
-                &attr as *const MountAttr,
-                std::mem::size_of::<MountAttr>(),
-            )
-        };
-        nix::errno::Errno::result(r)?;
+        set_attrs(
+            fd.as_raw_fd(),
+            c"",
+            libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
+            attrs,
+            0,
+        )?;
     }
     Ok(fd)
 }
@@ -474,20 +460,12 @@ pub fn move_mount_onto(
     target: std::os::fd::BorrowedFd<'_>,
 ) -> nix::Result<()> {
     use std::os::fd::AsRawFd;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-    // SAFETY: both descriptors are open for the call; the empty paths are valid C strings.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            target.as_raw_fd(),
-            c"".as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    };
-    nix::errno::Errno::result(r).map(drop)
+    move_mount_at(
+        tree.as_raw_fd(),
+        target.as_raw_fd(),
+        c"",
+        MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+    )
 }
 
 /// Detaches the mount whose root `fd` (an `O_PATH` descriptor) is open on, through
