@@ -1,5 +1,5 @@
-//! C-ABI facts of the CUDA driver API that both `libgpushare_limiter.so` and the TEST-ONLY
-//! simulated driver need: `CUresult` codes, the head of the structs they read, enum values and
+//! C-ABI facts of the CUDA driver API (and the NVML structs, in [`nvml`]) that both
+//! `libgpushare_limiter.so` and the TEST-ONLY simulated driver need: `CUresult` codes, the head of the structs they read, enum values and
 //! the table of entry points whose default name became a versioned export. Facts only, as
 //! `cuda.h` (CUDA 11.8) and `cudaTypedefs.h` state them: what each side *does* with them lives
 //! in that side, so the simulated driver stays an independent oracle for the limiter's tests.
@@ -99,6 +99,44 @@ pub fn array_element_bytes(format: c_uint, channels: c_uint) -> Option<u64> {
         _ => return None,
     };
     matches!(channels, 1 | 2 | 4).then_some(per_channel * u64::from(channels))
+}
+
+/// NVML structs both sides read or fill (`nvml.h`).
+pub mod nvml {
+    use std::ffi::{c_uint, c_ulonglong};
+
+    /// `nvmlMemory_t`.
+    #[repr(C)]
+    pub struct Memory {
+        pub total: c_ulonglong,
+        pub free: c_ulonglong,
+        pub used: c_ulonglong,
+    }
+
+    /// `nvmlMemory_v2_t`.
+    #[repr(C)]
+    pub struct MemoryV2 {
+        pub version: c_uint,
+        pub total: c_ulonglong,
+        pub reserved: c_ulonglong,
+        pub free: c_ulonglong,
+        pub used: c_ulonglong,
+    }
+
+    /// `nvmlMemory_v2` version tag.
+    pub const MEMORY_V2: c_uint = (std::mem::size_of::<MemoryV2>() as c_uint) | (2 << 24);
+
+    /// `nvmlProcessUtilizationSample_t`.
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    pub struct ProcessUtilizationSample {
+        pub pid: c_uint,
+        pub time_stamp: c_ulonglong,
+        pub sm_util: c_uint,
+        pub mem_util: c_uint,
+        pub enc_util: c_uint,
+        pub dec_util: c_uint,
+    }
 }
 
 /// `CUmemPool_attribute` values.

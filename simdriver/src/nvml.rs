@@ -408,26 +408,7 @@ pub extern "C" fn nvmlDeviceSetComputeMode(device: NvmlDevice, mode: c_uint) -> 
     }
 }
 
-/// `nvmlMemory_t`.
-#[repr(C)]
-pub struct Memory {
-    pub total: c_ulonglong,
-    pub free: c_ulonglong,
-    pub used: c_ulonglong,
-}
-
-/// `nvmlMemory_v2_t`.
-#[repr(C)]
-pub struct MemoryV2 {
-    pub version: c_uint,
-    pub total: c_ulonglong,
-    pub reserved: c_ulonglong,
-    pub free: c_ulonglong,
-    pub used: c_ulonglong,
-}
-
-/// `nvmlMemory_v2` version tag.
-pub const MEMORY_V2: c_uint = (std::mem::size_of::<MemoryV2>() as c_uint) | (2 << 24);
+pub use cuda_abi::nvml::{Memory, MemoryV2, MEMORY_V2};
 
 fn mem_of(i: usize) -> (u64, u64) {
     let total = config().devices[i];
@@ -521,17 +502,7 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     }
 }
 
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ProcessUtilizationSample {
-    pub pid: c_uint,
-    pub time_stamp: c_ulonglong,
-    pub sm_util: c_uint,
-    pub mem_util: c_uint,
-    pub enc_util: c_uint,
-    pub dec_util: c_uint,
-}
+pub use cuda_abi::nvml::ProcessUtilizationSample;
 
 /// Per-process SM utilisation: one sample per live process with a context on the device,
 /// averaged over `[max(lastSeenTimeStamp, now - 2.5 s), now]` (at least 10 ms). Timestamps

@@ -15,35 +15,7 @@ pub const INSUFFICIENT_SIZE: NvmlReturn = 7;
 /// `nvmlDevice_t`.
 pub type Handle = *mut c_void;
 
-/// `nvmlMemory_t`.
-#[repr(C)]
-pub struct Memory {
-    pub total: c_ulonglong,
-    pub free: c_ulonglong,
-    pub used: c_ulonglong,
-}
-
-/// `nvmlMemory_v2_t`.
-#[repr(C)]
-pub struct MemoryV2 {
-    pub version: c_uint,
-    pub total: c_ulonglong,
-    pub reserved: c_ulonglong,
-    pub free: c_ulonglong,
-    pub used: c_ulonglong,
-}
-
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct UtilSample {
-    pub pid: c_uint,
-    pub time_stamp: c_ulonglong,
-    pub sm_util: c_uint,
-    pub mem_util: c_uint,
-    pub enc_util: c_uint,
-    pub dec_util: c_uint,
-}
+pub use cuda_abi::nvml::{Memory, MemoryV2, ProcessUtilizationSample as UtilSample};
 
 static INIT: Extra = Extra::new(Lib::Nvml, c"nvmlInit_v2");
 static BY_UUID: Extra = Extra::new(Lib::Nvml, c"nvmlDeviceGetHandleByUUID");
