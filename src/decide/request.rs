@@ -155,6 +155,11 @@ const GROUP: Field = Field {
 };
 const FIELDS: [&Field; 6] = [&MODE, &DEVICES, &MEMORY, &CORES, &TIMESLICE, &GROUP];
 
+/// Every annotation a request is read from (for an engine's list of annotations it passes on).
+pub fn annotation_keys() -> [&'static str; 6] {
+    FIELDS.map(|f| f.annotation)
+}
+
 /// The two sources of a request: the spec's annotations and its `process.env`.
 pub struct Sources<'a> {
     pub annotations: &'a HashMap<String, String>,

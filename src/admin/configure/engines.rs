@@ -335,14 +335,7 @@ fn crio(path: &Path, setup: &Setup, oci_hooks: &Path) -> Result<Change, Configur
         h,
         "allowed_annotations",
         &[],
-        &[
-            "gpu.share",
-            "gpu.share.devices",
-            "gpu.share.memory",
-            "gpu.share.cores",
-            "gpu.share.timeslice",
-            "gpu.share.group",
-        ],
+        &crate::decide::request::annotation_keys(),
         path,
     )?;
     Ok(finish_toml(path, before, &header, &doc))
