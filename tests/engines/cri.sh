@@ -37,10 +37,15 @@ C=$T/ctd
 mkdir -p "$C/cni/bin" "$C/cni/conf" "$T/logs"
 CGROUP_PARENT=/gpushare-cri-$$
 
-# The containerd config (version 2): this test's paths and CRI settings, then the gpushare
-# runtime handler as `gpushare-hook configure containerd` prints it for this test's policy
-# (BinaryName = the gpushare-runtime next to the policy's hook). Appended here until
-# `gpushare-hook configure containerd --path FILE` merges it into FILE itself.
+# The gpushare runtime handler merged into the containerd config `$1` by
+# `gpushare-hook configure containerd --path` for this test's policy (BinaryName = the
+# gpushare-runtime next to the policy's hook, or its launcher).
+configure_containerd() { # file
+    "$GS_HOOK" configure containerd --config "$CONFIG" --path "$1" >/dev/null || fail "gpushare-hook configure containerd"
+    grep -Eq "^ *BinaryName = \"($RUNTIME|${CONFIG%/*}/gpushare-runtime-config)\"" "$1" || { cat "$1"; fail "configure containerd did not name $RUNTIME"; }
+}
+
+# The containerd config (version 2): this test's paths and CRI settings, then the handler.
 write_containerd_cri_config() { # file
     cat >"$1" <<EOF2
 version = 2
@@ -62,11 +67,11 @@ state = "$C/state"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
 EOF2
-    "$GS_HOOK" configure containerd --config "$CONFIG" --path "$1" >/dev/null || fail "gpushare-hook configure containerd"
-    grep -Eq "^ *BinaryName = \"($RUNTIME|${CONFIG%/*}/gpushare-runtime-config)\"" "$1" || { cat "$1"; fail "configure containerd did not name $RUNTIME"; }
+    configure_containerd "$1"
 }
 
-# containerd 2.x: config version 3, where the CRI plugin is split into images and runtime.
+# containerd 2.x: config version 3, where the CRI plugin is split into images and runtime; the
+# handler as configure writes it there.
 write_containerd_cri_config_v3() { # file
     cat >"$1" <<EOF2
 version = 3
@@ -88,13 +93,8 @@ state = "$C/state"
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.gpushare]
-      runtime_type = "io.containerd.runc.v2"
-      pod_annotations = ["gpu.share*"]
-      container_annotations = ["gpu.share*"]
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.gpushare.options]
-        BinaryName = "$RUNTIME"
 EOF2
+    configure_containerd "$1"
 }
 if [ "${CRI_CONTAINERD:-system}" = sid ]; then
     write_containerd_cri_config_v3 "$C/config.toml"
