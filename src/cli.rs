@@ -31,12 +31,19 @@ pub enum Cmd {
         /// Print the plan as JSON and change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// The named request of the CDI device that added this hook (`mps`, `timeslice`,
+        /// `limit` or a `[profiles.<name>]` of the policy).
+        #[arg(long, value_name = "NAME")]
+        profile: Option<String>,
     },
     /// OCI prestart hook: the same work as createRuntime.
     Prestart {
         /// Print the plan as JSON and change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// The named request of the CDI device that added this hook.
+        #[arg(long, value_name = "NAME")]
+        profile: Option<String>,
     },
     /// OCI poststop hook: release the container (state on stdin). Idempotent.
     Poststop,
@@ -98,4 +105,28 @@ pub enum Cmd {
     },
     /// Print the version.
     Version,
+    /// CDI: offer shares as devices `gpushare.io/share=<mode or profile>`.
+    Cdi {
+        #[command(subcommand)]
+        command: CdiCmd,
+    },
+}
+
+/// `gpushare-hook cdi …`.
+#[derive(Debug, Subcommand)]
+pub enum CdiCmd {
+    /// Write the CDI spec (kind gpushare.io/share): a device per mode and per [profiles.<name>]
+    /// of the policy, atomically; a second run changes nothing.
+    Generate {
+        /// Directory to write gpushare.io-share.json into (engines read /var/run/cdi and
+        /// /etc/cdi).
+        #[arg(long, value_name = "DIR", default_value = crate::admin::cdi::DEFAULT_DIR)]
+        output: PathBuf,
+        /// Print a unified diff of what would change; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }

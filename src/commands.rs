@@ -51,10 +51,15 @@ fn read_state_input(stdin: impl Read) -> Result<Vec<u8>, Error> {
 ///
 /// # Errors
 /// [`Error`] for bad input, a refused request or a failed acquire (which undid itself).
-pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Reply, Error> {
+pub fn create_runtime(
+    ctx: &Ctx,
+    stdin: impl Read,
+    dry_run: bool,
+    profile: Option<&str>,
+) -> Result<Reply, Error> {
     let input = read_state_input(stdin)?;
     let open = || inventory::open_for_planning(&ctx.cfg);
-    let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, &open) {
+    let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, profile, &open) {
         Ok(o) => o,
         Err(e) => {
             // Parsed again only here: a container that asks for nothing pays nothing for it.
@@ -230,6 +235,25 @@ pub fn configure(
     let report = configure::run(engine, &setup, opts)?;
     if !opts.dry_run && report.changed() {
         tracing::info!(engine = engine.name(), "configured");
+    }
+    Ok(Reply::text(render(&report, json)))
+}
+
+/// `cdi generate`: exit 0 whether or not the spec changed.
+///
+/// # Errors
+/// [`crate::admin::cdi::CdiError`] for a profile that cannot be served or a spec that cannot
+/// be written (nothing is written then).
+pub fn cdi_generate(
+    ctx: &Ctx,
+    output: &std::path::Path,
+    dry_run: bool,
+    json: bool,
+) -> Result<Reply, crate::admin::cdi::CdiError> {
+    let hand_on = ctx.source.to_hand_on();
+    let report = crate::admin::cdi::generate(&ctx.cfg, hand_on.as_deref(), output, dry_run)?;
+    if !dry_run && !matches!(report.outcome, configure::Outcome::Unchanged) {
+        tracing::info!(path = %report.path, devices = %report.devices.join(","), "CDI spec written");
     }
     Ok(Reply::text(render(&report, json)))
 }

@@ -60,6 +60,8 @@ pub struct Config {
     pub timeslice: TimesliceConfig,
     pub policy: PolicyConfig,
     pub runtime: RuntimeConfig,
+    /// `[profiles.<name>]`: named requests, offered as CDI devices `gpushare.io/share=<name>`.
+    pub profiles: BTreeMap<String, ProfileConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -97,6 +99,25 @@ pub struct GroupConfig {
     /// max_memory`).
     pub memory: Option<String>,
 }
+
+/// `[profiles.<name>]`: a named share request (a Kubernetes-style fixed size). Each key means
+/// what the annotation of the same name means; `mode` is required.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileConfig {
+    pub mode: Mode,
+    /// `gpu.share.cores`.
+    pub cores: Option<u8>,
+    /// `gpu.share.memory`.
+    pub memory: Option<String>,
+    /// `gpu.share.group`.
+    pub group: Option<String>,
+    /// `gpu.share.timeslice`.
+    pub timeslice: Option<String>,
+}
+
+/// Profile names that are the modes themselves (CDI devices `mps`, `timeslice`, `limit`).
+pub const BUILTIN_PROFILES: [&str; 3] = ["mps", "timeslice", "limit"];
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -144,6 +165,7 @@ impl Default for Config {
             timeslice: TimesliceConfig::default(),
             policy: PolicyConfig::default(),
             runtime: RuntimeConfig::default(),
+            profiles: BTreeMap::new(),
         }
     }
 }
@@ -322,11 +344,56 @@ impl Config {
                 })?;
             }
         }
+        for (name, p) in &self.profiles {
+            validate_profile(name, p).map_err(|what| invalid(&what))?;
+        }
         if self.runtime.next.is_empty() {
             return Err(invalid("[runtime] next must name at least one runtime"));
         }
         Ok(())
     }
+}
+
+/// The syntax of one `[profiles.<name>]`; whether the policy allows what it asks is checked
+/// like any request (`decide::profile`).
+fn validate_profile(name: &str, p: &ProfileConfig) -> Result<(), String> {
+    if !is_group_name(name) {
+        return Err(format!(
+            "[profiles.{name}]: a profile name is [a-z0-9][a-z0-9._-]{{0,62}}"
+        ));
+    }
+    if BUILTIN_PROFILES.contains(&name) {
+        return Err(format!(
+            "[profiles.{name}]: {name} is a mode and already a device of its own; name the profile otherwise"
+        ));
+    }
+    if let Some(c) = p.cores {
+        if !(1..=100).contains(&c) {
+            return Err(format!("[profiles.{name}] cores must be 1 to 100"));
+        }
+    }
+    if let Some(m) = &p.memory {
+        if quantity::parse_memory(m).is_err() {
+            return Err(format!(
+                "[profiles.{name}] memory {m:?} is not a size like 4Gi or 512Mi"
+            ));
+        }
+    }
+    if let Some(g) = &p.group {
+        if !is_group_name(g) {
+            return Err(format!(
+                "[profiles.{name}] group {g:?} is not [a-z0-9][a-z0-9._-]{{0,62}}"
+            ));
+        }
+    }
+    if let Some(t) = &p.timeslice {
+        if !matches!(t.as_str(), "default" | "short" | "medium" | "long") {
+            return Err(format!(
+                "[profiles.{name}] timeslice {t:?} is not default, short, medium or long"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The parse error with its position as line and column (1-based) and the parser's diagnostic.
@@ -484,6 +551,67 @@ hook = "/usr/bin/gpushare-hook"
         for (what, text) in rows {
             assert!(Config::parse(text, Path::new("t")).is_err(), "{what}");
         }
+    }
+
+    #[test]
+    fn bad_profiles_are_refused_naming_the_key() {
+        let rows = [
+            (
+                "no mode",
+                "[profiles.small]\ncores = 25",
+                "missing field `mode`",
+            ),
+            (
+                "cores out of range",
+                "[profiles.small]\nmode = \"mps\"\ncores = 0",
+                "[profiles.small] cores",
+            ),
+            (
+                "bad memory",
+                "[profiles.small]\nmode = \"mps\"\nmemory = \"lots\"",
+                "[profiles.small] memory",
+            ),
+            (
+                "bad group",
+                "[profiles.small]\nmode = \"mps\"\ngroup = \"A B\"",
+                "[profiles.small] group",
+            ),
+            (
+                "bad timeslice",
+                "[profiles.t]\nmode = \"timeslice\"\ntimeslice = \"forever\"",
+                "[profiles.t] timeslice",
+            ),
+            (
+                "name of a mode",
+                "[profiles.mps]\nmode = \"mps\"",
+                "[profiles.mps]: mps is a mode",
+            ),
+            (
+                "bad name",
+                "[profiles.Big]\nmode = \"mps\"",
+                "[profiles.Big]: a profile name",
+            ),
+            (
+                "unknown key",
+                "[profiles.small]\nmode = \"mps\"\nsize = 1",
+                "unknown field `size`",
+            ),
+        ];
+        for (what, text, expect) in rows {
+            let e = Config::parse(text, Path::new("t")).expect_err(what);
+            assert!(e.to_string().contains(expect), "{what}: {e}");
+        }
+        // Positive control: a well-formed profile is read as written.
+        let cfg = Config::parse(
+            "[profiles.small]\nmode = \"mps\"\ncores = 25\nmemory = \"10Gi\"",
+            Path::new("t"),
+        )
+        .unwrap();
+        let p = &cfg.profiles["small"];
+        assert_eq!(
+            (p.mode, p.cores, p.memory.as_deref()),
+            (Mode::Mps, Some(25), Some("10Gi"))
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The admin commands: `status`, `gc`, `doctor` and `configure`, each returning a typed report
 //! that [`report::render`] turns into text or JSON.
 
+pub mod cdi;
 pub mod configure;
 pub mod doctor;
 pub mod gc;

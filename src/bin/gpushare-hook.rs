@@ -46,8 +46,8 @@ fn main() -> ExitCode {
     logging::init(Some(&cfg.log_file));
     let ctx = Ctx { cfg, source };
     let result: Result<Reply> = match cli.command {
-        Cmd::CreateRuntime { dry_run } | Cmd::Prestart { dry_run } => {
-            commands::create_runtime(&ctx, stdin, dry_run).map_err(Into::into)
+        Cmd::CreateRuntime { dry_run, profile } | Cmd::Prestart { dry_run, profile } => {
+            commands::create_runtime(&ctx, stdin, dry_run, profile.as_deref()).map_err(Into::into)
         }
         Cmd::Poststop => commands::poststop(&ctx, stdin).map_err(Into::into),
         Cmd::Precreate => commands::precreate(&ctx, stdin).map_err(Into::into),
@@ -74,6 +74,14 @@ fn main() -> ExitCode {
             commands::configure(&ctx, engine, &opts, policy_at, print, json).map_err(Into::into)
         }
         Cmd::Doctor { json } => Ok(commands::doctor(&ctx, json)),
+        Cmd::Cdi {
+            command:
+                gpushare::cli::CdiCmd::Generate {
+                    output,
+                    dry_run,
+                    json,
+                },
+        } => commands::cdi_generate(&ctx, &output, dry_run, json).map_err(Into::into),
         Cmd::Version => unreachable!("handled above"),
     };
     match result {

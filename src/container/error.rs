@@ -17,6 +17,8 @@ pub enum Error {
     #[error(transparent)]
     Decide(#[from] crate::decide::front::DecideError),
     #[error(transparent)]
+    Profile(#[from] crate::decide::profile::ProfileError),
+    #[error(transparent)]
     Inventory(#[from] InventoryError),
     #[error(transparent)]
     Acquire(#[from] AcquireError),

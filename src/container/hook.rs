@@ -50,7 +50,9 @@ fn container_from(state: &oci_spec::runtime::State, bytes: &[u8]) -> Result<Cont
 }
 
 /// `createRuntime` / `prestart`: decide from the state on stdin and the bundle's config, then
-/// acquire the GPUs. With `dry_run`, only decide.
+/// acquire the GPUs. With `dry_run`, only decide. `profile`: the named request of the CDI
+/// device that put this hook into the spec (`--profile`), which stands among the container's
+/// annotations.
 ///
 /// # Errors
 /// [`Error`] for bad input, a refused request, or a failed acquire (which undid itself).
@@ -58,15 +60,21 @@ pub fn create_runtime(
     stdin: impl Read,
     cfg: &Config,
     dry_run: bool,
+    profile: Option<&str>,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
 ) -> Result<Outcome, Error> {
     let state = input::read_state(stdin)?;
     let bytes = input::read_config_bytes(state.bundle())?;
     let empty = HashMap::new();
-    if !may_ask(&bytes, state.annotations().as_ref().unwrap_or(&empty)) {
+    if profile.is_none() && !may_ask(&bytes, state.annotations().as_ref().unwrap_or(&empty)) {
         return Ok(Outcome::Nothing);
     }
-    let c = container_from(&state, &bytes)?;
+    let mut c = container_from(&state, &bytes)?;
+    if let Some(name) = profile {
+        let p = crate::decide::profile::find(cfg, name)?;
+        crate::decide::profile::given(&c.spec.hooks.create_runtime, &c.spec.process.env, name)?;
+        p.apply(&mut c.spec.annotations)?;
+    }
     let Some((plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory)? else {
         return Ok(Outcome::Nothing);
     };

@@ -6,4 +6,5 @@ pub mod domain;
 pub mod front;
 pub mod input;
 pub mod plan;
+pub mod profile;
 pub mod request;

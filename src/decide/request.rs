@@ -247,17 +247,14 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
     let Some((mode_key, mode_str)) = src.get(&MODE, fb)? else {
         return reject_orphans(src);
     };
-    let mode = match mode_str.as_str() {
-        "none" | "" => return reject_orphans(src),
-        "mps" => Mode::Mps,
-        "timeslice" | "time-slicing" | "timeslicing" => Mode::Timeslice,
-        "limit" | "preload" | "preload-limit" => Mode::Limit,
-        _ => {
-            return Err(RequestError::UnknownMode {
-                key: mode_key,
-                value: mode_str,
-            })
-        }
+    if matches!(mode_str.as_str(), "none" | "") {
+        return reject_orphans(src);
+    }
+    let Some(mode) = parse_mode(&mode_str) else {
+        return Err(RequestError::UnknownMode {
+            key: mode_key,
+            value: mode_str,
+        });
     };
     if !cfg.policy.modes.contains(&mode) {
         let allowed: Vec<_> = cfg.policy.modes.iter().map(|m| m.as_str()).collect();
@@ -358,6 +355,16 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
         timeslice,
         group,
     }))
+}
+
+/// A mode by any of its names (`none` and the empty string are not modes).
+pub fn parse_mode(s: &str) -> Option<Mode> {
+    match s {
+        "mps" => Some(Mode::Mps),
+        "timeslice" | "time-slicing" | "timeslicing" => Some(Mode::Timeslice),
+        "limit" | "preload" | "preload-limit" => Some(Mode::Limit),
+        _ => None,
+    }
 }
 
 /// Memory and cores caps mean nothing to plain time-slicing.

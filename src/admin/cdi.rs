@@ -1,0 +1,305 @@
+//! `gpushare-hook cdi generate`: the CDI spec of kind `gpushare.io/share`, one device per mode
+//! and per `[profiles.<name>]`, so that CDI-capable engines take a share with
+//! `--device gpushare.io/share=mps` beside NVIDIA's GPU device, with no runtime wrapper.
+//!
+//! Each device's edits are env (the profile's name, and for `mps` the pipe directory and the
+//! profile's client limits) and gpushare's own `createRuntime` and `poststop` hooks; the hook
+//! takes the request from `--profile`, which the container cannot change. The GPU comes from
+//! the container's own devices (NVIDIA's CDI device or the engine's `--gpus`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use thiserror::Error;
+
+use crate::admin::configure::{self, Change, ConfigureError};
+use crate::admin::report::Report;
+use crate::config::Config;
+use crate::decide::profile::{self, ProfileError};
+use crate::vocab::{quantity, Mode};
+
+/// The spec's kind: devices are named `gpushare.io/share=<profile>`.
+pub const KIND: &str = "gpushare.io/share";
+/// The lowest CDI version whose fields the spec uses: env and hooks in device edits, a vendor
+/// with a dot and a class without one, device names that start with a letter (0.3.0; a class
+/// with a dot or device annotations would need 0.6.0, a device name starting with a digit
+/// 0.5.0). Every CDI-capable engine reads it.
+pub const CDI_VERSION: &str = "0.3.0";
+/// Where engines look for generated (run-time) specs by default.
+pub const DEFAULT_DIR: &str = "/var/run/cdi";
+/// The file name, `<vendor>-<class>.json` as CDI's own tools name theirs.
+pub const FILE_NAME: &str = "gpushare.io-share.json";
+/// Where an MPS client looks for the control socket; the hook mounts the domain's pipe
+/// directory there.
+const MPS_PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
+
+/// Why no spec was written.
+#[derive(Debug, Error)]
+pub enum CdiError {
+    #[error("no CDI spec written: a profile cannot be served")]
+    Profile(#[from] ProfileError),
+    #[error(transparent)]
+    Write(#[from] ConfigureError),
+}
+
+/// The spec for `cfg`, whose hooks run `cfg.runtime.hook` and hand on `policy` (a policy file
+/// not at the default path) as `GPUSHARE_CONFIG`.
+///
+/// # Errors
+/// [`ProfileError`] for a profile the policy would refuse (named with its key): no device is
+/// offered that would then refuse every container.
+pub fn spec(cfg: &Config, policy: Option<&Path>) -> Result<Value, ProfileError> {
+    let hook = cfg.runtime.hook.display().to_string();
+    let hook_env: Vec<String> = policy
+        .map(|p| format!("{}={}", crate::config::ENV_PATH, p.display()))
+        .into_iter()
+        .collect();
+    let mut devices = Vec::new();
+    for (name, checked) in profile::check_all(cfg) {
+        let req = match checked {
+            Ok(r) => r,
+            // A mode the policy does not allow is simply not offered.
+            Err(ProfileError::Request { .. })
+                if crate::config::BUILTIN_PROFILES.contains(&name.as_str()) =>
+            {
+                continue
+            }
+            Err(e) => return Err(e),
+        };
+        let mut env = vec![format!("{}={name}", profile::ENV)];
+        if req.mode == Mode::Mps {
+            env.push(format!("CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"));
+            if req.cores_explicit {
+                env.push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}", req.cores));
+            }
+            if let Some(m) = req.memory {
+                env.push(format!(
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={}M",
+                    quantity::to_mib(m)
+                ));
+            }
+        }
+        let entry = |args: Vec<&str>| {
+            let mut h = json!({"hookName": args[1], "path": hook, "args": args});
+            if !hook_env.is_empty() {
+                h["env"] = json!(hook_env);
+            }
+            h
+        };
+        devices.push(json!({
+            "name": name,
+            "containerEdits": {
+                "env": env,
+                "hooks": [
+                    entry(vec!["gpushare-hook", "createRuntime", profile::FLAG, &name]),
+                    entry(vec!["gpushare-hook", "poststop"]),
+                ],
+            },
+        }));
+    }
+    Ok(json!({
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": devices,
+    }))
+}
+
+/// The spec file in `dir` as it is and as `cfg` needs it.
+///
+/// # Errors
+/// [`CdiError`] for a profile that cannot be served or a file that cannot be read.
+pub fn plan(cfg: &Config, policy: Option<&Path>, dir: &Path) -> Result<Change, CdiError> {
+    let mut after = serde_json::to_string_pretty(&spec(cfg, policy)?).expect("spec serialises");
+    after.push('\n');
+    let path = dir.join(FILE_NAME);
+    let before = match std::fs::read_to_string(&path) {
+        Ok(s) => Some(s),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => return Err(ConfigureError::Read { path, source }.into()),
+    };
+    Ok(Change {
+        path,
+        before,
+        after,
+        mode: 0o644,
+    })
+}
+
+/// What `cdi generate` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct CdiReport {
+    pub path: String,
+    pub kind: &'static str,
+    pub devices: Vec<String>,
+    #[serde(flatten)]
+    pub outcome: configure::Outcome,
+}
+
+impl Report for CdiReport {
+    fn human(&self) -> String {
+        use configure::Outcome;
+        let what = match &self.outcome {
+            Outcome::Unchanged => "unchanged".to_owned(),
+            Outcome::Created => "written".to_owned(),
+            Outcome::Written { backup } => format!("written (previous one kept at {backup})"),
+            Outcome::WouldChange { diff } => format!("would change:\n{diff}"),
+        };
+        let names: Vec<String> = self
+            .devices
+            .iter()
+            .map(|d| format!("{}={d}", self.kind))
+            .collect();
+        format!("{}: {what}\ndevices: {}\n", self.path, names.join(" "))
+    }
+}
+
+/// Writes (atomically, keeping the previous file as a backup) or, with `dry_run`, diffs the
+/// spec in `dir`. A second run changes nothing.
+///
+/// # Errors
+/// [`CdiError`]; nothing is written when it fails.
+pub fn generate(
+    cfg: &Config,
+    policy: Option<&Path>,
+    dir: &Path,
+    dry_run: bool,
+) -> Result<CdiReport, CdiError> {
+    let change = plan(cfg, policy, dir)?;
+    let devices = serde_json::from_str::<Value>(&change.after)
+        .ok()
+        .and_then(|v| v["devices"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|d| d["name"].as_str().map(str::to_owned))
+        .collect();
+    let outcome = if dry_run {
+        if change.changes() {
+            configure::Outcome::WouldChange {
+                diff: configure::diff(&change),
+            }
+        } else {
+            configure::Outcome::Unchanged
+        }
+    } else {
+        configure::apply(&change)?
+    };
+    Ok(CdiReport {
+        path: change.path.display().to_string(),
+        kind: KIND,
+        devices,
+        outcome,
+    })
+}
+
+/// The default output directory.
+pub fn default_dir() -> PathBuf {
+    PathBuf::from(DEFAULT_DIR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(text: &str) -> Config {
+        Config::parse(text, Path::new("t.toml")).unwrap()
+    }
+
+    fn device<'a>(spec: &'a Value, name: &str) -> &'a Value {
+        spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .unwrap_or_else(|| panic!("no device {name} in {spec:#}"))
+    }
+
+    #[test]
+    fn one_device_per_mode_and_profile_with_hooks_and_env() {
+        let cfg = policy(
+            "[runtime]\nhook = \"/opt/gs/gpushare-hook\"\n\
+             [profiles.small]\nmode = \"mps\"\ncores = 25\nmemory = \"10Gi\"\n",
+        );
+        let s = spec(&cfg, Some(Path::new("/etc/gs.toml"))).unwrap();
+        assert_eq!(
+            (s["cdiVersion"].as_str(), s["kind"].as_str()),
+            (Some("0.3.0"), Some(KIND))
+        );
+        let names: Vec<&str> = s["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["mps", "timeslice", "limit", "small"]);
+        let small = &device(&s, "small")["containerEdits"];
+        assert_eq!(
+            small["env"],
+            json!([
+                "GPUSHARE_PROFILE=small",
+                "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps",
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"
+            ])
+        );
+        assert_eq!(
+            small["hooks"],
+            json!([
+                {"hookName": "createRuntime", "path": "/opt/gs/gpushare-hook",
+                 "args": ["gpushare-hook", "createRuntime", "--profile", "small"],
+                 "env": ["GPUSHARE_CONFIG=/etc/gs.toml"]},
+                {"hookName": "poststop", "path": "/opt/gs/gpushare-hook",
+                 "args": ["gpushare-hook", "poststop"],
+                 "env": ["GPUSHARE_CONFIG=/etc/gs.toml"]}
+            ])
+        );
+        let limit = &device(&s, "limit")["containerEdits"];
+        assert_eq!(limit["env"], json!(["GPUSHARE_PROFILE=limit"]));
+        let default = spec(&cfg, None).unwrap();
+        let hook = &device(&default, "limit")["containerEdits"]["hooks"][0];
+        assert!(
+            hook.get("env").is_none(),
+            "default policy: nothing handed on: {hook}"
+        );
+    }
+
+    #[test]
+    fn modes_the_policy_forbids_are_left_out_and_bad_profiles_refused() {
+        let cfg = policy("[policy]\nmodes = [\"mps\"]\n");
+        let s = spec(&cfg, None).unwrap();
+        assert_eq!(s["devices"].as_array().unwrap().len(), 1);
+        assert_eq!(s["devices"][0]["name"], "mps");
+        let cfg = policy("[policy]\nmax_cores = 50\ndefault_cores = 50\n[profiles.big]\nmode = \"mps\"\ncores = 80\n");
+        let e = spec(&cfg, None).unwrap_err();
+        assert!(crate::vocab::chain(&e).contains("profile big"), "{e}");
+    }
+
+    #[test]
+    fn generate_writes_once_and_then_changes_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = policy("");
+        let first = generate(&cfg, None, t.path(), false).unwrap();
+        assert_eq!(first.outcome, configure::Outcome::Created);
+        let path = t.path().join(FILE_NAME);
+        let written = std::fs::read_to_string(&path).unwrap();
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+        let second = generate(&cfg, None, t.path(), false).unwrap();
+        assert_eq!(second.outcome, configure::Outcome::Unchanged);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), written);
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap()),
+            ino,
+            "an unchanged spec is not rewritten"
+        );
+        let changed = policy("[profiles.small]\nmode = \"limit\"\nmemory = \"1Gi\"\n");
+        let third = generate(&changed, None, t.path(), false).unwrap();
+        assert!(matches!(third.outcome, configure::Outcome::Written { .. }));
+        assert!(third.devices.contains(&"small".to_owned()));
+        // Nothing but the spec and its backup: no temp file left behind.
+        let names: Vec<String> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+}
