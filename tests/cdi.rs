@@ -1,0 +1,220 @@
+//! `gpushare-hook cdi generate` and the hook's `--profile` (the CDI device's request), on the
+//! TEST-ONLY simulated driver. The generated spec is validated against a CDI JSON schema
+//! written by hand from the published specification (tests/fixtures/cdi/schema.json).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+const VENV_PYTHON: &str = "/var/cache/gpushare-engines/venv/bin/python";
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/cdi")
+        .join(name)
+}
+
+/// Runs the schema validator on `files`; `None` (after a loud SKIPPED, or a panic under CI)
+/// when the validator's Python environment is missing.
+fn validate(files: &[&Path]) -> Option<(bool, String)> {
+    if !Path::new(VENV_PYTHON).exists() {
+        let msg = format!(
+            "SKIPPED: CDI schema check: {VENV_PYTHON} missing; run scripts/install-deps.sh"
+        );
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{msg}");
+        eprintln!("\n******** {msg} ********\n");
+        return None;
+    }
+    let out = Command::new(VENV_PYTHON)
+        .arg(fixture("validate.py"))
+        .args(files)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((out.status.success(), text))
+}
+
+fn text(out: &std::process::Output) -> String {
+    format!(
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+const PROFILES: &str = "[profiles.small]\nmode = \"mps\"\ncores = 25\nmemory = \"1Gi\"\n\
+                        [profiles.capped]\nmode = \"limit\"\nmemory = \"512Mi\"\n";
+
+#[test]
+fn generate_writes_a_valid_spec_once_and_a_second_run_changes_nothing() {
+    let sb = common::Sandbox::with_policy(1, PROFILES);
+    let dir = sb.path().join("cdi");
+    let out = sb.hook(&["cdi", "generate", "--output", dir.to_str().unwrap()], "");
+    assert!(out.status.success(), "{}", text(&out));
+    let first = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(first.contains(": written"), "{first}");
+    for d in ["mps", "timeslice", "limit", "small", "capped"] {
+        assert!(
+            first.contains(&format!("gpushare.io/share={d}")),
+            "{d}: {first}"
+        );
+    }
+    let path = dir.join("gpushare.io-share.json");
+    let spec: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(spec["kind"], "gpushare.io/share");
+    // The hooks run this very hook binary with the sandbox's policy handed on.
+    let small = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "small")
+        .unwrap();
+    let hook = &small["containerEdits"]["hooks"][0];
+    assert_eq!(
+        hook["args"],
+        json!(["gpushare-hook", "createRuntime", "--profile", "small"])
+    );
+    assert_eq!(
+        hook["env"][0],
+        format!("GPUSHARE_CONFIG={}", sb.config_path().display())
+    );
+
+    let again = sb.hook(
+        &[
+            "cdi",
+            "generate",
+            "--output",
+            dir.to_str().unwrap(),
+            "--json",
+        ],
+        "",
+    );
+    assert!(again.status.success(), "{}", text(&again));
+    let report: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(report["outcome"], "unchanged", "{report}");
+
+    let Some((ok, why)) = validate(&[&path]) else {
+        return;
+    };
+    assert!(ok, "the generated spec fails the CDI schema: {why}");
+    // Negative control: the validator rejects what the specification does not allow.
+    let mut broken = spec.clone();
+    broken["devices"][0]["containerEdits"]["hooks"][0]["hookName"] = json!("createruntime");
+    broken["devices"][1]["name"] = json!("-bad");
+    let bad = sb.path().join("broken.json");
+    std::fs::write(&bad, serde_json::to_vec(&broken).unwrap()).unwrap();
+    let (ok, why) = validate(&[&bad]).unwrap();
+    assert!(
+        !ok && why.contains("createruntime") && why.contains("-bad"),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_bad_profile_writes_nothing_and_names_the_key() {
+    let sb = common::Sandbox::with_policy(1, "[profiles.big]\nmode = \"mps\"\ncores = 200\n");
+    let dir = sb.path().join("cdi");
+    let out = sb.hook(&["cdi", "generate", "--output", dir.to_str().unwrap()], "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("[profiles.big] cores"), "{err}");
+    assert!(!dir.exists(), "nothing written");
+}
+
+/// A bundle whose container has GPU 0 as a device node (as NVIDIA's CDI device gives it), the
+/// CDI device's env and hook entry for `profile`, and `annotations`.
+fn cdi_bundle(sb: &common::Sandbox, name: &str, profiles: &[&str], annotations: Value) -> PathBuf {
+    let mut spec = common::spec(annotations, &[]);
+    let env: Vec<String> = profiles
+        .iter()
+        .map(|p| format!("GPUSHARE_PROFILE={p}"))
+        .collect();
+    spec["process"]["env"] = json!(env);
+    spec["linux"] =
+        json!({"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]});
+    let hooks: Vec<Value> = profiles
+        .iter()
+        .map(|p| json!({"path": common::hook_bin(), "args": ["gpushare-hook", "createRuntime", "--profile", p]}))
+        .collect();
+    spec["hooks"] = json!({"createRuntime": hooks});
+    sb.bundle(name, &spec)
+}
+
+#[test]
+fn the_hook_takes_the_request_from_its_profile() {
+    let sb = common::Sandbox::with_policy(1, PROFILES);
+    let b = cdi_bundle(&sb, "small", &["small"], json!({}));
+    let out = sb.hook(
+        &["createRuntime", "--dry-run", "--profile", "small"],
+        &common::Sandbox::state_json("cdi-small", 1, &b),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&plan["mode"], &plan["cores"], &plan["memory"]),
+        (&json!("mps"), &json!(25), &json!(1u64 << 30)),
+        "{plan}"
+    );
+    assert_eq!(plan["gpus"][0]["uuid"], common::Sandbox::uuid(0));
+    // Negative control: the same bundle without --profile asks for nothing.
+    let out = sb.hook(
+        &["createRuntime", "--dry-run"],
+        &common::Sandbox::state_json("cdi-small", 1, &b),
+    );
+    assert!(
+        out.status.success() && out.stdout.is_empty(),
+        "{}",
+        text(&out)
+    );
+    assert!(!sb.state_dir().exists(), "dry runs wrote state");
+}
+
+#[test]
+fn profile_refusals_say_what_to_change() {
+    let sb = common::Sandbox::with_policy(1, PROFILES);
+    let rows: [(&str, Vec<&str>, Value, &str, &str); 3] = [
+        (
+            "an annotation that contradicts the device",
+            vec!["small"],
+            json!({"gpu.share": "limit"}),
+            "small",
+            "gpu.share=\"limit\" but its CDI device gpushare.io/share=small sets gpu.share=\"mps\"",
+        ),
+        (
+            "two gpushare devices",
+            vec!["small", "capped"],
+            json!({}),
+            "small",
+            "several gpushare devices (small, capped)",
+        ),
+        (
+            "a profile the policy no longer has",
+            vec!["gone"],
+            json!({}),
+            "gone",
+            "names no profile of this node's policy (known: mps, timeslice, limit, capped, small)",
+        ),
+    ];
+    for (what, devices, annotations, profile, line) in rows {
+        let b = cdi_bundle(&sb, profile, &devices, annotations);
+        let out = sb.hook(
+            &["createRuntime", "--profile", profile],
+            &common::Sandbox::state_json("cdi-refused", 1, &b),
+        );
+        assert_eq!(out.status.code(), Some(1), "{what}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(line), "{what}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{what}: one line: {err}");
+        assert!(
+            !sb.state_dir().join("gpus").exists(),
+            "{what}: state left as it was"
+        );
+    }
+}
