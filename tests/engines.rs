@@ -74,6 +74,16 @@ fn docker_26_debian13_annotation_and_env_fallback() {
 }
 
 #[test]
+fn cdi_share_device_on_podman_beside_nvidias_gpu_device() {
+    run_script_with("cdi_share.sh", &[("CDI_ENGINE", "podman")]);
+}
+
+#[test]
+fn cdi_share_device_on_docker_26_without_a_runtime() {
+    run_script_with("cdi_share.sh", &[("CDI_ENGINE", "docker26")]);
+}
+
+#[test]
 fn chaining_wrappers_in_front_and_behind_and_loops() {
     run_script("chaining.sh");
 }
