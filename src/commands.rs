@@ -232,7 +232,21 @@ pub fn configure(
     if print {
         return Ok(Reply::text(configure::print(engine, &setup, opts)?));
     }
-    let report = configure::run(engine, &setup, opts)?;
+    let mut report = configure::run(engine, &setup, opts)?;
+    // A CDI spec of gpushare's already installed follows the policy this run read.
+    for dir in [crate::admin::cdi::DEFAULT_DIR, "/etc/cdi"] {
+        let dir = std::path::Path::new(dir);
+        if !dir.join(crate::admin::cdi::FILE_NAME).exists() {
+            continue;
+        }
+        let hand_on = setup.policy.clone();
+        let cdi = crate::admin::cdi::generate(&ctx.cfg, hand_on.as_deref(), dir, opts.dry_run)
+            .map_err(|e| ConfigureError::Cdi(Box::new(e)))?;
+        report.files.push(configure::FileReport {
+            path: cdi.path,
+            outcome: cdi.outcome,
+        });
+    }
     if !opts.dry_run && report.changed() {
         tracing::info!(engine = engine.name(), "configured");
     }

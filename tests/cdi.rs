@@ -218,3 +218,32 @@ fn profile_refusals_say_what_to_change() {
         );
     }
 }
+
+#[test]
+fn status_lists_the_profiles_and_why_one_is_refused() {
+    let sb = common::Sandbox::with_policy(
+        1,
+        "[policy]\nmax_cores = 50\ndefault_cores = 50\n\
+         [profiles.small]\nmode = \"mps\"\ncores = 25\nmemory = \"1Gi\"\n\
+         [profiles.big]\nmode = \"mps\"\ncores = 80\n",
+    );
+    let out = sb.hook(&["status"], "");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("profiles (CDI gpushare.io/share=<name>): mps, timeslice, limit, small (mps, cores 25%, memory 1.0 GiB)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("profile big refused: profile big is not a request"),
+        "{text}"
+    );
+    assert!(text.contains("above"), "{text}");
+    let json = sb.status();
+    let names: Vec<&str> = json["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["mps", "timeslice", "limit", "big", "small"]);
+}

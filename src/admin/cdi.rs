@@ -192,6 +192,72 @@ pub fn generate(
     })
 }
 
+/// One profile as `status` and `doctor` list it: what it asks for, or why it is refused.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProfileStatus {
+    /// The CDI device `gpushare.io/share=<name>`.
+    pub name: String,
+    pub mode: Option<Mode>,
+    pub cores: Option<u8>,
+    pub memory: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+/// Every profile of the policy, checked like a request.
+pub fn profiles(cfg: &Config) -> Vec<ProfileStatus> {
+    profile::check_all(cfg)
+        .into_iter()
+        .map(|(name, checked)| match checked {
+            Ok(r) => ProfileStatus {
+                name,
+                mode: Some(r.mode),
+                cores: (r.mode != Mode::Timeslice).then_some(r.cores),
+                memory: r.memory,
+                refused: None,
+            },
+            Err(e) => ProfileStatus {
+                name,
+                mode: None,
+                cores: None,
+                memory: None,
+                refused: Some(crate::vocab::chain(&e)),
+            },
+        })
+        .collect()
+}
+
+/// `profiles: mps, small (mps, cores 25%, memory 10 GiB), …` and a line per refused one.
+pub fn render_profiles(list: &[ProfileStatus]) -> String {
+    let served: Vec<String> = list
+        .iter()
+        .filter(|p| p.refused.is_none())
+        .map(|p| {
+            let mut what: Vec<String> = Vec::new();
+            if !crate::config::BUILTIN_PROFILES.contains(&p.name.as_str()) {
+                what.extend(p.mode.map(|m| m.to_string()));
+                what.extend(p.cores.map(|c| format!("cores {c}%")));
+                what.extend(
+                    p.memory
+                        .map(|m| format!("memory {}", crate::vocab::size::human(m))),
+                );
+            }
+            if what.is_empty() {
+                p.name.clone()
+            } else {
+                format!("{} ({})", p.name, what.join(", "))
+            }
+        })
+        .collect();
+    let mut out = format!("profiles (CDI {KIND}=<name>): {}\n", served.join(", "));
+    for p in list {
+        if let Some(why) = &p.refused {
+            out.push_str(&format!("  profile {} refused: {why}\n", p.name));
+        }
+    }
+    out
+}
+
 /// The default output directory.
 pub fn default_dir() -> PathBuf {
     PathBuf::from(DEFAULT_DIR)

@@ -73,6 +73,8 @@ pub struct Status {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     pub gpus: Vec<GpuStatus>,
+    /// The named requests CDI devices offer, checked against the policy.
+    pub profiles: Vec<crate::admin::cdi::ProfileStatus>,
 }
 
 /// Why the state dir cannot be read, if it cannot (a missing one is fine: nothing is shared).
@@ -111,6 +113,7 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
             isolation: cfg.mps.isolation,
             error: Some(error),
             gpus: Vec::new(),
+            profiles: crate::admin::cdi::profiles(cfg),
         };
     }
     let control = Control::new(&cfg.mps.control).ok();
@@ -190,6 +193,7 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
         isolation: cfg.mps.isolation,
         error: None,
         gpus,
+        profiles: crate::admin::cdi::profiles(cfg),
     }
 }
 
@@ -200,6 +204,7 @@ impl Report for Status {
             out.push_str(&format!("{e}\n"));
             return out;
         }
+        out.push_str(&crate::admin::cdi::render_profiles(&self.profiles));
         if self.gpus.is_empty() {
             out.push_str("no GPU is shared\n");
         }

@@ -137,7 +137,11 @@ cores = 40
 mode = "limit"
 memory = "1Gi"
 cores = 30'
-"$HOOK" cdi generate --output "$CDI_DIR" >/dev/null || fail "cdi generate (capped)"
+# `configure` (any engine) brings an installed spec up to date with the policy it reads.
+"$HOOK" configure docker --path "$T/daemon-conf.json" >"$T/conf" 2>&1 || { cat "$T/conf"; fail "configure docker"; }
+has -F "$SHARE_SPEC" "$T/conf" || { cat "$T/conf"; fail "configure did not bring the CDI spec up to date"; }
+jq -e '[.devices[].name] | index("capped")' "$SHARE_SPEC" >/dev/null || fail "the spec lacks the new profile after configure"
+ok "configure refreshed the CDI spec with the new profile"
 run_ --device nvidia.com/gpu=all --device gpushare.io/share=capped -- sh -c "$INSIDE_LIMIT" >"$T/out3" 2>"$T/err3" ||
     { cat "$T/err3"; fail "run with the limit profile failed"; }
 check_limit_output "$T/out3" no

@@ -189,6 +189,8 @@ pub enum ConfigureError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the CDI spec could not be brought up to date with the policy")]
+    Cdi(#[source] Box<crate::admin::cdi::CdiError>),
 }
 
 /// One file as it is and as the engine needs it.
