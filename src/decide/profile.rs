@@ -199,6 +199,8 @@ mod tests {
     use super::*;
     use crate::vocab::Mode;
 
+    type Keys<'a> = Vec<(&'a str, &'a str)>;
+
     fn policy(text: &str) -> Config {
         Config::parse(text, std::path::Path::new("t.toml")).unwrap()
     }
@@ -207,7 +209,7 @@ mod tests {
     fn builtins_and_policy_profiles_become_annotations() {
         let cfg = policy("[profiles.small]\nmode = \"mps\"\ncores = 25\nmemory = \"10Gi\"\n");
         assert_eq!(names(&cfg), ["mps", "timeslice", "limit", "small"]);
-        let rows: [(&str, &str, Vec<(&str, &str)>); 2] = [
+        let rows: [(&str, &str, Keys); 2] = [
             ("a mode", "limit", vec![("gpu.share", "limit")]),
             (
                 "a policy profile",
@@ -236,7 +238,7 @@ mod tests {
     fn a_profile_fills_in_and_conflicts_are_refused() {
         let cfg = policy("[profiles.small]\nmode = \"mps\"\ncores = 25\n");
         let p = find(&cfg, "small").unwrap();
-        let rows: [(&str, Vec<(&str, &str)>, Option<&str>); 4] = [
+        let rows: [(&str, Keys, Option<&str>); 4] = [
             ("nothing of its own", vec![], None),
             (
                 "the same values, the mode by an alias",
