@@ -112,3 +112,18 @@ fn kubernetes_installer_image_podman_build_offline() {
 fn cri_containerd_2_debian_unstable_config_v3() {
     run_script_with("cri.sh", &[("CRI_CONTAINERD", "sid")]);
 }
+
+#[test]
+fn containerd_1_6_configure_on_stock_kubeadm_and_empty_files() {
+    run_script_with("containerd_configs.sh", &[("CRI_CONTAINERD", "system")]);
+}
+
+#[test]
+fn containerd_1_7_configure_on_stock_kubeadm_and_empty_files() {
+    run_script_with("containerd_configs.sh", &[("CRI_CONTAINERD", "trixie")]);
+}
+
+#[test]
+fn containerd_2_configure_on_v3_stock_and_missing_files() {
+    run_script_with("containerd_configs.sh", &[("CRI_CONTAINERD", "sid")]);
+}

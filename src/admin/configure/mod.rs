@@ -181,8 +181,10 @@ pub enum ConfigureError {
         key: String,
         want: &'static str,
     },
-    #[error("{path} has no `version` key (a containerd version 1 config); migrate it with `containerd config migrate` first (it was left untouched)")]
+    #[error("{path} is a containerd version 1 config (`version = 1`, or no `version` key); rewrite it as version 2, the layout `containerd config default` prints, first (it was left untouched)")]
     ContainerdV1 { path: PathBuf },
+    #[error("{path} has `version = {version}`, a containerd config version gpushare does not know (it writes 2 for containerd 1.x and 3 for 2.x); it was left untouched")]
+    ContainerdVersion { path: PathBuf, version: i64 },
     #[error("cannot write {path} (files before it in this run were written)")]
     Write {
         path: PathBuf,
