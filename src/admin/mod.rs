@@ -2,6 +2,7 @@
 //! that [`report::render`] turns into text or JSON.
 
 pub mod configure;
+pub mod crio;
 pub mod doctor;
 pub mod gc;
 pub mod report;
