@@ -176,8 +176,9 @@ fn installer_on_a_crio_node_writes_exactly_these_files() {
         handler["runtime_path"].as_str(),
         Some("/usr/local/bin/gpushare-runtime")
     );
-    let allowed = handler["allowed_annotations"].as_array().unwrap();
-    assert!(allowed.iter().any(|a| a.as_str() == Some("gpu.share")));
+    // CRI-O drops a handler whose allowed_annotations names anything but its own annotations
+    // (tests/crio.rs); the pod's gpu.share* annotations reach the spec without it.
+    assert!(handler.get("allowed_annotations").is_none(), "{handler:?}");
     assert_eq!(
         crio["crio"]["runtime"]["hooks_dir"].as_array().unwrap()[0].as_str(),
         Some("/usr/share/containers/oci/hooks.d")

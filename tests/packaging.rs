@@ -41,8 +41,8 @@ fn hooks_are_oci_hooks_1_0_0() {
             assert_eq!(h["when"]["always"], true, "{file}");
         }
     }
-    // CRI-O rejects unknown stages and then drops the whole directory: the directory CRI-O reads
-    // must hold no precreate file.
+    // CRI-O does not know the precreate stage and will not start with such a file in a hooks dir
+    // it reads (tests/crio.rs): the directory CRI-O reads must hold no precreate file.
     for e in std::fs::read_dir(repo("hooks/oci")).unwrap() {
         let h = hook_file(&format!(
             "hooks/oci/{}",

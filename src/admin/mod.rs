@@ -3,6 +3,7 @@
 
 pub mod cdi;
 pub mod configure;
+pub mod crio;
 pub mod doctor;
 pub mod gc;
 pub mod report;

@@ -197,6 +197,7 @@ impl Host<'_> {
             }
         }
         let _ = std::fs::remove_dir(self.state.mps_root());
+        self.gc_compute_modes(&unreadable, report, problems);
         self.gc_container_dirs(report);
         for dir in [self.state.gpus_dir(), self.state.root().to_path_buf()] {
             for p in crate::host::state::sweep_temp_files(&dir) {
@@ -349,6 +350,77 @@ impl Host<'_> {
         }
         dirs.remove();
         report.push(format!("removed leftover {}", dirs.dir.display()));
+    }
+
+    /// GPUs left in EXCLUSIVE_PROCESS that neither a record (a mode to restore, a daemon, a
+    /// client) nor a running gpushare daemon explains, e.g. after a record was lost. Under a
+    /// policy that itself puts GPUs in EXCLUSIVE_PROCESS for MPS (isolation `gpu`,
+    /// `exclusive_compute_mode`) the mode is gpushare's leftover and is put back to DEFAULT;
+    /// under any other policy gpushare never sets it, so it is left as it is and said so.
+    fn gc_compute_modes(
+        &self,
+        unreadable: &std::collections::BTreeSet<String>,
+        report: &mut Vec<String>,
+        problems: &mut Vec<String>,
+    ) {
+        let Ok(gpus) = self.inventory.gpus() else {
+            return;
+        };
+        let ours = self.cfg.mps.isolation == crate::vocab::Isolation::Gpu
+            && self.cfg.mps.exclusive_compute_mode;
+        for g in gpus {
+            if unreadable.contains(&g.uuid) || !crate::vocab::is_safe_name(&g.uuid) {
+                continue;
+            }
+            if self.inventory.compute_mode(g.index).ok() != Some(ComputeMode::ExclusiveProcess) {
+                continue;
+            }
+            let lock = self.state.ensure().and_then(|()| {
+                self.state
+                    .lock(&g.uuid, self.lock_timeout(), "gc (compute mode)")
+            });
+            let _lock = match lock {
+                Ok(l) => l,
+                Err(e) => {
+                    problems.push(format!("{}: {}", g.uuid, crate::vocab::chain(&e)));
+                    continue;
+                }
+            };
+            let explained = match self.state.load(&g.uuid) {
+                Ok(Some(r)) => {
+                    r.has_daemon() || !r.clients.is_empty() || r.restore_compute_mode.is_some()
+                }
+                Ok(None) => false,
+                Err(_) => true,
+            };
+            // Read again under the lock: an acquire may have set it meanwhile.
+            if explained
+                || self.inventory.compute_mode(g.index).ok() != Some(ComputeMode::ExclusiveProcess)
+            {
+                continue;
+            }
+            if !ours {
+                problems.push(format!(
+                    "{}: compute mode EXCLUSIVE_PROCESS, which this policy never sets (mps.isolation is not \"gpu\" with exclusive_compute_mode); left as it is: if nobody set it on purpose, run `nvidia-smi -i {} -c DEFAULT`",
+                    g.uuid, g.index
+                ));
+                continue;
+            }
+            match self
+                .inventory
+                .set_compute_mode(g.index, ComputeMode::Default)
+            {
+                Ok(()) => report.push(format!(
+                    "{}: put back compute mode DEFAULT (was EXCLUSIVE_PROCESS with no gpushare MPS daemon and no record of it)",
+                    g.uuid
+                )),
+                Err(e) => problems.push(format!(
+                    "{}: compute mode EXCLUSIVE_PROCESS with no gpushare MPS daemon; cannot put back DEFAULT: {}",
+                    g.uuid,
+                    crate::vocab::chain(&e)
+                )),
+            }
+        }
     }
 
     /// Per-container directories: a precreate's `pending-*` one whose create never reached the

@@ -22,7 +22,8 @@ pub const NVIDIA_FILE: &str = "/etc/nvidia-container-runtime/config.toml";
 pub const OCI_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
 /// podman's other default hooks dir.
 pub const ETC_HOOKS_DIR: &str = "/etc/containers/oci/hooks.d";
-/// The podman-only dir for the precreate hook (CRI-O refuses the stage and then the whole dir).
+/// The podman-only dir for the precreate hook (CRI-O does not know the stage: a precreate file in
+/// a dir CRI-O reads stops it at start-up).
 pub const PODMAN_HOOKS_DIR: &str = "/etc/containers/oci/hooks.d-podman";
 /// The runtime handler's name.
 const HANDLER: &str = "gpushare";
@@ -421,24 +422,49 @@ fn copy_value(t: &mut Table, key: &str, v: &Item) {
 }
 
 /// CRI-O: the drop-in with the hooks dir and the runtime handler `gpushare`.
+///
+/// Written to what CRI-O v1.37.0 accepts (`pkg/config/config.go`, `RuntimeHandler.Validate`):
+/// a handler whose `allowed_annotations` names anything outside CRI-O's own list
+/// (`pkg/annotations/v2/annotations.go`, `AllAllowedAnnotations`) is dropped with a warning, so
+/// the handler lists none. Our `gpu.share*` keys need no allow-listing: CRI-O filters only its own
+/// annotations and copies the pod's annotations into every container's spec
+/// (`internal/factory/container/container.go`). `allowed_annotations` entries naming our keys,
+/// left by an earlier version, are taken out.
+///
+/// `hooks_dir` holds only the dir our `oci/` hook files go to (CRI-O creates a listed dir that is
+/// missing and reads every file in it), never the podman-only precreate dir.
 fn crio(path: &Path, setup: &Setup, oci_hooks: &Path) -> Result<Change, ConfigureError> {
     let before = read(path)?;
     let (mut doc, header) = parse_toml(path, before.as_deref().unwrap_or(""))?;
     let rt = table_at(doc.as_table_mut(), &["crio", "runtime"], path)?;
     let oci = oci_hooks.to_string_lossy();
-    ensure_in_array(rt, "hooks_dir", &[OCI_HOOKS_DIR], &[&oci], path)?;
+    ensure_in_array(rt, "hooks_dir", &[], &[&oci], path)?;
     let h = table_at(rt, &["runtimes", HANDLER], path)?;
     set_str(h, "runtime_path", &setup.runtime_entry().to_string_lossy());
     set_str(h, "runtime_type", "oci");
     set_str(h, "runtime_root", "/run/runc");
-    ensure_in_array(
-        h,
-        "allowed_annotations",
-        &[],
-        &crate::decide::request::annotation_keys(),
-        path,
-    )?;
+    crio_drop_our_annotations(h, path)?;
     Ok(finish_toml(path, before, &header, &doc))
+}
+
+/// Takes our annotation keys out of the handler's `allowed_annotations` (CRI-O refuses the
+/// handler for them), and the key itself when nothing else is left in it.
+fn crio_drop_our_annotations(h: &mut Table, path: &Path) -> Result<(), ConfigureError> {
+    if !h.contains_key("allowed_annotations") {
+        return Ok(());
+    }
+    let ours = crate::decide::request::annotation_keys();
+    let a = array_mut(h, "allowed_annotations", &[], path)?;
+    if a.iter()
+        .any(|v| v.as_str().is_some_and(|s| ours.contains(&s)))
+    {
+        a.retain(|v| !v.as_str().is_some_and(|s| ours.contains(&s)));
+        a.fmt();
+    }
+    if a.is_empty() {
+        h.remove("allowed_annotations");
+    }
+    Ok(())
 }
 
 /// podman: both hooks dirs in `[engine] hooks_dir` (podman's defaults kept, as setting the key
