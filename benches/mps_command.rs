@@ -1,7 +1,6 @@
-//! Cost of one MPS control command as gpushare sends it (the control client in a mount
-//! namespace of its own that shows it only the daemon's pipe directory) against the same
-//! command from a plain client process waited for as before (polling with backoff), alternating,
-//! in one run.
+//! Cost of one MPS control command as gpushare sends it (in-process, over the control socket,
+//! after proving the listener is the recorded daemon) against the same command from NVIDIA's
+//! client program, alternating, in one run.
 //!
 //! Needs root and `nvidia-cuda-mps-control`; the control daemon needs no GPU.
 //! Run: `cargo bench --bench mps_command` (rounds: `BENCH_ROUNDS`, default 301).
@@ -11,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpushare::host::mps::{Control, MpsDirs};
+use gpushare::host::mps::{protocol, Control, MpsControl, MpsDirs};
 
 fn main() {
     let rounds: usize = std::env::var("BENCH_ROUNDS")
@@ -27,6 +26,7 @@ fn main() {
     std::fs::create_dir(&state).unwrap();
     std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let dirs = MpsDirs::new(state.join("mps").join("GPU-bench"));
+    dirs.prepare(64 << 20).expect("directories and their tmpfs");
     // Daemon starts (sandbox, emptied pipe dir, until it answers), then one kept running.
     let mut starts = Vec::new();
     for _ in 0..9 {
@@ -61,17 +61,16 @@ fn main() {
         assert!(out.status.success());
         t.elapsed()
     };
-    let sandboxed = |pipe: &Path| -> Duration {
+    let proven = |pipe: &Path| -> Duration {
         let t = Instant::now();
-        control
-            .command(pipe, "get_server_list", Duration::from_secs(5))
+        protocol::converse(pipe, daemon, &["get_server_list"], Duration::from_secs(5))
             .expect("answers");
         t.elapsed()
     };
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         a.push(plain(&dirs.pipe));
-        b.push(sandboxed(&dirs.pipe));
+        b.push(proven(&dirs.pipe));
     }
     let med = |v: &mut Vec<Duration>| {
         v.sort();
@@ -87,9 +86,9 @@ fn main() {
         starts[starts.len() / 2].as_secs_f64() * 1e3
     );
     println!("one get_server_list, medians over {rounds} alternating rounds ({mounts} mounts on the host):");
-    println!("  plain control client, as before {pa:>7.3} ms");
+    println!("  NVIDIA's control client         {pa:>7.3} ms");
     println!(
-        "  sandboxed (as gpushare sends) {pb:>7.3} ms   +{:.3} ms, {:.2}x",
+        "  in-process, proven (gpushare)   {pb:>7.3} ms   {:+.3} ms, {:.2}x",
         pb - pa,
         pb / pa
     );

@@ -25,30 +25,38 @@ import subprocess
 import sys
 
 
+def start_time(pid):
+    """Field 22 of /proc/<pid>/stat (clock ticks since boot), None for a gone or zombie pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    rest = text[text.rfind(")") + 1:].split()
+    if rest[0] in ("Z", "X"):
+        return None
+    return int(rest[19])
+
+
 def daemons_under(state):
-    """pid -> pipe dir of the MPS control daemons whose pipe dir lies under `state`."""
+    """pid -> pipe dir of the running MPS control daemons gpushare started under `state`: as
+    gpushare knows them, by the pid and start time it wrote into <state>/mps/<id>/daemon when it
+    spawned each (never by a process's name, arguments or environment, which a tenant can
+    imitate)."""
     out = {}
-    want = "CUDA_MPS_PIPE_DIRECTORY=" + state.rstrip("/") + "/"
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
+    root = os.path.join(state, "mps")
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return out
+    for n in names:
         try:
-            with open(f"/proc/{d}/stat") as f:
-                if ") Z " in f.read():
-                    continue
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            if b"-f" not in cmd and b"-d" not in cmd:
-                continue
-            if not any(c.endswith(b"nvidia-cuda-mps-control") for c in cmd[:1]):
-                continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = [kv.decode(errors="replace") for kv in f.read().split(b"\0")]
-        except OSError:
+            with open(os.path.join(root, n, "daemon")) as f:
+                pid, start = (int(x) for x in f.read().split())
+        except (OSError, ValueError):
             continue
-        for kv in env:
-            if kv.startswith(want):
-                out[int(d)] = kv.split("=", 1)[1].rstrip("/")
+        if start_time(pid) == start:
+            out[pid] = os.path.join(root, n, "pipe")
     return out
 
 
@@ -113,7 +121,8 @@ def check(hook, state, sim, gpus, live, env=None):
         if len(pids) > 1:
             bad.append(f"daemons: {len(pids)} daemons on {pipe}: {sorted(pids)}")
     live_dirs = set().union(*with_daemon.values()) if with_daemon else set()
-    shm_ok = {os.path.join(state, "mps", n, "shm") for n in live_dirs}
+    # A live domain has two capped tmpfs: its pipe directory and its shm.
+    shm_ok = {os.path.join(state, "mps", n, d) for n in live_dirs for d in ("pipe", "shm")}
     for m in mounts_under(state):
         if m not in shm_ok:
             bad.append(f"mounts: {m} is mounted")

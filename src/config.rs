@@ -87,6 +87,19 @@ pub struct MpsConfig {
     pub isolation: Isolation,
     /// Admin-defined groups and the limits their domain enforces.
     pub groups: BTreeMap<String, GroupConfig>,
+    /// Size cap of a domain's shm tmpfs (its clients' `/dev/shm`), as engines give a
+    /// container's own `/dev/shm` by default.
+    pub shm_size: String,
+    /// Mount the pipe directory read-only into containers (whether MPS clients work so is for
+    /// a GPU to tell: off by default).
+    pub pipe_readonly: bool,
+}
+
+impl MpsConfig {
+    /// [`MpsConfig::shm_size`] in bytes (checked by [`Config::validate`]; 64 MiB if invalid).
+    pub fn shm_bytes(&self) -> u64 {
+        quantity::parse_memory(&self.shm_size).unwrap_or(64 << 20)
+    }
 }
 
 /// `[mps.groups.<name>]`: an admin-defined isolation domain and its enforced limits.
@@ -187,6 +200,8 @@ impl Default for MpsConfig {
             start_timeout_seconds: 10,
             isolation: Isolation::Gpu,
             groups: BTreeMap::new(),
+            shm_size: "64Mi".into(),
+            pipe_readonly: false,
         }
     }
 }
@@ -322,6 +337,12 @@ impl Config {
         }
         if !self.state_dir.is_absolute() {
             return Err(invalid("state_dir must be an absolute path"));
+        }
+        if !quantity::parse_memory(&self.mps.shm_size).is_ok_and(|b| b >= 1 << 20) {
+            return Err(invalid(&format!(
+                "[mps] shm_size {:?} is not a size of at least 1Mi like 64Mi",
+                self.mps.shm_size
+            )));
         }
         for (name, g) in &self.mps.groups {
             if !is_group_name(name) {

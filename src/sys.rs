@@ -86,73 +86,6 @@ pub fn daemon_in_sandbox(cmd: &mut Command, m: DaemonMounts) {
     }
 }
 
-/// What a sandboxed control client sees: a read-only copy of `pipe` (a daemon's pipe
-/// directory, which must not be a symlink) that follows no symlink, mounted at `at` inside an
-/// empty tmpfs laid over `hide` (the state directory).
-#[derive(Debug)]
-pub struct ClientMounts {
-    pub pipe: CString,
-    pub hide: CString,
-    pub at: CString,
-}
-
-/// Mount attributes of the client's copy of the pipe directory.
-const CLIENT_PIPE_ATTRS: u64 = MOUNT_ATTR_RDONLY
-    | MOUNT_ATTR_NOSYMFOLLOW
-    | MOUNT_ATTR_NODEV
-    | MOUNT_ATTR_NOSUID
-    | MOUNT_ATTR_NOEXEC;
-
-/// Arranges for `cmd` to start in a mount namespace of its own in which `m.hide` is an empty
-/// tmpfs holding only the copy of `m.pipe` at `m.at`.
-pub fn client_in_sandbox(cmd: &mut Command, m: ClientMounts) {
-    // SAFETY: the closure runs in the forked child before exec and only calls
-    // `enter_client_sandbox`, which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || enter_client_sandbox(&m).map_err(std::io::Error::from));
-    }
-}
-
-/// Makes the calling process's view the client sandbox `m` (see [`client_in_sandbox`]). Makes
-/// only raw system calls (unshare, open, mount, mkdir, mount_setattr, close) on data prepared
-/// before or on the stack; it allocates nothing and takes no locks, so it is async-signal-safe
-/// and may run between fork and exec.
-fn enter_client_sandbox(m: &ClientMounts) -> nix::Result<()> {
-    private_mount_namespace()?;
-    // SAFETY: `m.pipe` is a valid NUL-terminated string for the duration of the call.
-    let dir = unsafe {
-        libc::open(
-            m.pipe.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    let dir = nix::errno::Errno::result(dir)?;
-    mount(
-        Some(c"tmpfs"),
-        m.hide.as_c_str(),
-        Some(c"tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        Some(c"mode=0700,size=16k,nr_inodes=16"),
-    )?;
-    nix::unistd::mkdir(
-        m.at.as_c_str(),
-        nix::sys::stat::Mode::from_bits_truncate(0o700),
-    )?;
-    let mut buf = [0u8; 32];
-    let src = proc_fd_path(dir, &mut buf);
-    let r = mount(
-        Some(src),
-        m.at.as_c_str(),
-        None::<&CStr>,
-        MsFlags::MS_BIND,
-        None::<&CStr>,
-    );
-    // SAFETY: `dir` was opened above and is owned here; close is async-signal-safe.
-    unsafe { libc::close(dir) };
-    r?;
-    set_attrs(libc::AT_FDCWD, &m.at, 0, CLIENT_PIPE_ATTRS, 0)
-}
-
 /// Moves the calling process into a mount namespace of its own whose mounts propagate nowhere.
 /// Async-signal-safe (two system calls).
 fn private_mount_namespace() -> nix::Result<()> {
@@ -164,93 +97,6 @@ fn private_mount_namespace() -> nix::Result<()> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&CStr>,
     )
-}
-
-/// A program for [`spawn_client_unwaited`], prepared before the fork: its path, arguments
-/// (the first is its name) and environment (`NAME=value`).
-#[derive(Debug)]
-pub struct Exec {
-    pub path: CString,
-    pub argv: Vec<CString>,
-    pub envp: Vec<CString>,
-}
-
-/// Starts `exec` in a session of its own, in the client sandbox `m`, with `input` on its
-/// stdin and stdout and stderr on `/dev/null`, to be killed by `SIGALRM` after `seconds`, and
-/// waits for nothing: neither its exec nor its exit (a failure between fork and exec ends the
-/// child with 127, unseen). For a helper whose answer nobody needs; the caller is expected to
-/// exit soon, which hands the child to init. Returns its pid.
-///
-/// # Errors
-/// `input` longer than a pipe holds without a reader (`E2BIG`), or `pipe`, `open` or `fork`
-/// failing.
-pub fn spawn_client_unwaited(
-    exec: &Exec,
-    m: &ClientMounts,
-    input: &[u8],
-    seconds: u32,
-) -> nix::Result<i32> {
-    use std::os::fd::AsRawFd;
-    // What POSIX guarantees a pipe holds before a reader comes.
-    if input.len() > libc::PIPE_BUF {
-        return Err(nix::errno::Errno::E2BIG);
-    }
-    let argv: Vec<*const libc::c_char> = exec
-        .argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain([std::ptr::null()])
-        .collect();
-    let envp: Vec<*const libc::c_char> = exec
-        .envp
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain([std::ptr::null()])
-        .collect();
-    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let mut left = input;
-    while !left.is_empty() {
-        match nix::unistd::write(&write, left) {
-            Ok(n) => left = &left[n..],
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    drop(write);
-    let null = nix::fcntl::open(
-        c"/dev/null",
-        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )?;
-    let (read, null) = (read.as_raw_fd(), null.as_raw_fd());
-    // SAFETY: the child only makes async-signal-safe system calls on data prepared above
-    // (descriptors, C strings and pointer arrays that outlive the fork in its copy of the
-    // memory) and leaves by `execve` or `_exit`, running no destructor.
-    match unsafe { nix::unistd::fork() }? {
-        nix::unistd::ForkResult::Child => {
-            // SAFETY: see above; every call here is async-signal-safe.
-            unsafe {
-                let ok = libc::dup2(read, 0) == 0
-                    && libc::dup2(null, 1) == 1
-                    && libc::dup2(null, 2) == 2
-                    && libc::chdir(c"/".as_ptr()) == 0
-                    && enter_client_sandbox(m).is_ok()
-                    && libc::setsid() != -1;
-                if ok {
-                    // Rust ignores SIGPIPE, and an ignored signal stays ignored across exec.
-                    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                    let mut none: libc::sigset_t = std::mem::zeroed();
-                    libc::sigemptyset(&mut none);
-                    libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-                    libc::alarm(seconds);
-                    close_inherited_on_exec();
-                    libc::execve(exec.path.as_ptr(), argv.as_ptr(), envp.as_ptr());
-                }
-                libc::_exit(127)
-            }
-        }
-        nix::unistd::ForkResult::Parent { child } => Ok(child.as_raw()),
-    }
 }
 
 /// Whether `path` (a symlink is not followed) is the root of a mount, as `statx` says
@@ -479,5 +325,110 @@ pub fn umount_fd_detach(fd: std::os::fd::BorrowedFd<'_>) -> nix::Result<()> {
     let path = proc_fd_path(fd.as_raw_fd(), &mut buf);
     // SAFETY: `path` is a NUL-terminated C string that lives across the call.
     let r = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+    nix::errno::Errno::result(r).map(drop)
+}
+
+/// `pidfd_open(2)`: a descriptor that refers to the process `pid` is now, and to no other
+/// process later, whatever reuses the pid.
+///
+/// # Errors
+/// The system call's errno (`ESRCH` when there is no such process).
+pub fn pidfd_open(pid: i32) -> nix::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a plain system call with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = nix::errno::Errno::result(fd)?;
+    // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// `pidfd_send_signal(2)`: sends `signal` to the process `pidfd` refers to.
+///
+/// # Errors
+/// The system call's errno (`ESRCH` when it has exited).
+pub fn pidfd_send_signal(pidfd: &std::os::fd::OwnedFd, signal: libc::c_int) -> nix::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `pidfd` is an open descriptor; a null info pointer is allowed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    nix::errno::Errno::result(r).map(drop)
+}
+
+/// Arranges for `cmd` to exec with only the capabilities in `keep` (a mask of `CAP_*` bits) in
+/// its bounding, permitted and effective sets, none inheritable or ambient, and NoNewPrivs, so
+/// that it can never gain more. Runs after any `pre_exec` set up before it (a sandbox that
+/// needs `CAP_SYS_ADMIN` for its mounts).
+pub fn drop_privileges_on_exec(cmd: &mut Command, keep: u64) {
+    // SAFETY: the closure runs in the forked child before exec and only makes raw system calls
+    // (prctl, capset) on data on its stack; it allocates nothing and takes no locks.
+    unsafe {
+        cmd.pre_exec(move || drop_privileges(keep).map_err(std::io::Error::from));
+    }
+}
+
+/// The work of [`drop_privileges_on_exec`], async-signal-safe.
+fn drop_privileges(keep: u64) -> nix::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    nix::errno::Errno::result(r)?;
+    for cap in 0..64u32 {
+        if keep & (1u64 << cap) != 0 {
+            continue;
+        }
+        // SAFETY: prctl with integer arguments only.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        // EINVAL: past the last capability this kernel knows.
+        if r != 0 && nix::errno::Errno::last() != nix::errno::Errno::EINVAL {
+            return Err(nix::errno::Errno::last());
+        }
+    }
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    for (i, d) in data.iter_mut().enumerate() {
+        let word = (keep >> (32 * i)) as u32;
+        d.effective = word;
+        d.permitted = word;
+    }
+    // SAFETY: `header` and `data` are valid, properly laid out v3 capability structures that
+    // live across the call.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut header as *mut Header, data.as_ptr()) };
+    nix::errno::Errno::result(r)?;
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     nix::errno::Errno::result(r).map(drop)
 }

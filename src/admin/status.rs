@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::host::mps::Control;
+use crate::host::mps::{Control, MpsControl};
 use crate::host::state::StateDir;
 use crate::vocab::Inventory;
 use crate::vocab::{Isolation, Limits, Mode};
@@ -45,6 +45,11 @@ pub struct DomainStatus {
     /// The daemon's defaults differ from what gpushare set (a tenant changed them); the next
     /// acquire in the domain puts them back.
     pub drift: bool,
+    /// Why the domain counts as tampered with: its control socket is held by another process
+    /// than the daemon gpushare started (which the next acquire or `gc` restarts in an
+    /// emptied pipe directory). Absent when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tampered: Option<String>,
     pub clients: Vec<String>,
     pub reserved: Vec<String>,
 }
@@ -140,22 +145,29 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
             .iter()
             .map(|(key, d)| {
                 let pipe = sd.mps_dirs(&uuid, key).pipe;
-                let current = d
+                // Asked only of the daemon gpushare started, proven on the socket.
+                let asked = d
                     .daemon
                     .as_ref()
-                    .and(control.as_ref())
-                    .and_then(|c| c.defaults(&pipe).ok());
+                    .filter(|dm| dm.process.is_alive())
+                    .zip(control.as_ref())
+                    .map(|(dm, c)| c.defaults(&pipe, dm.process));
+                let current = asked.as_ref().and_then(|r| r.as_ref().ok()).copied();
+                let tampered = match &asked {
+                    Some(Err(e)) if e.is_tampered() => Some(crate::vocab::chain(e)),
+                    _ => None,
+                };
                 DomainStatus {
                     key: key.clone(),
                     daemon: d.daemon.as_ref().map(|dm| DaemonStatus {
                         pid: dm.process.pid,
                         alive: dm.process.is_alive(),
-                        answers: current.is_some()
-                            || control.as_ref().is_some_and(|c| c.answers(&pipe)),
+                        answers: current.is_some(),
                         pipe: pipe.display().to_string(),
                     }),
                     enforced: d.limits,
                     drift: current.is_some_and(|c| c != d.limits),
+                    tampered,
                     current,
                     clients: rec.domain_clients(key),
                     reserved: d.reserved.keys().cloned().collect(),
@@ -242,6 +254,11 @@ impl Report for Status {
                         String::new()
                     }
                 ));
+                if let Some(t) = &d.tampered {
+                    out.push_str(&format!(
+                        "    TAMPERED: {t}; the next acquire or gc restarts the daemon in an emptied pipe directory\n"
+                    ));
+                }
             }
             for c in &g.clients {
                 out.push_str(&format!(

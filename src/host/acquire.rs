@@ -160,6 +160,11 @@ impl<'a> Host<'a> {
                 Ok(d) => done.push(d),
                 Err(e) => {
                     self.rollback(done);
+                    // A refused or failed request holds nothing: its reservations (and the
+                    // directories only they kept) go now, not when they expire.
+                    for g in gpus.iter().take(locks.len()) {
+                        self.drop_reservations(g, &plan.container, reservation);
+                    }
                     return Err(e);
                 }
             }
@@ -235,13 +240,30 @@ impl<'a> Host<'a> {
             self.rollback(vec![done]);
             return Err(e);
         }
+        // A container that names no limit gets its domain's, and is listed with them.
+        let enforced = plan
+            .domain
+            .as_ref()
+            .and_then(|d| rec.domains.get(&d.key))
+            .map(|d| d.limits);
+        let (cores, memory) = match enforced {
+            Some(l) => (
+                if plan.cores_explicit {
+                    plan.cores
+                } else {
+                    l.cores
+                },
+                plan.memory.or(l.memory_mib.map(|m| m << 20)),
+            ),
+            None => (plan.cores, plan.memory),
+        };
         rec.clients.insert(
             plan.container.clone(),
             Client {
                 mode: plan.mode,
                 process,
-                cores: plan.cores,
-                memory: plan.memory,
+                cores,
+                memory,
                 domain: plan.domain.as_ref().map(|d| d.key.clone()),
             },
         );
@@ -336,24 +358,33 @@ impl<'a> Host<'a> {
         let dirs = self.mps_dirs(&rec.uuid, key);
         let limits = rec.domains[key].limits;
         if let Some(d) = rec.domains[key].daemon.clone() {
-            if d.process.is_alive() && control.refresh(&dirs.pipe, &limits).is_ok() {
-                return Ok(());
-            }
-            // Died or hung: stop it and start afresh below, in the same directories, which
-            // running containers have mounted.
-            tracing::warn!(
-                "MPS daemon of GPU {} ({}, domain {key}), pid {}, is dead or does not answer; restarting it",
-                rec.index,
-                rec.uuid,
-                d.process.pid
-            );
-            control.stop(&dirs.pipe, Some(d.process));
-            if let Some(dom) = rec.domains.get_mut(key) {
-                dom.daemon = None;
+            // Live means answering: a real command, proven to reach the daemon gpushare
+            // started, within a short deadline; the same conversation puts back defaults a
+            // tenant changed.
+            let checked = if d.process.is_alive() {
+                control.refresh(&dirs.pipe, d.process, &limits)
+            } else {
+                Err(MpsError::Command {
+                    command: "check".into(),
+                    output: "its process is gone".into(),
+                })
+            };
+            match checked {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    self.log_replacement(rec, key, d.process, &e);
+                    // Replaced in the same directories, which running containers have
+                    // mounted; the start empties the pipe directory first.
+                    control.stop(&dirs.pipe, Some(d.process));
+                    if let Some(dom) = rec.domains.get_mut(key) {
+                        dom.daemon = None;
+                    }
+                }
             }
         } else if let Some(found) = control.find_daemon(&dirs.pipe) {
-            // Something looks wrong (a daemon the record does not know): ask in full.
-            if control.answers(&dirs.pipe) && control.set_defaults(&dirs.pipe, &limits).is_ok() {
+            // One gpushare started and recorded in the domain directory, missing from the
+            // record (the hook was killed between start and save): adopted if it answers.
+            if control.set_defaults(&dirs.pipe, found, &limits).is_ok() {
                 tracing::warn!(
                     "adopting the MPS daemon of GPU {} ({}, domain {key}), pid {}, missing from the record",
                     rec.index,
@@ -367,6 +398,7 @@ impl<'a> Host<'a> {
             }
             control.stop(&dirs.pipe, Some(found));
         }
+        dirs.prepare(self.cfg.mps.shm_bytes())?;
         self.set_mps_compute_mode(rec, done)?;
         let timeout = Duration::from_secs(self.cfg.mps.start_timeout_seconds);
         let proc = control.start(&rec.uuid, &dirs, self.cfg.mps.multiuser, timeout)?;
@@ -374,7 +406,7 @@ impl<'a> Host<'a> {
         if let Some(dom) = rec.domains.get_mut(key) {
             dom.daemon = Some(Daemon { process: proc });
         }
-        if let Err(e) = control.set_defaults(&dirs.pipe, &limits) {
+        if let Err(e) = control.set_defaults(&dirs.pipe, proc, &limits) {
             // Never leave a daemon serving without the domain's limits.
             control.stop(&dirs.pipe, Some(proc));
             done.started = None;
@@ -391,6 +423,66 @@ impl<'a> Host<'a> {
         );
         crate::failpoint::hit("acquire-daemon-started");
         Ok(())
+    }
+
+    /// Logs why the daemon `daemon` of domain `key` is replaced: tampered with (another
+    /// process holds its socket), hung, or dead; with the domain's containers.
+    fn log_replacement(&self, rec: &Record, key: &str, daemon: ProcId, why: &MpsError) {
+        let containers = rec.domain_clients(key).join(", ");
+        let tampered = why.is_tampered();
+        let why = crate::vocab::chain(why);
+        if tampered {
+            tracing::error!(
+                gpu = rec.index,
+                uuid = %rec.uuid,
+                domain = key,
+                containers = %containers,
+                "MPS domain {key} of GPU {} tampered with: {why}; restarting its daemon (pid {}) in an emptied pipe directory",
+                rec.index,
+                daemon.pid
+            );
+        } else {
+            tracing::warn!(
+                gpu = rec.index,
+                uuid = %rec.uuid,
+                domain = key,
+                containers = %containers,
+                "MPS daemon of GPU {} ({}, domain {key}), pid {}, is dead or does not answer ({why}); replacing it",
+                rec.index,
+                rec.uuid,
+                daemon.pid
+            );
+        }
+    }
+
+    /// Under `gpu`'s lock (held by the caller): drops the reservations of `container` and
+    /// `reservation`, and the directories of a domain nothing else keeps.
+    fn drop_reservations(&self, gpu: &PlannedGpu, container: &str, reservation: Option<&str>) {
+        let Ok(Some(mut rec)) = self.state.load(&gpu.uuid) else {
+            return;
+        };
+        let before = rec.clone();
+        rec.unreserve(container);
+        if let Some(key) = reservation {
+            rec.unreserve(key);
+        }
+        if rec == before {
+            return;
+        }
+        let now = now_seconds();
+        let idle: Vec<String> = rec
+            .domains
+            .iter()
+            .filter(|(k, d)| d.daemon.is_none() && !rec.dirs_in_use(k, now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in idle {
+            self.mps_dirs(&rec.uuid, &key).remove();
+        }
+        rec.tidy();
+        if let Err(e) = self.state.save(&rec) {
+            tracing::warn!(uuid = %gpu.uuid, error = %crate::vocab::chain(&e), "cannot drop a refused request's reservation");
+        }
     }
 
     /// Restarts the daemon of domain `key` for the clients it still has (gc).
@@ -548,7 +640,8 @@ impl<'a> Host<'a> {
             .unwrap_or_else(|| Record::new(&gpu.uuid, gpu.index));
         let now = now_seconds();
         rec.prune_reservations(now);
-        self.mps_dirs(&gpu.uuid, &domain.key).prepare()?;
+        self.mps_dirs(&gpu.uuid, &domain.key)
+            .prepare(self.cfg.mps.shm_bytes())?;
         rec.domains
             .entry(domain.key.clone())
             .or_insert_with(|| Domain::new(domain.limits))

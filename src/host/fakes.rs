@@ -190,6 +190,8 @@ pub(crate) struct FakeControl {
     daemons: RefCell<BTreeMap<PathBuf, FakeDaemon>>,
     children: RefCell<Vec<Child>>,
     hung: RefCell<BTreeSet<PathBuf>>,
+    /// Pipes whose control socket a tenant's process holds now (renamed over the daemon's).
+    tampered: RefCell<BTreeMap<PathBuf, ProcId>>,
     fail_start: Cell<bool>,
     fail_set_defaults: Cell<bool>,
 }
@@ -202,6 +204,7 @@ impl FakeControl {
             daemons: RefCell::new(BTreeMap::new()),
             children: RefCell::new(Vec::new()),
             hung: RefCell::new(BTreeSet::new()),
+            tampered: RefCell::new(BTreeMap::new()),
             fail_start: Cell::new(false),
             fail_set_defaults: Cell::new(false),
         }
@@ -292,6 +295,42 @@ impl FakeControl {
         }
     }
 
+    /// A tenant's own process takes the control socket of `pipe` (the daemon lives on, out of
+    /// reach); it stays until a start empties the pipe directory.
+    pub(crate) fn tamper(&self, pipe: &Path) -> ProcId {
+        let p = self.spawn_process();
+        self.tampered.borrow_mut().insert(pipe.to_owned(), p);
+        p
+    }
+
+    /// What talking to `daemon` on `pipe` meets, as the real protocol proves it: the socket's
+    /// listener must be `daemon` (else tampered), alive (else unreachable) and answering (else
+    /// no answer).
+    fn reach(&self, pipe: &Path, daemon: ProcId) -> Result<(), MpsError> {
+        let listener = self
+            .tampered
+            .borrow()
+            .get(pipe)
+            .copied()
+            .or_else(|| self.daemon_on(pipe));
+        match listener {
+            None => Err(MpsError::Unreachable {
+                pipe: pipe.to_owned(),
+                source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            }),
+            Some(l) if l != daemon => Err(MpsError::Tampered {
+                pipe: pipe.to_owned(),
+                expected: daemon.pid,
+                found: format!("listener pid {}", l.pid),
+            }),
+            Some(_) if self.hung.borrow().contains(pipe) => Err(MpsError::NoAnswer {
+                pipe: pipe.to_owned(),
+                millis: 500,
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+
     /// Makes `start` fail (`false`: work again).
     pub(crate) fn fail_start(&self, fail: bool) {
         self.fail_start.set(fail);
@@ -329,10 +368,6 @@ impl FakeControl {
 
     fn record(&self, c: Call) {
         self.calls.borrow_mut().push(c);
-    }
-
-    fn answering(&self, pipe: &Path) -> bool {
-        self.daemon_on(pipe).is_some() && !self.hung.borrow().contains(pipe)
     }
 
     fn not_answering(pipe: &Path, command: &str) -> MpsError {
@@ -376,6 +411,8 @@ impl MpsControl for FakeControl {
                 log: dirs.log.join("control.log"),
             });
         }
+        // The start empties the pipe directory: a tenant's socket there goes.
+        self.tampered.borrow_mut().remove(&dirs.pipe);
         if self.daemon_on(&dirs.pipe).is_some() {
             // A second daemon cannot take a control socket a live one holds.
             return Err(MpsError::Exited {
@@ -410,30 +447,24 @@ impl MpsControl for FakeControl {
         Ok(process)
     }
 
-    fn answers(&self, pipe: &Path) -> bool {
+    fn answers(&self, pipe: &Path, daemon: ProcId) -> bool {
         self.record(Call::Answers { at: at(pipe) });
-        self.answering(pipe)
+        self.reach(pipe, daemon).is_ok()
     }
 
-    fn refresh(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
+    fn refresh(&self, pipe: &Path, daemon: ProcId, limits: &Limits) -> Result<(), MpsError> {
         self.record(Call::Refresh {
             at: at(pipe),
             limits: *limits,
         });
-        // Like the real one: the socket accepts while the daemon lives, hung or not; the
-        // defaults are put back only by a daemon that answers.
-        if self.daemon_on(pipe).is_none() {
-            return Err(Self::not_answering(pipe, "connect"));
-        }
-        if self.answering(pipe) {
-            if let Some(d) = self.daemons.borrow_mut().get_mut(pipe) {
-                d.defaults = *limits;
-            }
+        self.reach(pipe, daemon)?;
+        if let Some(d) = self.daemons.borrow_mut().get_mut(pipe) {
+            d.defaults = *limits;
         }
         Ok(())
     }
 
-    fn set_defaults(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
+    fn set_defaults(&self, pipe: &Path, daemon: ProcId, limits: &Limits) -> Result<(), MpsError> {
         self.record(Call::SetDefaults {
             at: at(pipe),
             limits: *limits,
@@ -444,26 +475,16 @@ impl MpsControl for FakeControl {
                 output: "injected failure".into(),
             });
         }
-        if !self.answering(pipe) {
-            return Err(Self::not_answering(
-                pipe,
-                "set_default_active_thread_percentage",
-            ));
-        }
+        self.reach(pipe, daemon)?;
         if let Some(d) = self.daemons.borrow_mut().get_mut(pipe) {
             d.defaults = *limits;
         }
         Ok(())
     }
 
-    fn defaults(&self, pipe: &Path) -> Result<Limits, MpsError> {
+    fn defaults(&self, pipe: &Path, daemon: ProcId) -> Result<Limits, MpsError> {
         self.record(Call::Defaults { at: at(pipe) });
-        if !self.answering(pipe) {
-            return Err(Self::not_answering(
-                pipe,
-                "get_default_active_thread_percentage",
-            ));
-        }
+        self.reach(pipe, daemon)?;
         self.defaults_on(pipe)
             .ok_or_else(|| Self::not_answering(pipe, "get_default_active_thread_percentage"))
     }
@@ -473,12 +494,8 @@ impl MpsControl for FakeControl {
             at: at(pipe),
             daemon: daemon.map(|p| p.pid),
         });
-        // `quit` reaches the daemon on the pipe if it answers; the process given is killed
-        // when it lingers.
-        let on_pipe = self.daemon_on(pipe);
-        if let Some(p) = on_pipe.filter(|_| !self.hung.borrow().contains(pipe)) {
-            self.kill(p);
-        }
+        // `quit` goes only to the daemon given, proven on the socket; the process given is
+        // signalled when it lingers. Nothing else is touched.
         if let Some(p) = daemon {
             self.kill(p);
         }
@@ -508,17 +525,17 @@ impl MpsControl for &FakeControl {
     ) -> Result<ProcId, MpsError> {
         MpsControl::start(*self, uuid, dirs, multiuser, ready_timeout)
     }
-    fn answers(&self, pipe: &Path) -> bool {
-        MpsControl::answers(*self, pipe)
+    fn answers(&self, pipe: &Path, daemon: ProcId) -> bool {
+        MpsControl::answers(*self, pipe, daemon)
     }
-    fn refresh(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
-        MpsControl::refresh(*self, pipe, limits)
+    fn refresh(&self, pipe: &Path, daemon: ProcId, limits: &Limits) -> Result<(), MpsError> {
+        MpsControl::refresh(*self, pipe, daemon, limits)
     }
-    fn set_defaults(&self, pipe: &Path, limits: &Limits) -> Result<(), MpsError> {
-        MpsControl::set_defaults(*self, pipe, limits)
+    fn set_defaults(&self, pipe: &Path, daemon: ProcId, limits: &Limits) -> Result<(), MpsError> {
+        MpsControl::set_defaults(*self, pipe, daemon, limits)
     }
-    fn defaults(&self, pipe: &Path) -> Result<Limits, MpsError> {
-        MpsControl::defaults(*self, pipe)
+    fn defaults(&self, pipe: &Path, daemon: ProcId) -> Result<Limits, MpsError> {
+        MpsControl::defaults(*self, pipe, daemon)
     }
     fn stop(&self, pipe: &Path, daemon: Option<ProcId>) {
         MpsControl::stop(*self, pipe, daemon);

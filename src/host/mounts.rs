@@ -1,47 +1,88 @@
-//! Who has a host directory mounted: the processes (one per mount namespace) whose mount table
-//! binds it. Used to rebuild a record from what really runs.
+//! Mount tables: the one mountinfo parser, and who has a host directory mounted (the processes,
+//! one per mount namespace, whose mount table binds it), used to rebuild a record from what
+//! really runs.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
 
-/// One line of a mountinfo file: (major:minor, root within the filesystem, mount point).
-fn entries(mountinfo: &str) -> impl Iterator<Item = (&str, String, String)> {
-    mountinfo.lines().filter_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        Some((*f.get(2)?, unescape(f.get(3)?), unescape(f.get(4)?)))
+/// One line of a mountinfo file (proc(5)), its paths unescaped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// `major:minor` of the filesystem.
+    pub dev: String,
+    /// The path within the filesystem that is the root of this mount.
+    pub root: PathBuf,
+    pub mount_point: PathBuf,
+    /// The filesystem type (after the ` - ` separator).
+    pub fstype: String,
+}
+
+/// The lines of a mountinfo file that parse; a malformed line is skipped.
+pub fn entries(mountinfo: &str) -> impl Iterator<Item = Entry> + '_ {
+    mountinfo.lines().filter_map(parse_line)
+}
+
+/// One mountinfo line: `id parent major:minor root mount-point options [optional...] - fstype
+/// source super-options`.
+fn parse_line(line: &str) -> Option<Entry> {
+    let (pre, post) = line.split_once(" - ")?;
+    let f: Vec<&str> = pre.split(' ').collect();
+    if f.len() < 6 {
+        return None;
+    }
+    Some(Entry {
+        dev: f[2].to_owned(),
+        root: PathBuf::from(std::ffi::OsString::from_vec(unescape(f[3]))),
+        mount_point: PathBuf::from(std::ffi::OsString::from_vec(unescape(f[4]))),
+        fstype: post.split(' ').next()?.to_owned(),
     })
 }
 
-/// Undoes mountinfo's octal escapes of space, tab, newline and backslash.
-pub fn unescape(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
+/// Undoes mountinfo's octal escapes (`\040` for a space, `\134` for a backslash, any `\ooo`);
+/// a backslash not followed by three octal digits stays as it is.
+pub fn unescape(s: &str) -> Vec<u8> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)) && d[0] <= b'3');
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    out
 }
 
 /// Where `path` lives as seen in `mountinfo` (the caller's own): the device and the path
 /// within that filesystem, from the mount with the longest mount point that contains it.
-pub fn locate(mountinfo: &str, path: &Path) -> Option<(String, String)> {
-    let path = path.to_str()?;
+pub fn locate(mountinfo: &str, path: &Path) -> Option<(String, PathBuf)> {
     entries(mountinfo)
-        .filter(|(_, _, mp)| path == mp || mp == "/" || path.starts_with(&format!("{mp}/")))
-        .max_by_key(|(_, _, mp)| mp.len())
-        .map(|(dev, root, mp)| {
-            let rest = if mp == "/" { path } else { &path[mp.len()..] };
-            let inner = format!("{}{}", root.trim_end_matches('/'), rest);
-            let inner = if inner.is_empty() {
-                "/".to_owned()
+        .filter(|e| path.starts_with(&e.mount_point))
+        .max_by_key(|e| e.mount_point.as_os_str().len())
+        .map(|e| {
+            let rest = path.strip_prefix(&e.mount_point).unwrap_or(path);
+            let inner = if rest.as_os_str().is_empty() {
+                e.root.clone()
             } else {
-                inner
+                e.root.join(rest)
             };
-            (dev.to_owned(), inner)
+            (e.dev, inner)
         })
 }
 
 /// Whether a mount table binds the filesystem path (`dev`, `inner`) somewhere.
-pub fn binds(mountinfo: &str, dev: &str, inner: &str) -> bool {
-    entries(mountinfo).any(|(d, root, _)| d == dev && root == inner)
+pub fn binds(mountinfo: &str, dev: &str, inner: &Path) -> bool {
+    entries(mountinfo).any(|e| e.dev == dev && e.root == inner)
 }
 
 /// The lowest pid of every other mount namespace that binds `dir` (a container that has it
@@ -115,7 +156,7 @@ mod tests {
         for (what, path, want) in rows {
             let got = locate(HOST, Path::new(path));
             assert_eq!(
-                got.as_ref().map(|(d, i)| (d.as_str(), i.as_str())),
+                got.as_ref().map(|(d, i)| (d.as_str(), i.to_str().unwrap())),
                 *want,
                 "{what}"
             );
@@ -124,8 +165,33 @@ mod tests {
 100 99 0:50 / / rw - overlay overlay rw
 101 100 0:25 /gpushare/mps/abc/pipe /tmp/nvidia-mps rw - tmpfs tmpfs rw
 ";
-        assert!(binds(container, "0:25", "/gpushare/mps/abc/pipe"));
-        assert!(!binds(container, "0:25", "/gpushare/mps/other/pipe"));
-        assert!(!binds(container, "0:99", "/gpushare/mps/abc/pipe"));
+        let p = |s: &str| PathBuf::from(s);
+        assert!(binds(container, "0:25", &p("/gpushare/mps/abc/pipe")));
+        assert!(!binds(container, "0:25", &p("/gpushare/mps/other/pipe")));
+        assert!(!binds(container, "0:99", &p("/gpushare/mps/abc/pipe")));
+    }
+
+    #[test]
+    fn escaped_and_odd_lines() {
+        let text = "\
+36 35 98:0 /mnt\\040with\\011tab /a\\134b\\012c rw,noatime master:1 - ext3 /dev/root rw
+37 35 0:30 / /sys/fs/cgroup rw shared:9 unbindable - cgroup2 cgroup2 rw
+garbage line without separator
+38 35 0:31 / /odd\\9x\\ rw - tmpfs tmpfs rw
+39 35 0:32 /x
+";
+        let got: Vec<Entry> = entries(text).collect();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[0].root, PathBuf::from("/mnt with\ttab"));
+        assert_eq!(got[0].mount_point, PathBuf::from("/a\\b\nc"));
+        assert_eq!(got[0].fstype, "ext3");
+        assert_eq!(got[1].fstype, "cgroup2", "optional fields are skipped");
+        assert_eq!(
+            got[2].mount_point,
+            PathBuf::from("/odd\\9x\\"),
+            "a backslash without three octal digits stays"
+        );
+        assert_eq!(unescape("\\101\\40"), b"A\\40".to_vec());
+        assert_eq!(unescape("\\377"), vec![0xff]);
     }
 }

@@ -73,7 +73,11 @@ impl Host<'_> {
                 "{uuid}: dropped client {id}, whose process is gone"
             ));
         }
-        rec.prune_reservations(now_seconds());
+        for (domain, key) in rec.prune_reservations(now_seconds()) {
+            did.push(format!(
+                "{uuid}: dropped the expired reservation of {key} in domain {domain}"
+            ));
+        }
         crate::failpoint::hit("release-locked");
         let keys: Vec<String> = rec.domains.keys().cloned().collect();
         for key in keys {
@@ -81,10 +85,18 @@ impl Host<'_> {
             let daemon = rec.domains.get(&key).and_then(|d| d.daemon.clone());
             if clients.is_empty() {
                 let restore = rec.restore_compute_mode;
+                let dir = self.mps_dirs(uuid, &key).dir;
+                let existed = dir.exists();
                 if let Some(p) = self.stop_daemon(&mut rec, &key) {
                     did.push(format!(
                         "{uuid}: stopped the MPS daemon of domain {key} (pid {}), which no container uses",
                         p.pid
+                    ));
+                }
+                if existed && !dir.exists() {
+                    did.push(format!(
+                        "{uuid}: removed {} of domain {key}, which nothing uses",
+                        dir.display()
                     ));
                 }
                 if heal && restore.is_some() && rec.restore_compute_mode.is_none() {
@@ -93,38 +105,57 @@ impl Host<'_> {
                     ));
                 }
                 crate::failpoint::hit("release-daemon-stopped");
-            } else if heal
-                && daemon.as_ref().is_some_and(|d| d.process.is_alive())
-                && !self.answers(&key, &rec)
-            {
-                // Alive but silent (hung): replaced like a dead one.
-                if let (Some(d), Ok(c)) = (daemon, self.control()) {
-                    c.stop(&self.mps_dirs(uuid, &key).pipe, Some(d.process));
+            } else if heal {
+                let why = match daemon.filter(|d| d.process.is_alive()) {
+                    None => Some(None),
+                    Some(d) => self.check(&key, &rec, d.process).err().map(|e| {
+                        // Stopped here (quit, else signals to the recorded pid only), so that
+                        // the restart does not ask it again.
+                        if let Ok(c) = self.control() {
+                            c.stop(&self.mps_dirs(uuid, &key).pipe, Some(d.process));
+                        }
+                        if e.is_tampered() {
+                            tracing::error!(
+                                uuid,
+                                domain = %key,
+                                containers = %clients.join(", "),
+                                "MPS domain {key} tampered with: {}",
+                                crate::vocab::chain(&e)
+                            );
+                            Some(format!(
+                                "was tampered with ({}), for {} client(s): {}",
+                                crate::vocab::chain(&e),
+                                clients.len(),
+                                clients.join(", ")
+                            ))
+                        } else {
+                            Some(format!("did not answer, for {} client(s)", clients.len()))
+                        }
+                    }),
+                };
+                let Some(why) = why else {
+                    continue;
+                };
+                if why.is_some() {
+                    // Stopped above.
+                    if let Some(dom) = rec.domains.get_mut(&key) {
+                        dom.daemon = None;
+                    }
                 }
-                if let Some(dom) = rec.domains.get_mut(&key) {
-                    dom.daemon = None;
-                }
-                match self.restart(&mut rec, &key) {
-                    Ok(()) => did.push(format!(
-                        "{uuid}: replaced the MPS daemon of domain {key}, which did not answer, for {} client(s)",
-                        clients.len()
-                    )),
-                    Err(e) => did.push(format!(
-                        "{uuid}: cannot restart the MPS daemon of domain {key}: {}",
-                        crate::vocab::chain(&e)
-                    )),
-                }
-            } else if heal && !daemon.is_some_and(|d| d.process.is_alive()) {
-                match self.restart(&mut rec, &key) {
-                    Ok(()) => did.push(format!(
+                let done = self.restart(&mut rec, &key);
+                did.push(match (why, done) {
+                    (None, Ok(())) => format!(
                         "{uuid}: restarted the dead MPS daemon of domain {key} for {} client(s)",
                         clients.len()
-                    )),
-                    Err(e) => did.push(format!(
+                    ),
+                    (Some(why), Ok(())) => {
+                        format!("{uuid}: replaced the MPS daemon of domain {key}, which {why}")
+                    }
+                    (_, Err(e)) => format!(
                         "{uuid}: cannot restart the MPS daemon of domain {key}: {}",
                         crate::vocab::chain(&e)
-                    )),
-                }
+                    ),
+                });
             }
         }
         rec.tidy();
@@ -142,10 +173,19 @@ impl Host<'_> {
         Ok(did)
     }
 
-    /// Whether the daemon of domain `key` answers `get_server_list` in full.
-    fn answers(&self, key: &str, rec: &Record) -> bool {
-        self.control()
-            .is_ok_and(|c| c.answers(&self.mps_dirs(&rec.uuid, key).pipe))
+    /// The check of domain `key`'s daemon `daemon` a joining container gets: it answers in
+    /// time, proven, and its defaults are put back.
+    fn check(
+        &self,
+        key: &str,
+        rec: &Record,
+        daemon: ProcId,
+    ) -> Result<(), crate::host::mps::MpsError> {
+        let Some(limits) = rec.domains.get(key).map(|d| d.limits) else {
+            return Ok(());
+        };
+        self.control()?
+            .refresh(&self.mps_dirs(&rec.uuid, key).pipe, daemon, &limits)
     }
 
     /// Drops stale clients everywhere, stops daemons nobody uses (recorded or not), restarts
@@ -252,7 +292,7 @@ impl Host<'_> {
                 let Some(p) = control.find_daemon(&dirs.pipe) else {
                     continue;
                 };
-                let Ok(limits) = control.defaults(&dirs.pipe) else {
+                let Ok(limits) = control.defaults(&dirs.pipe, p) else {
                     continue;
                 };
                 let mut d = Domain::new(limits);

@@ -1,15 +1,15 @@
 //! Keeping an MPS daemon's tenants inside its directories: the pipe directory is mounted
-//! read-write into containers, so everything in it is hostile. This module empties it without
-//! following a link, prepares the confined views in which the control daemon and the control
-//! client run (the mounting itself is in `sys`), and reads which multi-user flag the installed
-//! control program takes.
+//! into containers, so everything in it is hostile. This module empties it without following a
+//! link and prepares the confined view in which the control daemon runs (the mounting itself
+//! is in `sys`). gpushare's own control commands need no such view: they are spoken from this
+//! process over a socket reached through a descriptor and proven by its peer's credentials
+//! (`host::mps::protocol`).
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use nix::dir::Dir;
 use nix::errno::Errno;
@@ -153,50 +153,6 @@ pub(crate) fn daemon_mounts(
     })
 }
 
-/// Name of the pipe directory inside the client's private tmpfs.
-const CLIENT_PIPE_NAME: &str = "pipe";
-
-/// The view of a sandboxed control client of the daemon behind `pipe`: a read-only copy of
-/// `pipe` (opened without following a link) that follows no symlink, at a fixed path inside an
-/// empty tmpfs over the state directory. Returns the mounts and the path the client is to use
-/// as `CUDA_MPS_PIPE_DIRECTORY`.
-///
-/// # Errors
-/// `InvalidInput` when a path holds a NUL byte.
-pub(crate) fn client_mounts(pipe: &Path) -> io::Result<(sys::ClientMounts, PathBuf)> {
-    let hide = hidden_root(pipe);
-    let at = hide.join(CLIENT_PIPE_NAME);
-    Ok((
-        sys::ClientMounts {
-            pipe: c_path(pipe)?,
-            hide: c_path(&hide)?,
-            at: c_path(&at)?,
-        },
-        at,
-    ))
-}
-
-/// The directory a control client must not see: the state directory, i.e. the parent (mode
-/// 0700) of the `mps` directory that holds every daemon's directories; failing that, the
-/// pipe directory's grandparent (never `/`).
-fn hidden_root(pipe: &Path) -> PathBuf {
-    for a in pipe.ancestors().skip(1) {
-        if a.file_name().is_some_and(|n| n == "mps") {
-            if let Some(state) = a.parent() {
-                if std::fs::metadata(state).is_ok_and(|m| m.is_dir() && m.mode() & 0o077 == 0) {
-                    return state.to_path_buf();
-                }
-            }
-        }
-    }
-    pipe.parent()
-        .and_then(Path::parent)
-        .filter(|p| p.parent().is_some())
-        .or_else(|| pipe.parent())
-        .unwrap_or(pipe)
-        .to_path_buf()
-}
-
 fn c_path(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))
@@ -206,6 +162,7 @@ fn c_path(p: &Path) -> io::Result<CString> {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+    use std::path::PathBuf;
 
     fn tree(root: &Path) -> Vec<String> {
         let mut out = Vec::new();
@@ -321,24 +278,6 @@ mod tests {
         assert_eq!(empty_dir(&pipe).unwrap(), 0);
     }
 
-    #[test]
-    fn hidden_root_is_the_state_dir() {
-        let t = tempfile::tempdir().unwrap();
-        let state = t.path().join("state");
-        let pipe = state.join("mps/GPU-1/pipe");
-        std::fs::create_dir_all(&pipe).unwrap();
-        std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .unwrap();
-        assert_eq!(hidden_root(&pipe), state);
-        // A domain named "mps" below the GPU does not fool it.
-        let deeper = state.join("mps/GPU-1/mps/pipe");
-        std::fs::create_dir_all(&deeper).unwrap();
-        assert_eq!(hidden_root(&deeper), state);
-        // No state dir to be found: the grandparent, never `/`.
-        assert_eq!(hidden_root(Path::new("/x/pipe")), Path::new("/x"));
-        assert_eq!(hidden_root(Path::new("/a/b/pipe")), Path::new("/a"));
-    }
-
     /// Runs `script` under `sh` with `setup` applied to its command; returns (success, output).
     fn sh(script: &str, setup: impl FnOnce(&mut std::process::Command)) -> (bool, String) {
         let mut cmd = std::process::Command::new("/bin/sh");
@@ -427,42 +366,5 @@ mod tests {
         );
         assert!(std::fs::read_dir(&outside).unwrap().next().is_none());
         assert!(!host.path().join("new").exists());
-    }
-
-    #[test]
-    fn client_sandbox_sees_one_pipe_dir_and_follows_no_link() {
-        if !is_root() {
-            return;
-        }
-        let t = tempfile::tempdir().unwrap();
-        let state = t.path().join("state");
-        let (a, b) = (state.join("mps/a/pipe"), state.join("mps/b/pipe"));
-        std::fs::create_dir_all(&a).unwrap();
-        std::fs::create_dir_all(&b).unwrap();
-        std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .unwrap();
-        std::fs::write(a.join("own"), "a").unwrap();
-        std::fs::write(b.join("other"), "b").unwrap();
-        std::fs::write(state.join("record.json"), "{}").unwrap();
-        symlink(b.join("other"), a.join("abs")).unwrap();
-        symlink("../../b/pipe/other", a.join("rel")).unwrap();
-        let (mounts, at) = client_mounts(&a).unwrap();
-        assert_eq!(at, state.join("pipe"));
-        let script = format!(
-            "set -u
-             test \"$(ls {state})\" = pipe || exit 10
-             test \"$(cat {at}/own)\" = a || exit 11
-             if cat {at}/abs 2>/dev/null; then exit 12; fi
-             if cat {at}/rel 2>/dev/null; then exit 13; fi
-             if cat {b}/other 2>/dev/null; then exit 14; fi
-             if echo x > {at}/new 2>/dev/null; then exit 15; fi
-             exit 0",
-            state = state.display(),
-            at = at.display(),
-            b = b.display(),
-        );
-        let (ok, out) = sh(&script, |c| crate::sys::client_in_sandbox(c, mounts));
-        assert!(ok, "{out}");
-        assert!(!a.join("new").exists());
     }
 }

@@ -167,10 +167,18 @@ impl Record {
     }
 
     /// Drops reservations older than [`RESERVATION_SECONDS`] (or from the future).
-    pub fn prune_reservations(&mut self, now: u64) {
-        for d in self.domains.values_mut() {
-            d.reserved.retain(|_, at| fresh(*at, now));
+    pub fn prune_reservations(&mut self, now: u64) -> Vec<(String, String)> {
+        let mut dropped = Vec::new();
+        for (domain, d) in &mut self.domains {
+            d.reserved.retain(|key, at| {
+                let keep = fresh(*at, now);
+                if !keep {
+                    dropped.push((domain.clone(), key.clone()));
+                }
+                keep
+            });
         }
+        dropped
     }
 
     /// Removes `key`'s reservations in every domain.

@@ -11,7 +11,7 @@ use crate::decide::domain;
 use crate::decide::plan::{Plan, PlannedGpu};
 use crate::decide::request::Request;
 use crate::host::acquire::{AcquireError, Host};
-use crate::host::fakes::{uuid, FakeControl, FakeInventory};
+use crate::host::fakes::{uuid, Call, FakeControl, FakeInventory};
 use crate::host::procinfo::ProcId;
 use crate::host::state::{Domain, Record, StateDir};
 use crate::vocab::{ComputeMode, Isolation, Limits, Mode};
@@ -486,7 +486,7 @@ fn acquire_mps() {
             },
         },
         AcquireRow {
-            what: "a live daemon that does not answer is kept by a joining acquire (its cheap check cannot see a hang; gc replaces it)",
+            what: "a live daemon that does not answer in time is replaced by a joining acquire",
             isolation: Isolation::Gpu,
             modes: ONE_GPU,
             given: |w| {
@@ -496,8 +496,41 @@ fn acquire_mps() {
             when: |w| w.acquire(&gpu_plan(w, "c2")),
             err: None,
             then: |w, what| {
-                assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"], "{what}");
+                assert_eq!(
+                    w.ctl.actions(),
+                    ["refresh GPU-0/gpu", "stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                    "{what}"
+                );
                 assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
+                assert_eq!(w.clients(0), ["c1", "c2"], "{what}");
+            },
+        },
+        AcquireRow {
+            what: "a domain whose control socket another process holds is tampered with: its daemon is restarted, the other process is left alone",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU,
+            given: |w| {
+                w.given(&gpu_plan(w, "c1"));
+                let tenant = w.ctl.tamper(&w.pipe(0, "gpu"));
+                std::fs::write(w.pipe(0, "gpu").join("tenant-pid"), tenant.pid.to_string()).unwrap();
+            },
+            when: |w| w.acquire(&gpu_plan(w, "c2")),
+            err: None,
+            then: |w, what| {
+                assert_eq!(
+                    w.ctl.actions(),
+                    ["refresh GPU-0/gpu", "stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                    "{what}"
+                );
+                // The stop named only the recorded daemon.
+                let old = w.ctl.calls().into_iter().find_map(|c| match c {
+                    Call::Stop { daemon, .. } => daemon,
+                    _ => None,
+                });
+                let tenant: i32 = std::fs::read_to_string(w.pipe(0, "gpu").join("tenant-pid"))
+                    .map_or(0, |t| t.parse().unwrap());
+                assert_ne!(old, Some(tenant), "{what}");
+                assert!(ProcId::of(tenant).is_some_and(|p| p.is_alive()), "{what}: the tenant's process is not signalled");
                 assert_eq!(w.clients(0), ["c1", "c2"], "{what}");
             },
         },
@@ -536,7 +569,7 @@ fn acquire_mps() {
             then: |w, what| {
                 assert_eq!(
                     w.ctl.actions(),
-                    ["stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                    ["set_defaults GPU-0/gpu", "stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
                     "{what}"
                 );
                 assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
@@ -824,7 +857,7 @@ fn acquire_rollback() {
             modes: ONE_GPU,
             given: |w| w.ctl.fail_start(true),
             when: |w| w.acquire(&gpu_plan(w, "c1")),
-            err: Some("did not answer get_server_list"),
+            err: Some("did not answer within"),
             then: |w, what| {
                 assert_eq!(w.inv.sets(), [(0, EXCLUSIVE), (0, DEFAULT)], "{what}");
                 assert!(!w.domain_dir(0, "gpu").exists(), "{what}");
@@ -1343,7 +1376,8 @@ fn gc() {
             when: |w| w.host().gc().into_lines(),
             says: Some(&[]),
             then: |w, what| {
-                assert!(w.ctl.actions().is_empty(), "{what}");
+                // Asked for an answer (and its defaults put back), nothing else.
+                assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"], "{what}");
                 assert!(w.inv.sets().is_empty(), "{what}");
                 assert_eq!(w.clients(0), ["c1"], "{what}");
             },
@@ -1361,11 +1395,12 @@ fn gc() {
             then: |w, what| {
                 assert_eq!(
                     w.ctl.actions(),
-                    ["stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                    ["refresh GPU-0/gpu", "stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
                     "{what}"
                 );
                 assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
-                assert!(crate::host::mps::MpsControl::answers(&w.ctl, &w.pipe(0, "gpu")), "{what}");
+                let d = w.ctl.daemon_on(&w.pipe(0, "gpu")).expect("a daemon");
+                assert!(crate::host::mps::MpsControl::answers(&w.ctl, &w.pipe(0, "gpu"), d), "{what}");
                 assert_eq!(w.clients(0), ["c1"], "{what}");
             },
         },
@@ -1432,7 +1467,7 @@ fn gc() {
             when: |w| w.host().gc().into_lines(),
             says: Some(&["GPU-0: dropped client c1, whose process is gone"]),
             then: |w, what| {
-                assert!(w.ctl.actions().is_empty(), "{what}");
+                assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"], "{what}");
                 assert_eq!(w.clients(0), ["c2"], "{what}");
             },
         },
@@ -1754,21 +1789,27 @@ fn fakes_behave_like_the_world_they_model() {
         .unwrap();
     assert!(p.is_alive());
     assert_eq!(ctl.find_daemon(&pipe), Some(p));
-    assert!(ctl.answers(&pipe));
+    assert!(ctl.answers(&pipe, p));
     assert!(ctl
         .start(&uuid(0), &dirs, false, std::time::Duration::from_secs(1))
         .is_err());
-    ctl.set_defaults(&pipe, &POLICY).unwrap();
-    assert_eq!(ctl.defaults(&pipe).unwrap(), POLICY);
-    // A hung daemon is found but does not answer; stop kills the process it is given.
+    ctl.set_defaults(&pipe, p, &POLICY).unwrap();
+    assert_eq!(ctl.defaults(&pipe, p).unwrap(), POLICY);
+    // Another process on the socket is no answer from the daemon: tampered.
+    let other = w.ctl.spawn_process();
+    assert!(!ctl.answers(&pipe, other));
+    assert!(ctl.defaults(&pipe, other).unwrap_err().is_tampered());
+    // A hung daemon is found but does not answer, and its defaults are not put back.
     w.ctl.hang(&pipe, true);
-    assert!(!ctl.answers(&pipe));
-    // Its socket still accepts: the cheap check passes, the defaults are not put back.
+    assert!(!ctl.answers(&pipe, p));
     w.ctl.drift(&pipe, NO_DEFAULTS_PROBE);
-    assert!(ctl.refresh(&pipe, &POLICY).is_ok());
+    assert!(ctl.refresh(&pipe, p, &POLICY).is_err());
     assert_eq!(w.ctl.defaults_on(&pipe), Some(NO_DEFAULTS_PROBE));
     ctl.stop(&pipe, None);
-    assert!(p.is_alive(), "quit does not reach a hung daemon");
+    assert!(
+        p.is_alive(),
+        "nothing is signalled without a recorded daemon"
+    );
     ctl.stop(&pipe, Some(p));
     assert!(!p.is_alive());
     assert_eq!(ctl.find_daemon(&pipe), None);

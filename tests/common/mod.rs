@@ -327,31 +327,49 @@ impl Drop for FakeContainer {
     }
 }
 
-/// Live MPS control daemons whose pipe directory lies under `root`.
+/// Live MPS control daemons gpushare started whose domain directory lies under `root` (a
+/// state dir or one domain's directory): as gpushare knows them, by the pid and start time it
+/// wrote into `<domain>/daemon` when it spawned each; never by a process's name, arguments or
+/// environment, which a tenant can imitate.
 pub fn daemons_under(root: &Path) -> Vec<i32> {
-    let want = format!("CUDA_MPS_PIPE_DIRECTORY={}", root.display());
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat.contains(") Z ") {
-            continue;
-        }
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if !cmd.split(|b| *b == 0).any(|a| a == b"-f") {
-            continue;
-        }
-        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        if env
-            .split(|b| *b == 0)
-            .any(|kv| String::from_utf8_lossy(kv).starts_with(&want))
-        {
-            out.push(pid);
+    let mut files = Vec::new();
+    collect_daemon_files(root, 0, &mut files);
+    let mut out: Vec<i32> = files
+        .iter()
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(f).ok()?;
+            let (pid, start) = text.trim().split_once(' ')?;
+            let p = gpushare::host::procinfo::ProcId {
+                pid: pid.parse().ok()?,
+                start_time: start.parse().ok()?,
+            };
+            p.is_alive().then_some(p.pid)
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The `daemon` files of domain directories under `dir` (which may be one).
+fn collect_daemon_files(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
+    let f = dir.join(gpushare::host::mps::find::DAEMON_FILE);
+    if f.is_file() {
+        out.push(f);
+    }
+    if depth >= 3 {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let keep = e.file_type().is_ok_and(|t| t.is_dir())
+            && !matches!(e.file_name().to_str(), Some("pipe" | "shm" | "log"));
+        if keep {
+            collect_daemon_files(&e.path(), depth + 1, out);
         }
     }
-    out
 }
 
 /// Stops every daemon under `root` (test clean-up).

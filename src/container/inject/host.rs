@@ -44,7 +44,8 @@ pub fn prepare_host(
     match plan.mode {
         Mode::Mps => {
             if let Some(gpu) = plan.gpus.first() {
-                sd.mps_dirs(&gpu.uuid, plan.domain_key()).prepare()?;
+                sd.mps_dirs(&gpu.uuid, plan.domain_key())
+                    .prepare(cfg.mps.shm_bytes())?;
             }
             Ok(())
         }

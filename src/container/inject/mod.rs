@@ -122,7 +122,7 @@ pub fn bindings(plan: &Plan, cfg: &Config, key: &str) -> Vec<Binding> {
                     source: dirs.pipe,
                     target: MPS_PIPE_IN_CONTAINER.into(),
                     dir: true,
-                    readonly: false,
+                    readonly: cfg.mps.pipe_readonly,
                 },
                 Binding {
                     source: dirs.shm,

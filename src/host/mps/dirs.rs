@@ -1,0 +1,181 @@
+//! A domain's directories on the host: `<state>/mps/<id>/{pipe,log,shm}`, the `owner` file
+//! that says whose they are, and the capped tmpfs mounts of the two a tenant writes into.
+
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use crate::host::mps::MpsError;
+
+/// The pipe directory's tmpfs: room for the daemon's four names and what its servers add,
+/// never for a tenant's payload (1 MiB, 256 inodes).
+pub const PIPE_TMPFS_OPTIONS: &str = "mode=0755,size=1m,nr_inodes=256";
+
+/// The directories of one isolation domain's daemon: `<state>/mps/<id>/{pipe,log,shm}`, and
+/// the `owner` file that names the GPU and domain they belong to.
+#[derive(Debug, Clone)]
+pub struct MpsDirs {
+    pub dir: PathBuf,
+    pub pipe: PathBuf,
+    pub log: PathBuf,
+    pub shm: PathBuf,
+    /// `<uuid> <domain>`, written to `owner` first thing by [`MpsDirs::prepare`].
+    owner: Option<String>,
+}
+
+/// Name of the file in a domain's directory that says whose it is.
+pub const OWNER_FILE: &str = "owner";
+
+/// Prefix of a domain directory being made (`.new-<pid>-<nanos>`), renamed into place with its
+/// owner file; one whose maker is gone is removed by `gc`.
+pub const NEW_PREFIX: &str = ".new-";
+
+impl MpsDirs {
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            pipe: dir.join("pipe"),
+            log: dir.join("log"),
+            shm: dir.join("shm"),
+            dir,
+            owner: None,
+        }
+    }
+
+    /// The directories of domain `domain` of GPU `uuid`, in `dir`.
+    pub fn owned(dir: PathBuf, uuid: &str, domain: &str) -> Self {
+        Self {
+            owner: Some(format!("{uuid} {domain}")),
+            ..Self::new(dir)
+        }
+    }
+
+    /// The (uuid, domain) these directories belong to, when made with [`MpsDirs::owned`].
+    pub fn owner(&self) -> Option<(&str, &str)> {
+        self.owner.as_deref()?.split_once(' ')
+    }
+
+    /// The (uuid, domain) an `owner` file names.
+    pub fn read_owner(dir: &Path) -> Option<(String, String)> {
+        let text = std::fs::read_to_string(dir.join(OWNER_FILE)).ok()?;
+        let (uuid, domain) = text.trim().split_once(' ')?;
+        Some((uuid.to_owned(), domain.to_owned()))
+    }
+
+    /// Creates the directories and mounts the pipe directory's and the shm's tmpfs if they are
+    /// not mounted yet (`shm_size` bytes caps the shm). Idempotent.
+    ///
+    /// # Errors
+    /// [`MpsError`] when a directory or a mount cannot be made.
+    pub fn prepare(&self, shm_size: u64) -> Result<(), MpsError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let dirs_err = |path: &Path| {
+            let path = path.to_owned();
+            move |source| MpsError::Dirs { path, source }
+        };
+        match &self.owner {
+            // Made with its owner file in place, by a rename: a directory under `mps/` always
+            // says whose it is, even when its maker was killed half-way.
+            Some(owner) if !self.dir.is_dir() => {
+                let parent = self.dir.parent().unwrap_or(Path::new("/"));
+                std::fs::DirBuilder::new()
+                    .mode(0o755)
+                    .recursive(true)
+                    .create(parent)
+                    .map_err(dirs_err(parent))?;
+                let stamp = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos());
+                let tmp = parent.join(format!("{NEW_PREFIX}{}-{stamp}", std::process::id()));
+                std::fs::DirBuilder::new()
+                    .mode(0o755)
+                    .create(&tmp)
+                    .map_err(dirs_err(&tmp))?;
+                let made = std::fs::write(tmp.join(OWNER_FILE), owner)
+                    .and_then(|()| std::fs::rename(&tmp, &self.dir));
+                if let Err(e) = made {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    // Someone else made it meanwhile: theirs stands.
+                    if !self.dir.is_dir() {
+                        return Err(dirs_err(&self.dir)(e));
+                    }
+                }
+            }
+            _ => std::fs::DirBuilder::new()
+                .mode(0o755)
+                .recursive(true)
+                .create(&self.dir)
+                .map_err(dirs_err(&self.dir))?,
+        }
+        for d in [&self.pipe, &self.log, &self.shm] {
+            std::fs::DirBuilder::new()
+                .mode(0o755)
+                .recursive(true)
+                .create(d)
+                .map_err(|source| MpsError::Dirs {
+                    path: d.clone(),
+                    source,
+                })?;
+        }
+        // Both are written by tenants: each is a tmpfs of its own with a size (and, for the
+        // pipe directory, an inode) cap, so that filling one hurts only its domain and nothing
+        // lands on the state directory's filesystem; nothing on them runs, opens as a device or
+        // gains privileges.
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        let shm_opts = format!("mode=1777,size={shm_size}");
+        for (path, opts) in [
+            (&self.pipe, PIPE_TMPFS_OPTIONS),
+            (&self.shm, shm_opts.as_str()),
+        ] {
+            if !is_mount_point(path) {
+                mount(Some("tmpfs"), path, Some("tmpfs"), flags, Some(opts)).map_err(|source| {
+                    MpsError::Mount {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Unmounts the shm tmpfs and removes the directory tree. Best effort, idempotent.
+    pub fn remove(&self) {
+        // The pipe and shm tmpfs, and anything else found mounted on a directory of the domain
+        // in this mount namespace (a mount there would only keep the directory from going).
+        for d in [&self.shm, &self.pipe, &self.log] {
+            while is_mount_point(d) {
+                if umount2(d.as_path(), MntFlags::MNT_DETACH).is_err() {
+                    break;
+                }
+            }
+        }
+        // The owner file goes last, so that a removal cut short leaves a directory that still
+        // says whose it is (and `gc` finishes it under that GPU's lock).
+        for d in [&self.pipe, &self.log, &self.shm] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "cannot remove an MPS domain directory");
+            }
+        }
+        // The shared `mps/` parent goes too once no domain uses it (fails harmlessly
+        // otherwise).
+        if let Some(parent) = self.dir.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
+}
+
+/// Whether `path` is a mount point: as `statx` says, or failing that as mountinfo says.
+pub fn is_mount_point(path: &Path) -> bool {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes());
+    if let Some(root) = c.ok().and_then(|c| crate::sys::is_mount_root(&c)) {
+        return root;
+    }
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let found = crate::host::mounts::entries(&text).any(|e| e.mount_point == path);
+    found
+}

@@ -1,0 +1,274 @@
+//! The MPS control protocol, spoken by gpushare itself on a daemon's `control_privileged`
+//! socket (no NVIDIA client program in between), and only after the kernel has proven that the
+//! socket's listener is the daemon gpushare started.
+//!
+//! As observed with NVIDIA's `nvidia-cuda-mps-control` (driver 535):
+//! - `SOCK_SEQPACKET`; the daemon speaks first: `OUTBHELL\0` with its `SCM_CREDENTIALS`;
+//! - the client answers `OUTBCRED\0` with its own credentials, then the 4-byte word `4`;
+//! - each command goes as an 8-byte little-endian length, then the text with its newline and a
+//!   NUL (the length counts both); an 8-byte zero length ends the input;
+//! - each answer is a packet of a 4-byte type `0` and text; a last packet of type `1` carries a
+//!   4-byte status. Answers carry no command tag: they come in the order of the commands, and
+//!   a command that has nothing to say (`set_default_device_pinned_mem_limit`,
+//!   `get_server_list` without servers) sends no text.
+
+use std::io::IoSlice;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{
+    connect, getsockopt, recv, sendmsg, socket, sockopt, AddressFamily, ControlMessage, MsgFlags,
+    SockFlag, SockType, UnixAddr, UnixCredentials,
+};
+use nix::sys::stat::{fstatat, Mode, SFlag};
+
+use crate::host::mps::MpsError;
+use crate::host::procinfo::ProcId;
+
+/// The socket a root client uses.
+pub const PRIVILEGED_SOCKET: &str = "control_privileged";
+
+const HELLO: &[u8] = b"OUTBHELL\0";
+const CREDENTIALS: &[u8] = b"OUTBCRED\0";
+/// The word NVIDIA's client sends after its credentials.
+const CLIENT_WORD: u32 = 4;
+const ANSWER_TEXT: u32 = 0;
+const ANSWER_END: u32 = 1;
+/// Largest answer packet read; longer text is cut (nothing gpushare asks for comes near).
+const MAX_PACKET: usize = 64 * 1024;
+/// Most answer packets one conversation reads before it calls the peer broken.
+const MAX_ANSWERS: usize = 1024;
+
+/// What the daemon said to one conversation: its text packets in order, and the final status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub lines: Vec<String>,
+    pub status: u32,
+}
+
+/// Sends `commands` (one line each, no newline) to the daemon `daemon` serving `pipe`, in one
+/// conversation that must be over by `timeout`.
+///
+/// The pipe directory is opened without following a link and the socket reached through that
+/// descriptor; before a byte is sent the listener's pid (`SO_PEERCRED`, given by the kernel)
+/// must be `daemon`'s, with the same start time.
+///
+/// # Errors
+/// [`MpsError::Tampered`] when another process listens there; [`MpsError::NoAnswer`] when the
+/// deadline passes; [`MpsError::Unreachable`] when nothing listens (a dead daemon's socket) or
+/// the directory cannot be opened; [`MpsError::Protocol`] when the peer breaks the protocol.
+pub fn converse(
+    pipe: &Path,
+    daemon: ProcId,
+    commands: &[&str],
+    timeout: Duration,
+) -> Result<Answer, MpsError> {
+    let deadline = Instant::now() + timeout;
+    let unreachable = |source: Errno| MpsError::Unreachable {
+        pipe: pipe.to_owned(),
+        source: source.into(),
+    };
+    let fd = connect_proven(pipe, daemon)?;
+    let c = Conversation {
+        fd,
+        pipe: pipe.to_owned(),
+        deadline,
+        timeout,
+    };
+    let hello = c.recv_packet()?;
+    if hello != HELLO {
+        return Err(c.protocol(format!("greeting {hello:?}")));
+    }
+    c.wait(PollFlags::POLLOUT)?;
+    let creds = UnixCredentials::new();
+    sendmsg::<()>(
+        c.fd.as_raw_fd(),
+        &[IoSlice::new(CREDENTIALS)],
+        &[ControlMessage::ScmCredentials(&creds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(unreachable)?;
+    c.send(&CLIENT_WORD.to_le_bytes())?;
+    for cmd in commands {
+        if cmd.contains(['\n', '\0']) {
+            return Err(c.protocol(format!("command {cmd:?} holds a line break")));
+        }
+        let mut text = cmd.as_bytes().to_vec();
+        text.extend_from_slice(b"\n\0");
+        c.send(&(text.len() as u64).to_le_bytes())?;
+        c.send(&text)?;
+    }
+    c.send(&0u64.to_le_bytes())?;
+    let mut lines = Vec::new();
+    for _ in 0..MAX_ANSWERS {
+        let packet = c.recv_packet()?;
+        let (kind, body) = packet
+            .split_first_chunk::<4>()
+            .ok_or_else(|| c.protocol(format!("short answer {packet:?}")))?;
+        match u32::from_le_bytes(*kind) {
+            ANSWER_TEXT => {
+                let text = body.strip_suffix(b"\0").unwrap_or(body);
+                lines.push(String::from_utf8_lossy(text).trim_end().to_owned());
+            }
+            ANSWER_END => {
+                let status = body
+                    .first_chunk::<4>()
+                    .map_or(0, |s| u32::from_le_bytes(*s));
+                return Ok(Answer { lines, status });
+            }
+            other => return Err(c.protocol(format!("answer of type {other}"))),
+        }
+    }
+    Err(c.protocol(format!("more than {MAX_ANSWERS} answers")))
+}
+
+/// Connects to `pipe/control_privileged` through a descriptor of `pipe` opened without
+/// following a link, without blocking, and proves that the listener is `daemon`.
+fn connect_proven(pipe: &Path, daemon: ProcId) -> Result<OwnedFd, MpsError> {
+    let unreachable = |source: Errno| MpsError::Unreachable {
+        pipe: pipe.to_owned(),
+        source: source.into(),
+    };
+    let dir = nix::fcntl::open(
+        pipe,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(unreachable)?;
+    let st = fstatat(&dir, PRIVILEGED_SOCKET, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(unreachable)?;
+    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    if kind != SFlag::S_IFSOCK {
+        // The daemon makes a socket there; anything else was put there by someone else.
+        return Err(MpsError::Tampered {
+            pipe: pipe.to_owned(),
+            expected: daemon.pid,
+            found: format!("a {} instead of a socket", kind_name(kind)),
+        });
+    }
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(unreachable)?;
+    let path = format!("/proc/self/fd/{}/{PRIVILEGED_SOCKET}", dir.as_raw_fd());
+    let addr = UnixAddr::new(path.as_str()).map_err(unreachable)?;
+    match connect(fd.as_raw_fd(), &addr) {
+        Ok(()) => {}
+        // A full backlog: the listener does not accept.
+        Err(Errno::EAGAIN) => {
+            return Err(MpsError::NoAnswer {
+                pipe: pipe.to_owned(),
+                millis: 0,
+            })
+        }
+        Err(e) => return Err(unreachable(e)),
+    }
+    let peer = getsockopt(&fd, sockopt::PeerCredentials).map_err(unreachable)?;
+    let proven = peer.pid() == daemon.pid
+        && ProcId::of(peer.pid()).is_some_and(|p| p.start_time == daemon.start_time);
+    if !proven {
+        return Err(MpsError::Tampered {
+            pipe: pipe.to_owned(),
+            expected: daemon.pid,
+            found: format!("listener pid {}", peer.pid()),
+        });
+    }
+    Ok(fd)
+}
+
+fn kind_name(kind: SFlag) -> &'static str {
+    match kind {
+        SFlag::S_IFLNK => "symlink",
+        SFlag::S_IFREG => "file",
+        SFlag::S_IFDIR => "directory",
+        SFlag::S_IFIFO => "fifo",
+        _ => "special file",
+    }
+}
+
+/// One connected, proven conversation with its deadline.
+struct Conversation {
+    fd: OwnedFd,
+    pipe: PathBuf,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+impl Conversation {
+    fn protocol(&self, what: String) -> MpsError {
+        MpsError::Protocol {
+            pipe: self.pipe.clone(),
+            what,
+        }
+    }
+
+    /// Waits until the socket is ready for `what`, or the deadline passes.
+    fn wait(&self, what: PollFlags) -> Result<(), MpsError> {
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(MpsError::NoAnswer {
+                    pipe: self.pipe.clone(),
+                    millis: self.timeout.as_millis() as u64,
+                });
+            }
+            let ms = u16::try_from(left.as_millis() + 1).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(std::os::fd::AsFd::as_fd(&self.fd), what)];
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(0) | Err(Errno::EINTR) => {}
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    return Err(MpsError::Unreachable {
+                        pipe: self.pipe.clone(),
+                        source: e.into(),
+                    })
+                }
+            }
+        }
+    }
+
+    fn send(&self, bytes: &[u8]) -> Result<(), MpsError> {
+        loop {
+            self.wait(PollFlags::POLLOUT)?;
+            match nix::sys::socket::send(self.fd.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
+                Ok(_) => return Ok(()),
+                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Err(e) => {
+                    return Err(MpsError::Unreachable {
+                        pipe: self.pipe.clone(),
+                        source: e.into(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// One packet; an end of stream is a broken protocol (the daemon always ends with type 1).
+    fn recv_packet(&self) -> Result<Vec<u8>, MpsError> {
+        let mut buf = vec![0u8; MAX_PACKET];
+        loop {
+            self.wait(PollFlags::POLLIN)?;
+            match recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+                Ok(0) => return Err(self.protocol("the daemon hung up".into())),
+                Ok(n) => {
+                    buf.truncate(n);
+                    return Ok(buf);
+                }
+                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Err(e) => {
+                    return Err(MpsError::Unreachable {
+                        pipe: self.pipe.clone(),
+                        source: e.into(),
+                    })
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! Starting and stopping a domain's control daemon: its sandbox, its capabilities, its log,
+//! leaving the caller's cgroups, and signals that reach only the daemon gpushare started.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::unistd::Pid;
+
+use crate::host::mps::{find, protocol, MpsDirs, MpsError, SAFE_PATH};
+use crate::host::procinfo::ProcId;
+
+/// How long a starting daemon has for one answer to the readiness check.
+const READY_ANSWER: Duration = Duration::from_millis(500);
+
+/// The capabilities the control daemon keeps (as a `CAP_*` bit mask). Measured with driver
+/// 535's `nvidia-cuda-mps-control -f`: with none at all (and NoNewPrivs) it starts, makes its
+/// sockets, FIFO and lock file, answers `get_*`/`set_default_*`/`get_server_list` and exits on
+/// `quit`. Multi-user daemons (a flag no driver seen so far has) start servers for other users
+/// and would need `CAP_SETUID`/`CAP_SETGID`, which no test here could measure: they keep those
+/// two.
+pub fn daemon_capabilities(multiuser: bool) -> u64 {
+    if multiuser {
+        (1 << caps::Capability::CAP_SETUID.index()) | (1 << caps::Capability::CAP_SETGID.index())
+    } else {
+        0
+    }
+}
+
+/// Whether the daemon `proc` serving `pipe` answers a command (the readiness check).
+fn daemon_answers(pipe: &Path, proc: ProcId) -> bool {
+    protocol::converse(
+        pipe,
+        proc,
+        &["get_default_active_thread_percentage"],
+        READY_ANSWER,
+    )
+    .is_ok_and(|a| !a.lines.is_empty())
+}
+
+/// Size past which the daemon's log is moved aside to `<log>.1` when a daemon starts.
+const LOG_KEEP_BYTES: u64 = 8 << 20;
+
+/// Opens the daemon's log file for appending, never through a link; one grown past
+/// [`LOG_KEEP_BYTES`] is first moved aside to `<path>.1` (replacing an older one).
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() > LOG_KEEP_BYTES) {
+        let mut old = path.as_os_str().to_owned();
+        old.push(".1");
+        std::fs::rename(path, old)?;
+    }
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Starts of a daemon [`start`] makes before it gives up on one that exits at once.
+const START_ATTEMPTS: usize = 5;
+
+/// Starts a daemon for GPU `uuid` in `dirs` (prepared) and waits until it answers; a daemon
+/// that exits at once (a tenant racing its start-up makes it give up, never follow) is started
+/// again, afresh.
+///
+/// # Errors
+/// [`MpsError`] when it cannot be started or does not become ready; a started daemon that
+/// never answered is stopped before returning.
+pub(crate) fn start(
+    binary: &Path,
+    uuid: &str,
+    dirs: &MpsDirs,
+    multiuser: Option<&str>,
+    ready_timeout: Duration,
+) -> Result<ProcId, MpsError> {
+    let mut attempt = 1;
+    loop {
+        match start_once(binary, uuid, dirs, multiuser, ready_timeout) {
+            Err(MpsError::Exited { .. }) if attempt < START_ATTEMPTS => attempt += 1,
+            other => return other,
+        }
+    }
+}
+
+/// One start of the daemon for [`start`]: empty the pipe directory, spawn the daemon
+/// in its sandbox, wait until it answers.
+fn start_once(
+    binary: &Path,
+    uuid: &str,
+    dirs: &MpsDirs,
+    multiuser: Option<&str>,
+    ready_timeout: Duration,
+) -> Result<ProcId, MpsError> {
+    // Whatever a tenant left in the pipe directory goes before the daemon looks at it.
+    // A tenant that keeps writing into it cannot stop the start: the daemon is confined to
+    // its directories whatever it finds there.
+    let left = crate::host::sandbox::empty_dir(&dirs.pipe).map_err(|source| MpsError::Dirs {
+        path: dirs.pipe.clone(),
+        source,
+    })?;
+    if left > 0 {
+        tracing::warn!(
+            "{left} entries a container keeps writing into {} were left there; starting the daemon anyway",
+            dirs.pipe.display()
+        );
+    }
+    let mounts = crate::host::sandbox::daemon_mounts(&dirs.pipe, &dirs.log, &dirs.shm, binary)
+        .map_err(|source| MpsError::Dirs {
+            path: dirs.dir.clone(),
+            source,
+        })?;
+    // In the foreground the daemon logs to stdout: into `<log>/control.log` (the log
+    // directory is never mounted into a container).
+    let log_file = open_log(&dirs.log.join("control.log")).map_err(|source| MpsError::Dirs {
+        path: dirs.log.join("control.log"),
+        source,
+    })?;
+    let mut cmd = Command::new(binary);
+    cmd.arg("-f");
+    if let Some(flag) = multiuser {
+        cmd.arg(flag);
+    }
+    cmd.env_clear()
+        .env("PATH", SAFE_PATH)
+        .env("CUDA_VISIBLE_DEVICES", uuid)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &dirs.pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", &dirs.log)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(log_file))
+        .stderr(Stdio::null());
+    crate::sys::daemon_in_sandbox(&mut cmd, mounts);
+    // After the sandbox's mounts (which need CAP_SYS_ADMIN): the daemon keeps only what it
+    // needs and can never gain more.
+    crate::sys::drop_privileges_on_exec(&mut cmd, daemon_capabilities(multiuser.is_some()));
+    let mut child = cmd.spawn().map_err(|e| MpsError::Spawn {
+        binary: binary.to_owned(),
+        source: sandbox_spawn_error(e),
+    })?;
+    let pid = child.id() as i32;
+    let proc = ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 });
+    // Recorded before anything else: from here on this daemon is known as gpushare's, by pid
+    // and start time, wherever the acquire that started it stops.
+    if let Err(source) = find::record(dirs, proc) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(MpsError::Dirs {
+            path: dirs.dir.clone(),
+            source,
+        });
+    }
+    leave_cgroups(pid);
+    let deadline = Instant::now() + ready_timeout;
+    loop {
+        if daemon_answers(&dirs.pipe, proc) {
+            // Not waited for: it outlives this process and is reparented.
+            return Ok(proc);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            find::forget(dirs, proc);
+            return Err(MpsError::Exited {
+                binary: binary.to_owned(),
+                status: status.to_string(),
+                hint: if multiuser.is_some() {
+                    "; this driver's MPS may not support multi-user: set [mps] multiuser = false"
+                } else {
+                    ""
+                },
+                log: dirs.log.join("control.log"),
+            });
+        }
+        if Instant::now() >= deadline {
+            stop_process(proc, Duration::from_millis(500));
+            find::forget(dirs, proc);
+            return Err(MpsError::NotReady {
+                uuid: uuid.to_owned(),
+                seconds: ready_timeout.as_secs(),
+                log: dirs.log.join("control.log"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Waits for the daemon `p` (one gpushare started: the caller has it from the record) to exit;
+/// SIGTERM after `grace`, SIGKILL after twice that. A signal goes through a pidfd opened while
+/// `p` still had its recorded start time, so it can never reach another process that took the
+/// pid meanwhile.
+pub fn stop_process(p: ProcId, grace: Duration) {
+    let Ok(pidfd) = crate::sys::pidfd_open(p.pid) else {
+        return;
+    };
+    // Opened on the pid: the process behind it is `p` only if it still has `p`'s start time.
+    if !p.is_alive() {
+        return;
+    }
+    let start = Instant::now();
+    let mut sent_term = false;
+    while p.is_alive() {
+        let waited = start.elapsed();
+        if waited >= grace * 2 {
+            let _ = crate::sys::pidfd_send_signal(&pidfd, libc::SIGKILL);
+            break;
+        }
+        if waited >= grace && !sent_term {
+            let _ = crate::sys::pidfd_send_signal(&pidfd, libc::SIGTERM);
+            sent_term = true;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Reap it if it is our child; it usually is not.
+    let _ = nix::sys::wait::waitpid(
+        Pid::from_raw(p.pid),
+        Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+    );
+}
+
+/// Moves `pid` into the root cgroup of every hierarchy this process belongs to, so that a
+/// scope that ends with one container does not take a daemon that others use. Best effort: a
+/// hierarchy we cannot write to is left as it is.
+pub fn leave_cgroups(pid: i32) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    for e in crate::host::mounts::entries(&mountinfo) {
+        // Only the root of each hierarchy.
+        if (e.fstype == "cgroup" || e.fstype == "cgroup2") && e.root == Path::new("/") {
+            let _ = std::fs::write(e.mount_point.join("cgroup.procs"), pid.to_string());
+        }
+    }
+}
+
+/// A spawn error that names the sandbox where the kernel is the likely cause: `EINVAL` or
+/// `ENOSYS` from the mount calls made between fork and exec (`mount_setattr` with
+/// `MOUNT_ATTR_NOSYMFOLLOW` needs Linux 5.14).
+fn sandbox_spawn_error(e: std::io::Error) -> std::io::Error {
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS) => std::io::Error::new(
+            e.kind(),
+            format!("{e} while setting up its mount namespace; this needs Linux 5.14 or later"),
+        ),
+        _ => e,
+    }
+}
+
+#[cfg(test)]
+mod sandbox_error_tests {
+    use super::sandbox_spawn_error;
+
+    #[test]
+    fn kernel_errors_from_the_sandbox_name_the_kernel_others_pass_through() {
+        for (errno, names_kernel) in [
+            (libc::EINVAL, true),
+            (libc::ENOSYS, true),
+            (libc::ENOENT, false),
+            (libc::EPERM, false),
+        ] {
+            let e = sandbox_spawn_error(std::io::Error::from_raw_os_error(errno)).to_string();
+            assert_eq!(e.contains("Linux 5.14"), names_kernel, "errno {errno}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::{open_log, LOG_KEEP_BYTES};
+    use std::io::Write;
+
+    #[test]
+    fn a_grown_log_is_moved_aside_once_and_links_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let log = t.path().join("control.log");
+        open_log(&log).unwrap().write_all(b"first\n").unwrap();
+        open_log(&log).unwrap().write_all(b"second\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "first\nsecond\n");
+        std::fs::write(&log, vec![b'x'; LOG_KEEP_BYTES as usize + 1]).unwrap();
+        open_log(&log).unwrap().write_all(b"fresh\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "fresh\n");
+        assert_eq!(
+            std::fs::metadata(t.path().join("control.log.1"))
+                .unwrap()
+                .len(),
+            LOG_KEEP_BYTES + 1
+        );
+        let target = t.path().join("elsewhere");
+        std::fs::remove_file(&log).unwrap();
+        std::os::unix::fs::symlink(&target, &log).unwrap();
+        assert!(open_log(&log).is_err(), "a link is not followed");
+        assert!(!target.exists());
+    }
+}
