@@ -17,6 +17,13 @@
  *   procaddr              cuGetProcAddress/_v2 for every symbol, version and flag (dladdr names)
  *   foreign LIB           dlsym through an unrelated library exporting cu* names, first
  *   rewrite               another program rewrites the shared file while allocations go on
+ *   arrays KIND           arrays of about 300 MiB with rows padded by the driver, created until
+ *                         refused: KIND array array3d mipmapped bc1 bc7 deferred
+ *   legacy                the pre-3.2/4.0/11.0 entry points (no _v2), found with dlsym and
+ *                         cuGetProcAddress: allocations, frees, reports, context destruction
+ *
+ * The probes' own oracle is what the simulated driver holds underneath the limiter
+ * (gpushare_sim_mem_used, gpushare_sim_mem_peak), not what the limiter reports.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -382,6 +389,138 @@ static int scenario_rewrite(void) {
     return 0;
 }
 
+/* ---- what the driver holds underneath ---- */
+
+static unsigned long long used_mib(int d) {
+    static unsigned long long (*used)(int);
+    if (!used) used = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "gpushare_sim_mem_used");
+    if (!used) die("the simulated driver's gpushare_sim_mem_used is missing", 0);
+    return used(d) / MIB;
+}
+
+static unsigned long long peak_mib(int d) {
+    static unsigned long long (*peak)(int);
+    if (!peak) peak = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "gpushare_sim_mem_peak");
+    if (!peak) die("the simulated driver's gpushare_sim_mem_peak is missing", 0);
+    return peak(d) / MIB;
+}
+
+/* ---- arrays as the driver lays them out ---- */
+
+static int scenario_arrays(const char *kind) {
+    init();
+    enum { N = 10 };
+    CUarray a[N] = { 0 };
+    CUmipmappedArray m[N] = { 0 };
+    int ok = 0, tries = !strcmp(kind, "deferred") ? 3 : N;
+    for (int i = 0; i < tries; i++) {
+        CUDA_ARRAY3D_DESCRIPTOR d; memset(&d, 0, sizeof d);
+        d.Format = CU_AD_FORMAT_UNSIGNED_INT8; d.NumChannels = 1;
+        CUresult r;
+        /* Rows of 100 bytes: 600000 of them are 57 MiB of elements, 293 MiB at 512-byte rows. */
+        if (!strcmp(kind, "array")) {
+            CUDA_ARRAY_DESCRIPTOR d2 = { 100, 600000, CU_AD_FORMAT_UNSIGNED_INT8, 1 };
+            r = cuArrayCreate(&a[i], &d2);
+        } else if (!strcmp(kind, "array3d")) {
+            d.Width = 100; d.Height = 1000; d.Depth = 600;
+            r = cuArray3DCreate(&a[i], &d);
+        } else if (!strcmp(kind, "mipmapped")) {
+            d.Width = 100; d.Height = 600000;
+            r = cuMipmappedArrayCreate(&m[i], &d, 1);
+        } else if (!strcmp(kind, "bc1") || !strcmp(kind, "bc7")) {
+            /* 16384 x 16384 texels: 128 MiB in BC1 (8-byte 4x4 blocks), 256 MiB in BC7. */
+            d.Width = 16384; d.Height = 16384; d.NumChannels = 4;
+            d.Format = !strcmp(kind, "bc1") ? CU_AD_FORMAT_BC1_UNORM : CU_AD_FORMAT_BC7_UNORM;
+            r = cuArray3DCreate(&a[i], &d);
+        } else if (!strcmp(kind, "deferred")) {
+            /* 400 MiB of elements each, no memory until mapped. */
+            d.Width = 1024; d.Height = 1024; d.Depth = 400; d.Flags = CUDA_ARRAY3D_DEFERRED_MAPPING;
+            r = cuArray3DCreate(&a[i], &d);
+        } else {
+            fprintf(stderr, "conformance: unknown array kind %s\n", kind); exit(2);
+        }
+        if (r == CUDA_SUCCESS) ok++;
+        else if (r != CUDA_ERROR_OUT_OF_MEMORY) die("array create", r);
+    }
+    printf("OK=%d\nHELD_MIB=%llu\n", ok, used_mib(0));
+    if (!strcmp(kind, "deferred")) {
+        CUdeviceptr p;
+        CUresult r = cuMemAlloc(&p, 900 * MIB);
+        printf("DEFERRED_ALLOC_RC=%d\n", r);
+        if (r == CUDA_SUCCESS) cuMemFree(p);
+    }
+    for (int i = 0; i < N; i++) {
+        if (a[i]) cuArrayDestroy(a[i]);
+        if (m[i]) cuMipmappedArrayDestroy(m[i]);
+    }
+    printf("FREED_HELD_MIB=%llu\nFREE_AFTER=%zu\nPEAK_MIB=%llu\n", used_mib(0), meminfo_free(), peak_mib(0));
+    return 0;
+}
+
+/* ---- the legacy entry points ---- */
+
+typedef CUresult (*alloc32_t)(unsigned int *, unsigned int);
+typedef CUresult (*free32_t)(unsigned int);
+typedef CUresult (*info32_t)(unsigned int *, unsigned int *);
+typedef CUresult (*total32_t)(unsigned int *, CUdevice);
+typedef CUresult (*ctx_t)(CUcontext);
+typedef CUresult (*dev_t_)(CUdevice);
+
+static void *proc(const char *name, int version) {
+    void *p = NULL;
+    CUresult r = cuGetProcAddress(name, &p, version, CU_GET_PROC_ADDRESS_DEFAULT);
+    if (r || !p) die(name, r);
+    return p;
+}
+
+static int scenario_legacy(void) {
+    init();
+    int r;
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    alloc32_t alloc_dl = (alloc32_t)dlsym(drv, "cuMemAlloc");
+    alloc32_t alloc_pa = (alloc32_t)proc("cuMemAlloc", 3000);
+    free32_t free_dl = (free32_t)dlsym(drv, "cuMemFree");
+    info32_t info_dl = (info32_t)dlsym(drv, "cuMemGetInfo");
+    total32_t total_dl = (total32_t)dlsym(drv, "cuDeviceTotalMem");
+    ctx_t destroy_dl = (ctx_t)dlsym(drv, "cuCtxDestroy");
+    dev_t_ reset_pa = (dev_t_)proc("cuDevicePrimaryCtxReset", 10000);
+    dev_t_ release_dl = (dev_t_)dlsym(drv, "cuDevicePrimaryCtxRelease");
+    if (!alloc_dl || !free_dl || !info_dl || !total_dl || !destroy_dl || !release_dl) die("legacy dlsym", 0);
+    /* Allocations: 600 MiB at a time, three times through each lookup. */
+    unsigned int p[6] = { 0 };
+    int ok = 0;
+    for (int i = 0; i < 6; i++) ok += (i < 3 ? alloc_dl : alloc_pa)(&p[i], 600 * MIB) == CUDA_SUCCESS;
+    printf("ALLOC_OK=%d\nALLOC_HELD_MIB=%llu\n", ok, used_mib(0));
+    unsigned int fr = 0, tot = 0;
+    printf("INFO_RC=%d\n", info_dl(&fr, &tot));
+    printf("INFO_TOTAL=%u\nINFO_FREE=%u\n", tot, fr);
+    printf("TOTALMEM_RC=%d\n", total_dl(&tot, dev));
+    printf("TOTALMEM=%u\n", tot);
+    for (int i = 0; i < 6; i++) if (p[i]) free_dl(p[i]);
+    printf("FREED_HELD_MIB=%llu\nFREED_FREE=%zu\n", used_mib(0), meminfo_free());
+    /* Context destruction through the legacy forms gives the memory back. */
+    CUdeviceptr a;
+    printf("CTX_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    printf("CTX_DESTROY_RC=%d\n", destroy_dl(ctx));
+    if ((r = cuCtxCreate(&ctx, 0, dev))) die("cuCtxCreate", r);
+    printf("AFTER_DESTROY_HELD_MIB=%llu\n", used_mib(0));
+    printf("AFTER_DESTROY_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    cuCtxDestroy(ctx);
+    CUcontext pc;
+    if ((r = cuDevicePrimaryCtxRetain(&pc, dev)) || (r = cuCtxSetCurrent(pc))) die("primary", r);
+    printf("PRIMARY_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    printf("RESET_RC=%d\n", reset_pa(dev));
+    if ((r = cuDevicePrimaryCtxRetain(&pc, dev)) || (r = cuCtxSetCurrent(pc))) die("primary", r);
+    printf("AFTER_RESET_HELD_MIB=%llu\n", used_mib(0));
+    printf("AFTER_RESET_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    printf("RELEASE_RC=%d\n", release_dl(dev));
+    if ((r = cuDevicePrimaryCtxRetain(&pc, dev)) || (r = cuCtxSetCurrent(pc))) die("primary", r);
+    printf("AFTER_RELEASE_HELD_MIB=%llu\n", used_mib(0));
+    printf("AFTER_RELEASE_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    printf("PEAK_MIB=%llu\n", peak_mib(0));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 4 && !strcmp(argv[1], "edge")) return scenario_edge(argv[2], argv[3]);
@@ -392,6 +531,8 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "procaddr")) return scenario_procaddr();
     if (argc == 3 && !strcmp(argv[1], "foreign")) return scenario_foreign(argv[2]);
     if (argc == 2 && !strcmp(argv[1], "rewrite")) return scenario_rewrite();
+    if (argc == 2 && !strcmp(argv[1], "legacy")) return scenario_legacy();
+    if (argc == 3 && !strcmp(argv[1], "arrays")) return scenario_arrays(argv[2]);
     fprintf(stderr, "usage: conformance edge|threads|fork|frees|contexts|procaddr|foreign|rewrite ...\n");
     return 2;
 }

@@ -66,6 +66,9 @@ struct Array {
     size: u64,
     ctx: usize,
     mipmapped: bool,
+    /// For a `CUDA_ARRAY3D_DEFERRED_MAPPING` array: the bytes it needs once mapped (it holds
+    /// none until then); `None` for an ordinary array.
+    deferred: Option<u64>,
 }
 
 static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);
@@ -94,8 +97,8 @@ fn with_driver<T>(f: impl FnOnce(&mut Driver) -> T) -> T {
 }
 
 fn enter(name: &str) -> Result<(), CuResult> {
-    if config::fails(name) {
-        return Err(UNKNOWN);
+    if let Some(code) = config::fail_code(name) {
+        return Err(code.unwrap_or(UNKNOWN));
     }
     if !INITIALIZED.load(Ordering::Acquire) {
         return Err(NOT_INITIALIZED);
@@ -153,6 +156,7 @@ fn token() -> Opaque {
 mod arrays;
 mod contexts;
 mod devices;
+pub mod guesses;
 mod host;
 mod launch;
 mod memory;

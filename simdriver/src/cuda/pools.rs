@@ -10,7 +10,7 @@ use cuda_abi::{MemPoolPropsHead, ALLOCATION_PINNED, LOCATION_DEVICE};
 use std::ffi::{c_int, c_void};
 
 /// Granularity in which a pool's reserved memory grows and shrinks.
-pub const POOL_CHUNK: u64 = 2 << 20;
+pub const POOL_CHUNK: u64 = super::guesses::POOL_CHUNK;
 
 /// A stream-ordered memory pool: reserved device memory, part of it handed out.
 pub(super) struct Pool {
