@@ -25,6 +25,11 @@ static MIPMAPPED_REQUIREMENTS: Extra =
     Extra::new(Lib::Cuda, c"cuMipmappedArrayGetMemoryRequirements");
 static ALLOCATION_GRANULARITY: Extra = Extra::new(Lib::Cuda, c"cuMemGetAllocationGranularity");
 static PRIMARY_CTX_GET_STATE: Extra = Extra::new(Lib::Cuda, c"cuDevicePrimaryCtxGetState");
+static DEVICE_GET_ATTRIBUTE: Extra = Extra::new(Lib::Cuda, c"cuDeviceGetAttribute");
+
+/// `CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT` per CUDA ordinal (0: not asked yet).
+static PITCH_ALIGN: [AtomicU64; crate::limits::MAX_DEVICES] =
+    [const { AtomicU64::new(0) }; crate::limits::MAX_DEVICES];
 
 /// Bumped whenever a context is created or destroyed (invalidates the per-thread cache).
 static CTX_GEN: AtomicU64 = AtomicU64::new(0);
@@ -149,6 +154,31 @@ pub fn array_size(handle: usize, ord: usize, mipmapped: bool) -> Option<u64> {
     // `req` is a valid out-pointer and `handle` an array the driver just created.
     let r = unsafe { f(&mut req, handle as Opaque, c_int::try_from(ord).ok()?) };
     (r == SUCCESS).then_some(req.size as u64)
+}
+
+/// `CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT` of CUDA ordinal `ord`, asked once.
+pub fn texture_pitch_alignment(ord: usize) -> Option<u64> {
+    let cached = PITCH_ALIGN.get(ord)?;
+    let v = cached.load(Ordering::Relaxed);
+    if v != 0 {
+        return Some(v);
+    }
+    let f = extra!(
+        DEVICE_GET_ATTRIBUTE,
+        unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult
+    )?;
+    let mut a: c_int = 0;
+    // SAFETY: cuDeviceGetAttribute(int*, CUdevice_attribute, CUdevice) with a valid out-pointer.
+    let r = unsafe {
+        f(
+            &mut a,
+            cuda_abi::device_attr::TEXTURE_PITCH_ALIGNMENT,
+            c_int::try_from(ord).ok()?,
+        )
+    };
+    let v = u64::try_from(a).ok().filter(|&v| r == SUCCESS && v > 0)?;
+    cached.store(v, Ordering::Relaxed);
+    Some(v)
 }
 
 /// The minimum granularity of `cuMemCreate` sizes for `prop`.
