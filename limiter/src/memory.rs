@@ -289,8 +289,9 @@ pub unsafe extern "C" fn cuMemCreate(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
     let f = real!(cuMemRelease as FreeFn);
+    // The driver keeps memory that is still mapped until its last cuMemUnmap.
     // SAFETY: forwarded caller contract.
-    forget(Kind::Handle, handle, unsafe { f(handle) })
+    crate::vmm::released(handle, unsafe { f(handle) })
 }
 
 /// # Safety

@@ -576,3 +576,36 @@ fn arrays_are_charged_what_the_driver_lays_out() {
     ];
     check_rows(&p, rows);
 }
+
+#[test]
+fn vmm_memory_is_credited_only_when_released_and_unmapped() {
+    let Some(lim) = capped("vmm") else {
+        return;
+    };
+    let p = lim.conform(&["vmm"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("CREATE1_RC", 0, "600 MiB created"),
+        ("MAP1_RC", 0, "mapped"),
+        ("RELEASE1_RC", 0, "and released while mapped"),
+        ("CREATE2_RC", 2, "so another 600 MiB does not fit"),
+        ("MAPPED_HELD_MIB", 600, "the driver still holds the first"),
+        ("UNMAP1_RC", 0, "unmapped"),
+        ("UNMAPPED_HELD_MIB", 0, "the driver gave it back"),
+        ("CREATE3_RC", 0, "so 600 MiB fit again"),
+        ("MAP2A_RC", 0, "mapped twice"),
+        ("MAP2B_RC", 0, "mapped twice"),
+        ("RELEASE2_RC", 0, "released"),
+        ("UNMAP2A_RC", 0, "one mapping gone"),
+        (
+            "HALF_UNMAPPED_CREATE_RC",
+            2,
+            "the other still holds the memory",
+        ),
+        ("UNMAP2B_RC", 0, "the last mapping gone"),
+        ("ALL_UNMAPPED_CREATE_RC", 0, "and the memory is back"),
+        ("FREED_HELD_MIB", 0, "nothing held"),
+        ("FREE_AFTER", GIB, "nothing counted"),
+    ];
+    check_rows(&p, rows);
+    assert!(p.u("PEAK_MIB") <= 1024, "peak {} MiB", p.u("PEAK_MIB"));
+}

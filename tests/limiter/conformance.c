@@ -19,6 +19,7 @@
  *   rewrite               another program rewrites the shared file while allocations go on
  *   arrays KIND           arrays of about 300 MiB with rows padded by the driver, created until
  *                         refused: KIND array array3d mipmapped bc1 bc7 deferred
+ *   vmm                   cuMemCreate memory released while still mapped, then unmapped
  *   legacy                the pre-3.2/4.0/11.0 entry points (no _v2), found with dlsym and
  *                         cuGetProcAddress: allocations, frees, reports, context destruction
  *
@@ -457,6 +458,45 @@ static int scenario_arrays(const char *kind) {
     return 0;
 }
 
+/* ---- virtual memory management ---- */
+
+static int scenario_vmm(void) {
+    init();
+    CUmemAllocationProp pr = prop();
+    const size_t sz = 600 * MIB;
+    CUmemGenericAllocationHandle h1, h2, h3;
+    CUdeviceptr va1, va2;
+    int r;
+    if ((r = cuMemAddressReserve(&va1, sz, 0, 0, 0)) || (r = cuMemAddressReserve(&va2, sz, 0, 0, 0))) die("reserve", r);
+    /* Released while mapped: the memory stays until it is unmapped. */
+    printf("CREATE1_RC=%d\n", cuMemCreate(&h1, sz, &pr, 0));
+    printf("MAP1_RC=%d\n", cuMemMap(va1, sz, 0, h1, 0));
+    printf("RELEASE1_RC=%d\n", cuMemRelease(h1));
+    r = cuMemCreate(&h2, sz, &pr, 0);
+    printf("CREATE2_RC=%d\nMAPPED_HELD_MIB=%llu\n", r, used_mib(0));
+    if (r == CUDA_SUCCESS) cuMemRelease(h2);
+    printf("UNMAP1_RC=%d\n", cuMemUnmap(va1, sz));
+    printf("UNMAPPED_HELD_MIB=%llu\n", used_mib(0));
+    r = cuMemCreate(&h2, sz, &pr, 0);
+    printf("CREATE3_RC=%d\n", r);
+    /* Mapped twice: the memory goes with the last unmap. */
+    printf("MAP2A_RC=%d\n", cuMemMap(va1, sz, 0, h2, 0));
+    printf("MAP2B_RC=%d\n", cuMemMap(va2, sz, 0, h2, 0));
+    printf("RELEASE2_RC=%d\n", cuMemRelease(h2));
+    printf("UNMAP2A_RC=%d\n", cuMemUnmap(va1, sz));
+    r = cuMemCreate(&h3, sz, &pr, 0);
+    printf("HALF_UNMAPPED_CREATE_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemRelease(h3);
+    printf("UNMAP2B_RC=%d\n", cuMemUnmap(va2, sz));
+    r = cuMemCreate(&h3, sz, &pr, 0);
+    printf("ALL_UNMAPPED_CREATE_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemRelease(h3);
+    cuMemAddressFree(va1, sz);
+    cuMemAddressFree(va2, sz);
+    printf("FREED_HELD_MIB=%llu\nFREE_AFTER=%zu\nPEAK_MIB=%llu\n", used_mib(0), meminfo_free(), peak_mib(0));
+    return 0;
+}
+
 /* ---- the legacy entry points ---- */
 
 typedef CUresult (*alloc32_t)(unsigned int *, unsigned int);
@@ -533,6 +573,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "rewrite")) return scenario_rewrite();
     if (argc == 2 && !strcmp(argv[1], "legacy")) return scenario_legacy();
     if (argc == 3 && !strcmp(argv[1], "arrays")) return scenario_arrays(argv[2]);
+    if (argc == 2 && !strcmp(argv[1], "vmm")) return scenario_vmm();
     fprintf(stderr, "usage: conformance edge|threads|fork|frees|contexts|procaddr|foreign|rewrite ...\n");
     return 2;
 }

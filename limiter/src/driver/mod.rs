@@ -40,6 +40,8 @@ macro_rules! hook_list {
             Cuda mempool::cuMemAllocFromPoolAsync_ptsz;
             Cuda memory::cuMemCreate;
             Cuda memory::cuMemRelease;
+            Cuda vmm::cuMemMap;
+            Cuda vmm::cuMemUnmap;
             Cuda memory::cuMemFree_v2;
             Cuda memory::cuMemFree;
             Cuda memory::cuMemFreeAsync;

@@ -293,7 +293,8 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
         LAST_FREE.store(0, Ordering::Relaxed);
         return INVALID_VALUE;
     }
-    free_ptr(handle)
+    LAST_FREE.store(handle, Ordering::Relaxed);
+    super::vmm::release(handle)
 }
 
 /// # Safety

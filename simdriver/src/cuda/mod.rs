@@ -48,6 +48,8 @@ struct Driver {
     current_pool: [usize; config::MAX_DEVICES],
     /// Live stream-ordered allocations: pointer -> (pool, bytes).
     pool_allocs: HashMap<u64, (usize, u64)>,
+    /// Address ranges and mappings of `cuMemCreate` memory.
+    vmm: vmm::Vmm,
 }
 
 /// A device allocation: its GPU, size and the context that owns it (0: none, `cuMemCreate`
@@ -92,6 +94,7 @@ fn with_driver<T>(f: impl FnOnce(&mut Driver) -> T) -> T {
         default_pool: [0; config::MAX_DEVICES],
         current_pool: [0; config::MAX_DEVICES],
         pool_allocs: HashMap::new(),
+        vmm: vmm::Vmm::default(),
     });
     f(d)
 }
@@ -162,6 +165,7 @@ mod launch;
 mod memory;
 mod pools;
 mod proc_address;
+mod vmm;
 
 pub use arrays::*;
 pub use contexts::*;
@@ -171,3 +175,4 @@ pub use launch::*;
 pub use memory::*;
 pub use pools::*;
 pub use proc_address::*;
+pub use vmm::*;

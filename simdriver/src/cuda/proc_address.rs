@@ -8,6 +8,7 @@ use super::host::*;
 use super::launch::*;
 use super::memory::*;
 use super::pools::*;
+use super::vmm::*;
 use super::{
     put, CuResult, INVALID_CONTEXT, INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, NOT_FOUND,
     NOT_INITIALIZED, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS, UNKNOWN,
@@ -120,6 +121,11 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuMemFreeAsync_ptsz,
         cuMemCreate,
         cuMemRelease,
+        cuMemAddressReserve,
+        cuMemAddressFree,
+        cuMemMap,
+        cuMemUnmap,
+        cuMemSetAccess,
         cuMemGetInfo_v2,
         cuMemGetAllocationGranularity,
         cuArrayCreate_v2,
