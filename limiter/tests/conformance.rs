@@ -609,3 +609,48 @@ fn vmm_memory_is_credited_only_when_released_and_unmapped() {
     check_rows(&p, rows);
     assert!(p.u("PEAK_MIB") <= 1024, "peak {} MiB", p.u("PEAK_MIB"));
 }
+
+#[test]
+fn stream_ordered_memory_is_charged_to_the_streams_device_and_its_real_reuse() {
+    let Some(lim) = capped("async") else {
+        return;
+    };
+    let p = lim.conform(&["async", "otherdev"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("FIRST_RC", 0, "900 MiB on a stream of device 1"),
+        ("SECOND_RC", 2, "another 900 MiB there does not fit"),
+        ("HELD1_MIB", 900, "device 1's pool holds the first"),
+        ("HELD0_MIB", 0, "device 0 holds nothing"),
+        ("AFTER_HELD1_MIB", 0, "freed and synchronised"),
+        ("AFTER_RC", 0, "so 900 MiB fit again"),
+    ];
+    check_rows(&p, rows);
+    assert!(p.u("PEAK1_MIB") <= 1024, "peak {} MiB", p.u("PEAK1_MIB"));
+
+    // Reuse attributes off: memory freed on one stream is not reused on another before a
+    // synchronisation, so the pool would grow past the cap.
+    let p = lim.conform(&["async", "reuse-off"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("FIRST_RC", 0, "900 MiB on stream 1"),
+        ("FREE_RC", 0, "freed on stream 1"),
+        (
+            "OTHER_STREAM_RC",
+            2,
+            "900 MiB on stream 2 would grow the pool",
+        ),
+        ("HELD_MIB", 900, "the pool still holds the first"),
+        ("SYNCED_HELD_MIB", 0, "released at the synchronisation"),
+        ("AFTER_SYNC_RC", 0, "so 900 MiB fit"),
+        ("FREE_AFTER", GIB, "nothing counted"),
+    ];
+    check_rows(&p, rows);
+    assert!(p.u("PEAK_MIB") <= 1024, "peak {} MiB", p.u("PEAK_MIB"));
+    // Positive control: with reuse on (the default) the same request reuses the freed memory.
+    let p = lim.conform(&["async", "reuse-on"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("OTHER_STREAM_RC", 0, "reused across streams"),
+        ("HELD_MIB", 900, "without growing"),
+        ("FREE_AFTER", GIB, "nothing counted"),
+    ];
+    check_rows(&p, rows);
+}

@@ -20,6 +20,9 @@
  *   arrays KIND           arrays of about 300 MiB with rows padded by the driver, created until
  *                         refused: KIND array array3d mipmapped bc1 bc7 deferred
  *   vmm                   cuMemCreate memory released while still mapped, then unmapped
+ *   async KIND            stream-ordered allocations: otherdev (on a stream of device 1 while
+ *                         device 0's context is current), reuse-off / reuse-on (900 MiB freed
+ *                         on one stream, 900 MiB asked on another before a synchronisation)
  *   legacy                the pre-3.2/4.0/11.0 entry points (no _v2), found with dlsym and
  *                         cuGetProcAddress: allocations, frees, reports, context destruction
  *
@@ -497,6 +500,50 @@ static int scenario_vmm(void) {
     return 0;
 }
 
+/* ---- stream-ordered allocations ---- */
+
+static int scenario_async(const char *kind) {
+    init();
+    CUdeviceptr a = 0, b = 0;
+    CUresult r;
+    if (!strcmp(kind, "otherdev")) {
+        CUcontext c1; CUstream s1;
+        if ((r = cuCtxCreate(&c1, 0, 1)) || (r = cuStreamCreate(&s1, 0)) || (r = cuCtxSetCurrent(ctx))) die("device 1", r);
+        printf("FIRST_RC=%d\n", cuMemAllocAsync(&a, 900 * MIB, s1));
+        r = cuMemAllocAsync(&b, 900 * MIB, s1);
+        printf("SECOND_RC=%d\nHELD1_MIB=%llu\nHELD0_MIB=%llu\n", r, used_mib(1), used_mib(0));
+        if (a) cuMemFreeAsync(a, s1);
+        if (b) cuMemFreeAsync(b, s1);
+        if ((r = cuCtxSetCurrent(c1)) || (r = cuCtxSynchronize())) die("sync device 1", r);
+        cuStreamDestroy(s1);
+        printf("AFTER_HELD1_MIB=%llu\n", used_mib(1));
+        r = cuMemAllocAsync(&a, 900 * MIB, NULL);
+        printf("AFTER_RC=%d\n", r);
+        printf("PEAK1_MIB=%llu\n", peak_mib(1));
+        return 0;
+    }
+    CUstream s1, s2; CUmemoryPool pool;
+    if ((r = cuStreamCreate(&s1, 0)) || (r = cuStreamCreate(&s2, 0)) || (r = cuDeviceGetDefaultMemPool(&pool, dev))) die("streams", r);
+    if (!strcmp(kind, "reuse-off")) {
+        int off = 0;
+        if ((r = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off)) ||
+            (r = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off))) die("reuse attributes", r);
+    }
+    printf("FIRST_RC=%d\n", cuMemAllocAsync(&a, 900 * MIB, s1));
+    printf("FREE_RC=%d\n", cuMemFreeAsync(a, s1));
+    r = cuMemAllocAsync(&b, 900 * MIB, s2);
+    printf("OTHER_STREAM_RC=%d\nHELD_MIB=%llu\n", r, used_mib(0));
+    if (r == CUDA_SUCCESS) cuMemFreeAsync(b, s2);
+    cuCtxSynchronize();
+    printf("SYNCED_HELD_MIB=%llu\n", used_mib(0));
+    r = cuMemAllocAsync(&b, 900 * MIB, s2);
+    printf("AFTER_SYNC_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemFreeAsync(b, s2);
+    cuCtxSynchronize();
+    printf("FREE_AFTER=%zu\nPEAK_MIB=%llu\n", meminfo_free(), peak_mib(0));
+    return 0;
+}
+
 /* ---- the legacy entry points ---- */
 
 typedef CUresult (*alloc32_t)(unsigned int *, unsigned int);
@@ -574,6 +621,7 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "legacy")) return scenario_legacy();
     if (argc == 3 && !strcmp(argv[1], "arrays")) return scenario_arrays(argv[2]);
     if (argc == 2 && !strcmp(argv[1], "vmm")) return scenario_vmm();
+    if (argc == 3 && !strcmp(argv[1], "async")) return scenario_async(argv[2]);
     fprintf(stderr, "usage: conformance edge|threads|fork|frees|contexts|procaddr|foreign|rewrite ...\n");
     return 2;
 }

@@ -54,6 +54,7 @@ macro_rules! hook_list {
             Cuda mempool::cuMemPoolCreate;
             Cuda mempool::cuMemPoolDestroy;
             Cuda mempool::cuMemPoolTrimTo;
+            Cuda mempool::cuMemPoolSetAttribute;
             Cuda launch::cuCtxSynchronize;
             Cuda launch::cuStreamSynchronize;
             Cuda launch::cuStreamSynchronize_ptsz;

@@ -212,6 +212,7 @@ pub(super) fn sync_and_release(i: usize) {
     sync_dev(i);
     with_driver(|d| {
         for p in d.pools.values_mut().filter(|p| p.dev == i) {
+            p.synced();
             let released = p.shrink_to(p.threshold);
             device_give(p.dev, released);
         }

@@ -50,6 +50,8 @@ struct Driver {
     pool_allocs: HashMap<u64, (usize, u64)>,
     /// Address ranges and mappings of `cuMemCreate` memory.
     vmm: vmm::Vmm,
+    /// Created streams: handle -> the context they belong to.
+    streams: HashMap<usize, usize>,
 }
 
 /// A device allocation: its GPU, size and the context that owns it (0: none, `cuMemCreate`
@@ -95,6 +97,7 @@ fn with_driver<T>(f: impl FnOnce(&mut Driver) -> T) -> T {
         current_pool: [0; config::MAX_DEVICES],
         pool_allocs: HashMap::new(),
         vmm: vmm::Vmm::default(),
+        streams: HashMap::new(),
     });
     f(d)
 }
@@ -150,6 +153,31 @@ fn current_ctx() -> Result<(usize, usize), CuResult> {
     let ctx = top.ok_or(INVALID_CONTEXT)?;
     let dev = with_driver(|d| d.contexts.get(&ctx).copied()).ok_or(INVALID_CONTEXT)?;
     Ok((ctx, dev))
+}
+
+/// The context and device stream `s` belongs to: the calling thread's current context for the
+/// NULL stream and the `CU_STREAM_LEGACY` (1) and `CU_STREAM_PER_THREAD` (2) handles.
+fn stream_ctx(s: Opaque) -> Result<(usize, usize), CuResult> {
+    let h = s as usize;
+    if h <= 2 {
+        return current_ctx();
+    }
+    with_driver(|d| {
+        let ctx = *d.streams.get(&h).ok_or(INVALID_HANDLE)?;
+        let dev = *d.contexts.get(&ctx).ok_or(INVALID_CONTEXT)?;
+        Ok((ctx, dev))
+    })
+}
+
+/// The key pending frees are kept under for stream `s` (the NULL, legacy and per-thread
+/// streams are one stream here).
+fn stream_key(s: Opaque) -> usize {
+    let h = s as usize;
+    if h <= 2 {
+        0
+    } else {
+        h
+    }
 }
 
 fn token() -> Opaque {

@@ -154,6 +154,7 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuModuleGetFunction,
         cuStreamCreate,
         cuStreamDestroy_v2,
+        cuStreamGetCtx,
         cuStreamSynchronize,
         cuStreamSynchronize_ptsz,
         cuEventCreate,
