@@ -101,6 +101,19 @@ pub fn array_element_bytes(format: c_uint, channels: c_uint) -> Option<u64> {
     matches!(channels, 1 | 2 | 4).then_some(per_channel * u64::from(channels))
 }
 
+/// Bytes of one 4×4 block of a block-compressed array format (`CU_AD_FORMAT_BC*`, `cuda.h`):
+/// 8 for BC1 and BC4, 16 for BC2, BC3, BC5, BC6H and BC7; `None` for other formats.
+pub fn block_compressed_bytes(format: c_uint) -> Option<u64> {
+    match format {
+        0x91 | 0x92 | 0x97 | 0x98 => Some(8),
+        0x93..=0x96 | 0x99..=0x9e => Some(16),
+        _ => None,
+    }
+}
+
+/// `CUDA_ARRAY3D_DEFERRED_MAPPING` (`cuda.h`): the array takes no memory until it is mapped.
+pub const ARRAY3D_DEFERRED_MAPPING: c_uint = 0x80;
+
 /// NVML structs both sides read or fill (`nvml.h`).
 pub mod nvml {
     use std::ffi::{c_uint, c_ulonglong};

@@ -1,7 +1,7 @@
 //! Exported wrappers of the context lifetime: creation (`cuCtxCreate_v2`, `_v3`, `_v4`,
 //! `cuDevicePrimaryCtxRetain`) counts the context's own footprint once per device, and
 //! destruction (`cuCtxDestroy_v2`, `cuDevicePrimaryCtxReset_v2`, the last
-//! `cuDevicePrimaryCtxRelease_v2`) gives back everything the context owned, as the driver frees
+//! `cuDevicePrimaryCtxRelease_v2`, and their legacy forms without `_v2`) gives back everything the context owned, as the driver frees
 //! it then.
 
 use crate::driver::cuda::{self as drv, Opaque};
@@ -118,6 +118,21 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Opaque) -> CuResult {
     r
 }
 
+/// The CUDA < 4.0 form; it destroys the context as `_v2` does.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy(ctx: Opaque) -> CuResult {
+    let f = real!(cuCtxDestroy as unsafe extern "C" fn(Opaque) -> CuResult);
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { f(ctx) };
+    if r == SUCCESS {
+        destroyed(ctx as usize);
+    }
+    r
+}
+
 /// # Safety
 /// The CUDA driver API contract of the function of the same name.
 #[no_mangle]
@@ -153,6 +168,36 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CuResult {
     let r = unsafe { f(dev) };
     if r == SUCCESS {
         primary_maybe_gone(dev, false);
+    }
+    r
+}
+
+/// The CUDA < 11.0 form; it releases as `_v2` does.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: c_int) -> CuResult {
+    let f = real!(cuDevicePrimaryCtxRelease as unsafe extern "C" fn(c_int) -> CuResult);
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { f(dev) };
+    if r == SUCCESS {
+        primary_maybe_gone(dev, false);
+    }
+    r
+}
+
+/// The CUDA < 11.0 form; it resets as `_v2` does.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: c_int) -> CuResult {
+    let f = real!(cuDevicePrimaryCtxReset as unsafe extern "C" fn(c_int) -> CuResult);
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { f(dev) };
+    if r == SUCCESS {
+        primary_maybe_gone(dev, true);
     }
     r
 }

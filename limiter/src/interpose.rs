@@ -9,7 +9,7 @@
 
 use crate::driver::{self, hook_list, real, H, SLOTS};
 use crate::sys::{self, Lib};
-use crate::{arrays, contexts, interpose, launch, memory, mempool, nvml, state};
+use crate::{arrays, contexts, interpose, launch, memory, mempool, nvml, state, vmm};
 use cuda_abi::result::SUCCESS;
 use cuda_abi::{proc_flags, CuResult, VERSIONED};
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -163,8 +163,8 @@ fn concrete(symbol: &str, version: c_int, flags: u64) -> Option<usize> {
         .filter(|(base, min, _)| *base == symbol && version >= *min)
         .map(|(_, _, name)| *name)
         .next_back();
-    // Below the first version the driver hands out the original export (intercepted only if
-    // it is in the table: the 32-bit-size legacy ones are not).
+    // Below the first version the driver hands out the original export (the legacy 32-bit
+    // forms are intercepted too).
     driver::find(newest.unwrap_or(symbol).as_bytes())
 }
 
@@ -277,7 +277,13 @@ mod tests {
     fn concrete_names() {
         let cases: &[(&str, &str, c_int, u64, Option<&str>)] = &[
             ("versioned", "cuMemAlloc", 12000, 0, Some("cuMemAlloc_v2")),
-            ("too old for _v2", "cuMemAlloc", 3000, 0, None),
+            (
+                "too old for _v2: the legacy form",
+                "cuMemAlloc",
+                3000,
+                0,
+                Some("cuMemAlloc"),
+            ),
             (
                 "per-thread stream",
                 "cuLaunchKernel",

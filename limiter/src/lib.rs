@@ -14,10 +14,11 @@
 //! Module map, each depending only on those listed after it:
 //! - the exported wrappers: [`interpose`] (wrapper table, `dlsym`, `cuGetProcAddress`), then
 //!   [`launch`] (launch and synchronise), [`mempool`] (stream-ordered allocations),
-//!   [`arrays`], [`contexts`], [`memory`] (plain allocations, memory reports), [`nvml`];
+//!   [`arrays`], [`contexts`], [`vmm`] (mappings), [`memory`] (plain allocations, memory
+//!   reports), [`nvml`];
 //! - the SM cap: [`watcher`] (refill thread) and [`sm`] (token buckets);
 //! - the accounting: [`state`] (process-wide limiter), [`pools`] (watched memory pools),
-//!   [`region`] (shared accounting file), [`limits`] (pure parsing);
+//!   [`region`] (shared accounting file), [`limits`] and [`visible`] (pure parsing);
 //! - [`driver`]: asking the real driver (entry points, queries), and [`sys`] (libc FFI).
 
 pub mod arrays;
@@ -34,6 +35,8 @@ pub mod region;
 pub mod sm;
 pub mod state;
 pub mod sys;
+pub mod visible;
+pub mod vmm;
 pub mod watcher;
 
 /// Resolves glibc's `dlsym` at load time, before any caller can reach our `dlsym`.

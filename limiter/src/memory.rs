@@ -163,6 +163,37 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> CuResult 
     counted_current(size as u64, || unsafe { f(dptr, size) }, || read_ptr(dptr))
 }
 
+/// The CUDA < 3.2 form: a 32-bit pointer and size, counted like `_v2`.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut u32, size: c_uint) -> CuResult {
+    let f = real!(cuMemAlloc as unsafe extern "C" fn(*mut u32, c_uint) -> CuResult);
+    counted_current(
+        u64::from(size),
+        // SAFETY: forwarded caller contract.
+        || unsafe { f(dptr, size) },
+        || {
+            (!dptr.is_null())
+                // SAFETY: the driver just wrote the pointer through the caller's out-pointer.
+                .then(|| unsafe { dptr.read() })
+                .map_or(0, u64::from)
+        },
+    )
+}
+
+/// The CUDA < 3.2 form of `cuMemFree_v2`.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree(ptr: u32) -> CuResult {
+    let f = real!(cuMemFree as unsafe extern "C" fn(u32) -> CuResult);
+    // SAFETY: forwarded caller contract.
+    forget(Kind::Ptr, u64::from(ptr), unsafe { f(ptr) })
+}
+
 /// Rows are charged at the pitch the driver returned, not at an assumed alignment.
 ///
 /// # Safety
@@ -258,8 +289,9 @@ pub unsafe extern "C" fn cuMemCreate(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
     let f = real!(cuMemRelease as FreeFn);
+    // The driver keeps memory that is still mapped until its last cuMemUnmap.
     // SAFETY: forwarded caller contract.
-    forget(Kind::Handle, handle, unsafe { f(handle) })
+    crate::vmm::released(handle, unsafe { f(handle) })
 }
 
 /// # Safety
@@ -294,11 +326,9 @@ fn capped_view(ord: usize, real_total: u64) -> Option<(u64, u64)> {
     let l = state::get()?;
     let limit = l.mem_limit(ord)?;
     let total = limit.min(real_total);
-    if !l.shared_ok() {
-        // Allocations are refused: report nothing free.
-        return Some((total, total));
-    }
-    let used = l.dev_entry(ord).map_or(0, |d| l.container_used(d));
+    // Allocations are refused (a shared file of another layout, a device without a UUID):
+    // report nothing free.
+    let used = l.dev_entry(ord).map_or(total, |d| l.container_used(d));
     Some((total, used))
 }
 
@@ -322,6 +352,61 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
                 *free = fr as usize;
                 *total = t as usize;
             }
+        }
+    }
+    r
+}
+
+/// The CUDA < 3.2 form: 32-bit sizes, reporting the cap like `_v2`.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CuResult {
+    let f = real!(cuMemGetInfo as unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CuResult);
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { f(free, total) };
+    if r != SUCCESS || free.is_null() || total.is_null() {
+        return r;
+    }
+    if let Some(ord) = drv::current_ordinal() {
+        // SAFETY: the driver just filled both; they are valid per the caller.
+        let (real_free, real_total) = unsafe { (u64::from(*free), u64::from(*total)) };
+        // A figure the driver clamped to 32 bits says only "at least 4 GiB".
+        let exact = |v: u64| (v < u64::from(c_uint::MAX)).then_some(v);
+        let real_total = exact(real_total).unwrap_or(u64::MAX);
+        if let Some((t, used)) = capped_view(ord, real_total) {
+            let fr = t
+                .saturating_sub(used)
+                .min(exact(real_free).unwrap_or(u64::MAX));
+            let clamp = |v: u64| c_uint::try_from(v).unwrap_or(c_uint::MAX);
+            // SAFETY: as above.
+            unsafe {
+                *free = clamp(fr);
+                *total = clamp(t);
+            }
+        }
+    }
+    r
+}
+
+/// The CUDA < 3.2 form: a 32-bit size, reporting the cap like `_v2`.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: c_int) -> CuResult {
+    let f = real!(cuDeviceTotalMem as unsafe extern "C" fn(*mut c_uint, c_int) -> CuResult);
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { f(bytes, dev) };
+    if r == SUCCESS && !bytes.is_null() {
+        let limit = usize::try_from(dev)
+            .ok()
+            .and_then(|o| state::get()?.mem_limit(o));
+        if let Some(limit) = limit {
+            let limit = c_uint::try_from(limit).unwrap_or(c_uint::MAX);
+            // SAFETY: the driver just filled it; valid per the caller.
+            unsafe { *bytes = (*bytes).min(limit) };
         }
     }
     r

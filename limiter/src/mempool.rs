@@ -16,14 +16,16 @@
 use crate::driver::cuda::{self as drv, Opaque};
 use crate::driver::real;
 use crate::memory::{self, read_ptr};
-use crate::pools::{Delta, Entry, NOT_DEVICE, POOLS};
+use crate::pools::{Delta, Entry, NOT_DEVICE, NO_REUSE, POOLS};
 use crate::state::{self, Kind, Limiter};
 use cuda_abi::pool_attr::{
-    RESERVED_MEM_CURRENT as ATTR_RESERVED_MEM_CURRENT, USED_MEM_CURRENT as ATTR_USED_MEM_CURRENT,
+    RESERVED_MEM_CURRENT as ATTR_RESERVED_MEM_CURRENT, REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+    REUSE_ALLOW_OPPORTUNISTIC, USED_MEM_CURRENT as ATTR_USED_MEM_CURRENT,
 };
 use cuda_abi::result::{OUT_OF_MEMORY, SUCCESS};
 use cuda_abi::{CuResult, MemPoolPropsHead, LOCATION_DEVICE};
 use std::cell::Cell;
+use std::ffi::{c_int, c_void};
 
 /// Applies a pool size change to the shared accounting (capped devices only).
 fn apply(l: &Limiter, ord: usize, d: Delta) {
@@ -76,10 +78,12 @@ thread_local! {
     static IN_POOL: Cell<bool> = const { Cell::new(false) };
 }
 
-/// A stream-ordered allocation from `pool` (`None`: the current device's current pool).
+/// A stream-ordered allocation on `stream` from `pool` (`None`: the current pool of the
+/// stream's device).
 fn counted_async(
     size: u64,
     pool: Option<Opaque>,
+    stream: Opaque,
     call: impl FnOnce() -> CuResult,
     key: impl FnOnce() -> u64,
 ) -> CuResult {
@@ -90,7 +94,8 @@ fn counted_async(
         return call();
     }
     let found = match pool {
-        None => drv::current_ordinal().and_then(|ord| Some((drv::current_pool(ord)?, Some(ord)))),
+        None => drv::stream_ordinal(stream as usize)
+            .and_then(|ord| Some((drv::current_pool(ord)?, Some(ord)))),
         Some(p) if p.is_null() => return call(),
         Some(p) => Some((p as usize, None)),
     };
@@ -130,8 +135,13 @@ fn counted_async(
     };
     // Whatever changed since the last reading (a trim in a synchronisation) first.
     apply(l, ord, e.set(&g, reserved));
-    // The most the pool can grow by: the request less its free reserved memory.
-    let need = size.saturating_sub(reserved.saturating_sub(used));
+    // The most the pool can grow by: the request less its free reserved memory, or all of it
+    // when memory freed on another stream may not be reused before a synchronisation.
+    let need = if NO_REUSE.contains(pool) {
+        size
+    } else {
+        size.saturating_sub(reserved.saturating_sub(used))
+    };
     let ticket = if need == 0 {
         None
     } else {
@@ -169,6 +179,7 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: Op
     counted_async(
         size as u64,
         None,
+        stream,
         || unsafe { f(dptr, size, stream) },
         || read_ptr(dptr),
     )
@@ -187,6 +198,7 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     counted_async(
         size as u64,
         None,
+        stream,
         || unsafe { f(dptr, size, stream) },
         || read_ptr(dptr),
     )
@@ -206,6 +218,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     counted_async(
         size as u64,
         Some(pool),
+        stream,
         || unsafe { f(dptr, size, pool, stream) },
         || read_ptr(dptr),
     )
@@ -225,6 +238,7 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     counted_async(
         size as u64,
         Some(pool),
+        stream,
         || unsafe { f(dptr, size, pool, stream) },
         || read_ptr(dptr),
     )
@@ -295,4 +309,34 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Opaque, keep: usize) -> CuResult 
     let f = real!(cuMemPoolTrimTo as unsafe extern "C" fn(Opaque, usize) -> CuResult);
     // SAFETY: forwarded caller contract.
     shrinking(|| unsafe { f(pool, keep) })
+}
+
+/// Records a pool's reuse attributes when they change: with opportunistic and
+/// internal-dependency reuse both off, memory freed on one stream is not reused on another
+/// before a synchronisation, so an allocation may grow the pool by all it asks.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: Opaque,
+    attr: c_int,
+    value: *mut c_void,
+) -> CuResult {
+    let f = real!(
+        cuMemPoolSetAttribute as unsafe extern "C" fn(Opaque, c_int, *mut c_void) -> CuResult
+    );
+    // SAFETY: forwarded caller contract.
+    let r = unsafe { f(pool, attr, value) };
+    if r == SUCCESS
+        && (attr == REUSE_ALLOW_OPPORTUNISTIC || attr == REUSE_ALLOW_INTERNAL_DEPENDENCIES)
+        && state::get().is_some()
+    {
+        let on = |a| drv::pool_attr_int(pool as usize, a).is_none_or(|v| v != 0);
+        NO_REUSE.set(
+            pool as usize,
+            on(REUSE_ALLOW_OPPORTUNISTIC) || on(REUSE_ALLOW_INTERNAL_DEPENDENCIES),
+        );
+    }
+    r
 }

@@ -1,6 +1,7 @@
 //! Exported NVML wrappers: `nvmlDeviceGetMemoryInfo` and `_v2` report the cap (total), the
 //! container's usage (used) and the rest (free). NVML devices are matched to CUDA ordinals by
-//! UUID only.
+//! UUID once a CUDA process of the container has recorded it, else by `CUDA_VISIBLE_DEVICES`
+//! (or the NVML index when it is unset).
 
 use crate::driver::nvml::{
     self as drv, Handle, Memory, MemoryV2, NvmlReturn, SUCCESS, UNINITIALIZED,
@@ -27,13 +28,18 @@ unsafe fn capped(h: Handle, real_total: u64) -> Option<(u64, u64)> {
             ((limit > 0).then_some(limit)?, l.container_used(e))
         }
         None => {
-            // No CUDA process of the container has used it yet: its NVML index is its CUDA
-            // ordinal only when CUDA_VISIBLE_DEVICES does not reorder devices.
-            if std::env::var_os("CUDA_VISIBLE_DEVICES").is_some() {
-                return None;
-            }
+            // No CUDA process of the container has used it yet: its CUDA ordinal is its NVML
+            // index, or its place in CUDA_VISIBLE_DEVICES.
             // SAFETY: valid per the caller.
-            let limit = l.mem_limit(unsafe { drv::index_of(h) }?)?;
+            let index = unsafe { drv::index_of(h) }?;
+            let ord = match std::env::var_os("CUDA_VISIBLE_DEVICES") {
+                Some(v) => {
+                    let name = drv::uuid_string(&uuid);
+                    crate::visible::ordinal(v.to_str()?, index, &name)?
+                }
+                None => index,
+            };
+            let limit = l.mem_limit(ord)?;
             // A shared file of another layout: allocations are refused, nothing is free.
             (limit, if l.shared_ok() { 0 } else { limit })
         }

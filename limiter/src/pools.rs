@@ -174,6 +174,43 @@ impl Pools {
     }
 }
 
+/// Pools whose memory freed on one stream is not reused on another before a synchronisation:
+/// `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC` and `…_ALLOW_INTERNAL_DEPENDENCIES` both off.
+/// Empty in the common case, so the allocation path only reads a counter.
+pub struct NoReuse {
+    count: AtomicUsize,
+    pools: Mutex<Vec<usize>>,
+}
+
+/// The process's pools without cross-stream reuse.
+pub static NO_REUSE: NoReuse = NoReuse {
+    count: AtomicUsize::new(0),
+    pools: Mutex::new(Vec::new()),
+};
+
+impl NoReuse {
+    /// Records whether `pool` reuses memory across streams.
+    pub fn set(&self, pool: usize, reuse: bool) {
+        let mut v = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        v.retain(|&p| p != pool);
+        if !reuse {
+            v.push(pool);
+        }
+        self.count.store(v.len(), Ordering::Release);
+    }
+
+    /// Whether `pool` does not reuse memory across streams.
+    #[inline]
+    pub fn contains(&self, pool: usize) -> bool {
+        self.count.load(Ordering::Acquire) != 0
+            && self
+                .pools
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&pool)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,6 +76,8 @@ pub struct Limiter {
     /// Region device entry per CUDA ordinal (`u32::MAX`: not yet known).
     ord_dev: [AtomicU32; MAX_DEVICES],
     footprint_done: [AtomicBool; MAX_DEVICES],
+    /// Whether the refusal of a device without a readable UUID was said, per CUDA ordinal.
+    unidentified_said: [AtomicBool; MAX_DEVICES],
 }
 
 static LIMITER: OnceLock<Option<Limiter>> = OnceLock::new();
@@ -196,6 +198,7 @@ fn init() -> Option<Limiter> {
         footprints: Mutex::new(Footprints::default()),
         ord_dev: [const { AtomicU32::new(u32::MAX) }; MAX_DEVICES],
         footprint_done: [const { AtomicBool::new(false) }; MAX_DEVICES],
+        unidentified_said: [const { AtomicBool::new(false) }; MAX_DEVICES],
     })
 }
 
@@ -266,7 +269,10 @@ impl Limiter {
         if !self.shared_ok() {
             return None;
         }
-        let uuid = drv::uuid(ord)?;
+        let Some(uuid) = drv::uuid(ord) else {
+            self.refuse_unidentified(ord);
+            return None;
+        };
         let e = self.region.dev_entry(
             self.region_path.as_deref(),
             &uuid,
@@ -274,6 +280,21 @@ impl Limiter {
         )?;
         self.ord_dev[ord].store(e as u32, Ordering::Release);
         Some(e)
+    }
+
+    /// CUDA ordinal `ord` has no UUID the limiter can read: its memory cannot be counted in
+    /// the container's shared file, so its allocations are refused. Said once per device.
+    #[cold]
+    fn refuse_unidentified(&self, ord: usize) {
+        let Some(said) = self.unidentified_said.get(ord) else {
+            return;
+        };
+        if self.mem_limit(ord).is_some() && !said.swap(true, Ordering::AcqRel) {
+            sys::error(&format!(
+                "cuDeviceGetUuid failed for CUDA device {ord}: its memory cannot be counted \
+                 against the container's cap; refusing device-memory allocations on it"
+            ));
+        }
     }
 
     /// Reserves `size` bytes on `ord` before the driver call. `Ok(None)`: not counted
@@ -287,7 +308,11 @@ impl Limiter {
         if !self.shared_ok() {
             return Err(());
         }
-        let (Some(dev), Some(slot)) = (self.dev_entry(ord), self.slot()) else {
+        // A device that cannot be identified fails closed (said once, on stderr).
+        let Some(dev) = self.dev_entry(ord) else {
+            return Err(());
+        };
+        let Some(slot) = self.slot() else {
             return Ok(None);
         };
         let pid = OWN_PID.load(Ordering::Relaxed);

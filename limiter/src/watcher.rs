@@ -14,6 +14,19 @@ const TICK_NS: u64 = 20_000_000;
 const MEASURE_EVERY: u32 = 5;
 const INITIAL_RATE: f64 = 1000.0;
 const MAX_RATE: f64 = 1e9;
+/// Measurements (of 100 ms) with launches but no utilisation sample after which the SM cap is
+/// given up as unmeasurable.
+const BLIND_LIMIT: u32 = 5;
+
+/// The SM cap of `ord` cannot be measured: enforce nothing rather than an arbitrary fixed
+/// launch rate, and say so once.
+fn fail_open(c: &mut Ctl, ord: usize, why: &str) {
+    sys::warn(&format!(
+        "{why} for CUDA device {ord}; its SM cap is not enforced"
+    ));
+    c.handle = None;
+    c.rate = MAX_RATE;
+}
 
 /// Starts the watcher thread of this process unless it runs already.
 pub fn start(l: &'static Limiter) {
@@ -42,6 +55,8 @@ struct Ctl {
     last_measure: u64,
     /// Integral correction on the container's measured utilisation vs the cap.
     corr: f64,
+    /// Consecutive measurements in which this process launched but NVML had no sample.
+    blind: u32,
 }
 
 fn watch(l: &'static Limiter) {
@@ -61,6 +76,7 @@ fn watch(l: &'static Limiter) {
             carry: 0.0,
             last_measure: sys::now_ns(),
             corr: 1.0,
+            blind: 0,
         })
         .collect();
     let mut last = sys::now_ns();
@@ -98,10 +114,7 @@ fn measure(l: &Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
         if c.handle.is_none() {
             // Without utilisation figures a fixed rate would be an arbitrary cap: fail open,
             // loudly.
-            sys::warn(&format!(
-                "NVML (libnvidia-ml.so.1) does not answer for CUDA device {ord}; its SM cap is not enforced"
-            ));
-            c.rate = MAX_RATE;
+            fail_open(c, ord, "NVML (libnvidia-ml.so.1) does not answer");
         }
     }
     let window = (now - c.last_measure) as f64 / 1e9;
@@ -111,8 +124,34 @@ fn measure(l: &Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
         return;
     };
     // SAFETY: `h` came from the real nvmlDeviceGetHandleByUUID.
-    let Some(samples) = (unsafe { driver::nvml::process_util(h, c.last_seen) }) else {
-        return;
+    let samples = match unsafe { driver::nvml::process_util(h, c.last_seen) } {
+        Ok(s) if !s.is_empty() => {
+            c.blind = 0;
+            s
+        }
+        Err(driver::nvml::NOT_SUPPORTED) => {
+            fail_open(
+                c,
+                ord,
+                "NVML does not report per-process utilisation (NOT_SUPPORTED, as under MIG)",
+            );
+            return;
+        }
+        // No sample (NOT_FOUND, or another error): fine while idle; launches NVML never
+        // sees mean the cap cannot be measured.
+        _ => {
+            if launched > 0 {
+                c.blind += 1;
+                if c.blind >= BLIND_LIMIT {
+                    fail_open(
+                        c,
+                        ord,
+                        "NVML reports no per-process utilisation for this process's launches",
+                    );
+                }
+            }
+            return;
+        }
     };
     if c.last_seen == 0 {
         // The first answer covers an unknown span: it only sets the timestamp baseline.

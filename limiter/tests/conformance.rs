@@ -386,3 +386,271 @@ fn a_shared_file_of_another_layout_refuses_allocations_with_a_message() {
     );
     assert_eq!(p.stderr.lines().count(), 1, "said once: {}", p.stderr);
 }
+
+// ---- Paths real frameworks use. The oracle here is what the simulated driver holds
+// underneath the limiter (`gpushare_sim_mem_used`, `gpushare_sim_mem_peak`), never what the
+// limiter itself reports. ----
+
+/// The limiter under a 1 GiB cap on two 4 GiB devices, with the simulated driver's default
+/// layout (rows padded to 512 bytes).
+fn capped(name: &str) -> Option<Scratch> {
+    let b = match common::built() {
+        Ok(b) => b,
+        Err(why) => {
+            common::skip(name, why);
+            return None;
+        }
+    };
+    let mut lim = Scratch::new(b, &format!("{name}-capped"));
+    lim.set("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .set("GPUSHARE_SIM_DEVICES", "4096,4096");
+    Some(lim)
+}
+
+fn check_rows(p: &common::Probe, rows: &[(&str, u64, &str)]) {
+    for (k, want, what) in rows {
+        assert_eq!(p.u(k), *want, "{k}: {what}; stderr {}", p.stderr);
+    }
+}
+
+#[test]
+fn the_legacy_entry_points_are_capped_credited_and_report_the_cap() {
+    let Some(lim) = capped("legacy") else {
+        return;
+    };
+    let p = lim.conform(&["legacy"]).ok();
+    eprintln!("{}", p.stdout);
+    let rows: &[(&str, u64, &str)] = &[
+        (
+            "ALLOC_OK",
+            1,
+            "600 MiB through cuMemAlloc (no _v2) fits once",
+        ),
+        ("ALLOC_HELD_MIB", 600, "and the driver holds no more"),
+        ("INFO_RC", 0, "legacy cuMemGetInfo answers"),
+        ("INFO_TOTAL", GIB, "with the cap as total"),
+        ("INFO_FREE", GIB - 600 * MIB, "and the cap's rest as free"),
+        ("TOTALMEM", GIB, "legacy cuDeviceTotalMem reports the cap"),
+        ("FREED_HELD_MIB", 0, "legacy cuMemFree freed it"),
+        ("FREED_FREE", GIB, "and the limiter gave it back"),
+        ("CTX_ALLOC_RC", 0, "900 MiB in a context"),
+        ("AFTER_DESTROY_HELD_MIB", 0, "legacy cuCtxDestroy freed it"),
+        ("AFTER_DESTROY_ALLOC_RC", 0, "so 900 MiB fit again"),
+        (
+            "AFTER_RESET_HELD_MIB",
+            0,
+            "legacy cuDevicePrimaryCtxReset freed it",
+        ),
+        ("AFTER_RESET_ALLOC_RC", 0, "so 900 MiB fit again"),
+        (
+            "AFTER_RELEASE_HELD_MIB",
+            0,
+            "legacy cuDevicePrimaryCtxRelease freed it",
+        ),
+        ("AFTER_RELEASE_ALLOC_RC", 0, "so 900 MiB fit again"),
+    ];
+    check_rows(&p, rows);
+    assert!(p.u("PEAK_MIB") <= 1024, "peak {} MiB", p.u("PEAK_MIB"));
+}
+
+#[test]
+fn a_device_whose_uuid_cannot_be_read_refuses_allocations_with_one_line() {
+    let Some(mut lim) = capped("uuid") else {
+        return;
+    };
+    lim.set("GPUSHARE_SIM_FAIL", "cuDeviceGetUuid");
+    let p = lim.conform(&["edge", "alloc", "below"]).ok();
+    assert_eq!(
+        p.u("RC"),
+        2,
+        "refused, not counted apart; stderr {}",
+        p.stderr
+    );
+    assert_eq!(p.u("FREE"), 0, "cuMemGetInfo shows nothing free");
+    let lines: Vec<&str> = p.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {}", p.stderr);
+    assert!(lines[0].contains("cuDeviceGetUuid"), "{}", p.stderr);
+}
+
+#[test]
+fn nvml_before_any_cuda_call_reports_the_cap_under_cuda_visible_devices() {
+    let Some(mut lim) = capped("nvml-visible") else {
+        return;
+    };
+    lim.unset("CUDA_DEVICE_MEMORY_LIMIT")
+        .set("CUDA_DEVICE_MEMORY_LIMIT_0", "1g");
+    let cases: &[(&str, &str, u64, u64)] = &[
+        ("index 0", "0", GIB, 4 * GIB),
+        ("index 1 is CUDA device 0", "1", 4 * GIB, GIB),
+        (
+            "a UUID",
+            "GPU-5a1e0000-0000-4000-8000-000000000001",
+            4 * GIB,
+            GIB,
+        ),
+        ("both, reordered", "1,0", 4 * GIB, GIB),
+    ];
+    for (what, visible, want0, want1) in cases {
+        lim.set("CUDA_VISIBLE_DEVICES", visible);
+        let p = lim.nvml(&["show"]).ok();
+        assert_eq!(
+            (p.u("TOTAL0"), p.u("TOTAL1")),
+            (*want0, *want1),
+            "{what}: NVML devices 0 and 1; stderr {}",
+            p.stderr
+        );
+    }
+}
+
+#[test]
+fn without_process_utilisation_the_sm_cap_warns_once_and_does_not_clamp() {
+    let Some(mut lim) = capped("sm-mig") else {
+        return;
+    };
+    lim.unset("CUDA_DEVICE_MEMORY_LIMIT")
+        .set("CUDA_DEVICE_SM_LIMIT", "30")
+        .set("GPUSHARE_SIM_DEVICES", "4096");
+    // NVML_ERROR_NOT_SUPPORTED (3) and NVML_ERROR_NOT_FOUND (6), as on MIG.
+    for code in ["3", "6"] {
+        lim.set(
+            "GPUSHARE_SIM_FAIL",
+            &format!("nvmlDeviceGetProcessUtilization={code}"),
+        );
+        let p = lim.run(&["direct", "launch", "0", "3", "kernel"]).ok();
+        let util = p.u("LAUNCHES") as f64 * common::KERNEL_US / 1e6 / p.f("ELAPSED") * 100.0;
+        eprintln!("code {code}: {} launches, {util:.1}%", p.u("LAUNCHES"));
+        let warnings: Vec<&str> = p.stderr.lines().filter(|l| l.contains("SM cap")).collect();
+        assert_eq!(warnings.len(), 1, "code {code}: one warning: {}", p.stderr);
+        assert!(
+            util > 80.0,
+            "code {code}: not clamped to a fixed launch rate: {util:.1}%"
+        );
+    }
+}
+
+#[test]
+fn arrays_are_charged_what_the_driver_lays_out() {
+    let Some(lim) = capped("arrays") else {
+        return;
+    };
+    // (kind, arrays that fit under 1 GiB, what each takes underneath in MiB, about)
+    let kinds: &[(&str, u64)] = &[
+        ("array", 3),
+        ("array3d", 3),
+        ("mipmapped", 3),
+        ("bc1", 8),
+        ("bc7", 4),
+    ];
+    for (kind, fit) in kinds {
+        let p = lim.conform(&["arrays", kind]).ok();
+        eprintln!(
+            "{kind}: {} created, {} MiB held, peak {} MiB",
+            p.u("OK"),
+            p.u("HELD_MIB"),
+            p.u("PEAK_MIB")
+        );
+        assert!(
+            p.u("PEAK_MIB") <= 1024,
+            "{kind}: the driver handed out {} MiB under a 1 GiB cap",
+            p.u("PEAK_MIB")
+        );
+        assert_eq!(
+            p.u("OK"),
+            *fit,
+            "{kind}: as many as fit; stderr {}",
+            p.stderr
+        );
+        assert_eq!(p.u("FREED_HELD_MIB"), 0, "{kind}: all destroyed");
+        assert_eq!(p.u("FREE_AFTER"), GIB, "{kind}: and all credited");
+    }
+    let p = lim.conform(&["arrays", "deferred"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        (
+            "OK",
+            3,
+            "three deferred-mapping arrays of 400 MiB of elements",
+        ),
+        ("HELD_MIB", 0, "take no memory"),
+        ("DEFERRED_ALLOC_RC", 0, "so 900 MiB still fit"),
+        ("FREE_AFTER", GIB, "and nothing stays counted"),
+    ];
+    check_rows(&p, rows);
+}
+
+#[test]
+fn vmm_memory_is_credited_only_when_released_and_unmapped() {
+    let Some(lim) = capped("vmm") else {
+        return;
+    };
+    let p = lim.conform(&["vmm"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("CREATE1_RC", 0, "600 MiB created"),
+        ("MAP1_RC", 0, "mapped"),
+        ("RELEASE1_RC", 0, "and released while mapped"),
+        ("CREATE2_RC", 2, "so another 600 MiB does not fit"),
+        ("MAPPED_HELD_MIB", 600, "the driver still holds the first"),
+        ("UNMAP1_RC", 0, "unmapped"),
+        ("UNMAPPED_HELD_MIB", 0, "the driver gave it back"),
+        ("CREATE3_RC", 0, "so 600 MiB fit again"),
+        ("MAP2A_RC", 0, "mapped twice"),
+        ("MAP2B_RC", 0, "mapped twice"),
+        ("RELEASE2_RC", 0, "released"),
+        ("UNMAP2A_RC", 0, "one mapping gone"),
+        (
+            "HALF_UNMAPPED_CREATE_RC",
+            2,
+            "the other still holds the memory",
+        ),
+        ("UNMAP2B_RC", 0, "the last mapping gone"),
+        ("ALL_UNMAPPED_CREATE_RC", 0, "and the memory is back"),
+        ("FREED_HELD_MIB", 0, "nothing held"),
+        ("FREE_AFTER", GIB, "nothing counted"),
+    ];
+    check_rows(&p, rows);
+    assert!(p.u("PEAK_MIB") <= 1024, "peak {} MiB", p.u("PEAK_MIB"));
+}
+
+#[test]
+fn stream_ordered_memory_is_charged_to_the_streams_device_and_its_real_reuse() {
+    let Some(lim) = capped("async") else {
+        return;
+    };
+    let p = lim.conform(&["async", "otherdev"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("FIRST_RC", 0, "900 MiB on a stream of device 1"),
+        ("SECOND_RC", 2, "another 900 MiB there does not fit"),
+        ("HELD1_MIB", 900, "device 1's pool holds the first"),
+        ("HELD0_MIB", 0, "device 0 holds nothing"),
+        ("AFTER_HELD1_MIB", 0, "freed and synchronised"),
+        ("AFTER_RC", 0, "so 900 MiB fit again"),
+    ];
+    check_rows(&p, rows);
+    assert!(p.u("PEAK1_MIB") <= 1024, "peak {} MiB", p.u("PEAK1_MIB"));
+
+    // Reuse attributes off: memory freed on one stream is not reused on another before a
+    // synchronisation, so the pool would grow past the cap.
+    let p = lim.conform(&["async", "reuse-off"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("FIRST_RC", 0, "900 MiB on stream 1"),
+        ("FREE_RC", 0, "freed on stream 1"),
+        (
+            "OTHER_STREAM_RC",
+            2,
+            "900 MiB on stream 2 would grow the pool",
+        ),
+        ("HELD_MIB", 900, "the pool still holds the first"),
+        ("SYNCED_HELD_MIB", 0, "released at the synchronisation"),
+        ("AFTER_SYNC_RC", 0, "so 900 MiB fit"),
+        ("FREE_AFTER", GIB, "nothing counted"),
+    ];
+    check_rows(&p, rows);
+    assert!(p.u("PEAK_MIB") <= 1024, "peak {} MiB", p.u("PEAK_MIB"));
+    // Positive control: with reuse on (the default) the same request reuses the freed memory.
+    let p = lim.conform(&["async", "reuse-on"]).ok();
+    let rows: &[(&str, u64, &str)] = &[
+        ("OTHER_STREAM_RC", 0, "reused across streams"),
+        ("HELD_MIB", 900, "without growing"),
+        ("FREE_AFTER", GIB, "nothing counted"),
+    ];
+    check_rows(&p, rows);
+}

@@ -20,7 +20,7 @@ pub struct Config {
     pub devices: Vec<u64>,
     /// `GPUSHARE_SIM_STATE`.
     pub state_dir: PathBuf,
-    /// `GPUSHARE_SIM_FAIL`: exported function names that must fail.
+    /// `GPUSHARE_SIM_FAIL`: exported function names that must fail (`name` or `name=code`).
     pub fail: Vec<String>,
     /// `GPUSHARE_SIM_KERNEL_US`: simulated GPU time per launch.
     pub kernel_ns: u64,
@@ -117,8 +117,21 @@ pub fn config() -> &'static Config {
 
 /// Whether fault injection asks `name` to fail.
 pub fn fails(name: &str) -> bool {
+    fail_code(name).is_some()
+}
+
+/// The code fault injection asks `name` to fail with: `Some(None)` for the default (999,
+/// `CUDA_ERROR_UNKNOWN`/`NVML_ERROR_UNKNOWN`), `Some(Some(code))` for an entry `name=code`.
+pub fn fail_code(name: &str) -> Option<Option<u32>> {
     let fail = &config().fail;
-    !fail.is_empty() && fail.iter().any(|f| f == name)
+    if fail.is_empty() {
+        return None;
+    }
+    fail.iter().find_map(|f| match f.split_once('=') {
+        Some((n, code)) if n.trim() == name => Some(code.trim().parse().ok()),
+        None if f == name => Some(None),
+        _ => None,
+    })
 }
 
 /// Number of simulated GPUs.

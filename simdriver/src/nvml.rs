@@ -59,8 +59,8 @@ fn initialized() -> bool {
 
 /// Common prologue: fault injection, init check, handle check.
 fn enter(name: &str, dev: Option<NvmlDevice>) -> Result<usize, NvmlReturn> {
-    if config::fails(name) {
-        return Err(UNKNOWN);
+    if let Some(code) = config::fail_code(name) {
+        return Err(code.unwrap_or(UNKNOWN));
     }
     if !initialized() {
         return Err(UNINITIALIZED);

@@ -17,6 +17,17 @@
  *   procaddr              cuGetProcAddress/_v2 for every symbol, version and flag (dladdr names)
  *   foreign LIB           dlsym through an unrelated library exporting cu* names, first
  *   rewrite               another program rewrites the shared file while allocations go on
+ *   arrays KIND           arrays of about 300 MiB with rows padded by the driver, created until
+ *                         refused: KIND array array3d mipmapped bc1 bc7 deferred
+ *   vmm                   cuMemCreate memory released while still mapped, then unmapped
+ *   async KIND            stream-ordered allocations: otherdev (on a stream of device 1 while
+ *                         device 0's context is current), reuse-off / reuse-on (900 MiB freed
+ *                         on one stream, 900 MiB asked on another before a synchronisation)
+ *   legacy                the pre-3.2/4.0/11.0 entry points (no _v2), found with dlsym and
+ *                         cuGetProcAddress: allocations, frees, reports, context destruction
+ *
+ * The probes' own oracle is what the simulated driver holds underneath the limiter
+ * (gpushare_sim_mem_used, gpushare_sim_mem_peak), not what the limiter reports.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -382,6 +393,221 @@ static int scenario_rewrite(void) {
     return 0;
 }
 
+/* ---- what the driver holds underneath ---- */
+
+static unsigned long long used_mib(int d) {
+    static unsigned long long (*used)(int);
+    if (!used) used = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "gpushare_sim_mem_used");
+    if (!used) die("the simulated driver's gpushare_sim_mem_used is missing", 0);
+    return used(d) / MIB;
+}
+
+static unsigned long long peak_mib(int d) {
+    static unsigned long long (*peak)(int);
+    if (!peak) peak = (unsigned long long (*)(int))dlsym(RTLD_DEFAULT, "gpushare_sim_mem_peak");
+    if (!peak) die("the simulated driver's gpushare_sim_mem_peak is missing", 0);
+    return peak(d) / MIB;
+}
+
+/* ---- arrays as the driver lays them out ---- */
+
+static int scenario_arrays(const char *kind) {
+    init();
+    enum { N = 10 };
+    CUarray a[N] = { 0 };
+    CUmipmappedArray m[N] = { 0 };
+    int ok = 0, tries = !strcmp(kind, "deferred") ? 3 : N;
+    for (int i = 0; i < tries; i++) {
+        CUDA_ARRAY3D_DESCRIPTOR d; memset(&d, 0, sizeof d);
+        d.Format = CU_AD_FORMAT_UNSIGNED_INT8; d.NumChannels = 1;
+        CUresult r;
+        /* Rows of 100 bytes: 600000 of them are 57 MiB of elements, 293 MiB at 512-byte rows. */
+        if (!strcmp(kind, "array")) {
+            CUDA_ARRAY_DESCRIPTOR d2 = { 100, 600000, CU_AD_FORMAT_UNSIGNED_INT8, 1 };
+            r = cuArrayCreate(&a[i], &d2);
+        } else if (!strcmp(kind, "array3d")) {
+            d.Width = 100; d.Height = 1000; d.Depth = 600;
+            r = cuArray3DCreate(&a[i], &d);
+        } else if (!strcmp(kind, "mipmapped")) {
+            d.Width = 100; d.Height = 600000;
+            r = cuMipmappedArrayCreate(&m[i], &d, 1);
+        } else if (!strcmp(kind, "bc1") || !strcmp(kind, "bc7")) {
+            /* 16384 x 16384 texels: 128 MiB in BC1 (8-byte 4x4 blocks), 256 MiB in BC7. */
+            d.Width = 16384; d.Height = 16384; d.NumChannels = 4;
+            d.Format = !strcmp(kind, "bc1") ? CU_AD_FORMAT_BC1_UNORM : CU_AD_FORMAT_BC7_UNORM;
+            r = cuArray3DCreate(&a[i], &d);
+        } else if (!strcmp(kind, "deferred")) {
+            /* 400 MiB of elements each, no memory until mapped. */
+            d.Width = 1024; d.Height = 1024; d.Depth = 400; d.Flags = CUDA_ARRAY3D_DEFERRED_MAPPING;
+            r = cuArray3DCreate(&a[i], &d);
+        } else {
+            fprintf(stderr, "conformance: unknown array kind %s\n", kind); exit(2);
+        }
+        if (r == CUDA_SUCCESS) ok++;
+        else if (r != CUDA_ERROR_OUT_OF_MEMORY) die("array create", r);
+    }
+    printf("OK=%d\nHELD_MIB=%llu\n", ok, used_mib(0));
+    if (!strcmp(kind, "deferred")) {
+        CUdeviceptr p;
+        CUresult r = cuMemAlloc(&p, 900 * MIB);
+        printf("DEFERRED_ALLOC_RC=%d\n", r);
+        if (r == CUDA_SUCCESS) cuMemFree(p);
+    }
+    for (int i = 0; i < N; i++) {
+        if (a[i]) cuArrayDestroy(a[i]);
+        if (m[i]) cuMipmappedArrayDestroy(m[i]);
+    }
+    printf("FREED_HELD_MIB=%llu\nFREE_AFTER=%zu\nPEAK_MIB=%llu\n", used_mib(0), meminfo_free(), peak_mib(0));
+    return 0;
+}
+
+/* ---- virtual memory management ---- */
+
+static int scenario_vmm(void) {
+    init();
+    CUmemAllocationProp pr = prop();
+    const size_t sz = 600 * MIB;
+    CUmemGenericAllocationHandle h1, h2, h3;
+    CUdeviceptr va1, va2;
+    int r;
+    if ((r = cuMemAddressReserve(&va1, sz, 0, 0, 0)) || (r = cuMemAddressReserve(&va2, sz, 0, 0, 0))) die("reserve", r);
+    /* Released while mapped: the memory stays until it is unmapped. */
+    printf("CREATE1_RC=%d\n", cuMemCreate(&h1, sz, &pr, 0));
+    printf("MAP1_RC=%d\n", cuMemMap(va1, sz, 0, h1, 0));
+    printf("RELEASE1_RC=%d\n", cuMemRelease(h1));
+    r = cuMemCreate(&h2, sz, &pr, 0);
+    printf("CREATE2_RC=%d\nMAPPED_HELD_MIB=%llu\n", r, used_mib(0));
+    if (r == CUDA_SUCCESS) cuMemRelease(h2);
+    printf("UNMAP1_RC=%d\n", cuMemUnmap(va1, sz));
+    printf("UNMAPPED_HELD_MIB=%llu\n", used_mib(0));
+    r = cuMemCreate(&h2, sz, &pr, 0);
+    printf("CREATE3_RC=%d\n", r);
+    /* Mapped twice: the memory goes with the last unmap. */
+    printf("MAP2A_RC=%d\n", cuMemMap(va1, sz, 0, h2, 0));
+    printf("MAP2B_RC=%d\n", cuMemMap(va2, sz, 0, h2, 0));
+    printf("RELEASE2_RC=%d\n", cuMemRelease(h2));
+    printf("UNMAP2A_RC=%d\n", cuMemUnmap(va1, sz));
+    r = cuMemCreate(&h3, sz, &pr, 0);
+    printf("HALF_UNMAPPED_CREATE_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemRelease(h3);
+    printf("UNMAP2B_RC=%d\n", cuMemUnmap(va2, sz));
+    r = cuMemCreate(&h3, sz, &pr, 0);
+    printf("ALL_UNMAPPED_CREATE_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemRelease(h3);
+    cuMemAddressFree(va1, sz);
+    cuMemAddressFree(va2, sz);
+    printf("FREED_HELD_MIB=%llu\nFREE_AFTER=%zu\nPEAK_MIB=%llu\n", used_mib(0), meminfo_free(), peak_mib(0));
+    return 0;
+}
+
+/* ---- stream-ordered allocations ---- */
+
+static int scenario_async(const char *kind) {
+    init();
+    CUdeviceptr a = 0, b = 0;
+    CUresult r;
+    if (!strcmp(kind, "otherdev")) {
+        CUcontext c1; CUstream s1;
+        if ((r = cuCtxCreate(&c1, 0, 1)) || (r = cuStreamCreate(&s1, 0)) || (r = cuCtxSetCurrent(ctx))) die("device 1", r);
+        printf("FIRST_RC=%d\n", cuMemAllocAsync(&a, 900 * MIB, s1));
+        r = cuMemAllocAsync(&b, 900 * MIB, s1);
+        printf("SECOND_RC=%d\nHELD1_MIB=%llu\nHELD0_MIB=%llu\n", r, used_mib(1), used_mib(0));
+        if (a) cuMemFreeAsync(a, s1);
+        if (b) cuMemFreeAsync(b, s1);
+        if ((r = cuCtxSetCurrent(c1)) || (r = cuCtxSynchronize())) die("sync device 1", r);
+        cuStreamDestroy(s1);
+        printf("AFTER_HELD1_MIB=%llu\n", used_mib(1));
+        r = cuMemAllocAsync(&a, 900 * MIB, NULL);
+        printf("AFTER_RC=%d\n", r);
+        printf("PEAK1_MIB=%llu\n", peak_mib(1));
+        return 0;
+    }
+    CUstream s1, s2; CUmemoryPool pool;
+    if ((r = cuStreamCreate(&s1, 0)) || (r = cuStreamCreate(&s2, 0)) || (r = cuDeviceGetDefaultMemPool(&pool, dev))) die("streams", r);
+    if (!strcmp(kind, "reuse-off")) {
+        int off = 0;
+        if ((r = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off)) ||
+            (r = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off))) die("reuse attributes", r);
+    }
+    printf("FIRST_RC=%d\n", cuMemAllocAsync(&a, 900 * MIB, s1));
+    printf("FREE_RC=%d\n", cuMemFreeAsync(a, s1));
+    r = cuMemAllocAsync(&b, 900 * MIB, s2);
+    printf("OTHER_STREAM_RC=%d\nHELD_MIB=%llu\n", r, used_mib(0));
+    if (r == CUDA_SUCCESS) cuMemFreeAsync(b, s2);
+    cuCtxSynchronize();
+    printf("SYNCED_HELD_MIB=%llu\n", used_mib(0));
+    r = cuMemAllocAsync(&b, 900 * MIB, s2);
+    printf("AFTER_SYNC_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemFreeAsync(b, s2);
+    cuCtxSynchronize();
+    printf("FREE_AFTER=%zu\nPEAK_MIB=%llu\n", meminfo_free(), peak_mib(0));
+    return 0;
+}
+
+/* ---- the legacy entry points ---- */
+
+typedef CUresult (*alloc32_t)(unsigned int *, unsigned int);
+typedef CUresult (*free32_t)(unsigned int);
+typedef CUresult (*info32_t)(unsigned int *, unsigned int *);
+typedef CUresult (*total32_t)(unsigned int *, CUdevice);
+typedef CUresult (*ctx_t)(CUcontext);
+typedef CUresult (*dev_t_)(CUdevice);
+
+static void *proc(const char *name, int version) {
+    void *p = NULL;
+    CUresult r = cuGetProcAddress(name, &p, version, CU_GET_PROC_ADDRESS_DEFAULT);
+    if (r || !p) die(name, r);
+    return p;
+}
+
+static int scenario_legacy(void) {
+    init();
+    int r;
+    void *drv = dlopen("libcuda.so.1", RTLD_NOW);
+    alloc32_t alloc_dl = (alloc32_t)dlsym(drv, "cuMemAlloc");
+    alloc32_t alloc_pa = (alloc32_t)proc("cuMemAlloc", 3000);
+    free32_t free_dl = (free32_t)dlsym(drv, "cuMemFree");
+    info32_t info_dl = (info32_t)dlsym(drv, "cuMemGetInfo");
+    total32_t total_dl = (total32_t)dlsym(drv, "cuDeviceTotalMem");
+    ctx_t destroy_dl = (ctx_t)dlsym(drv, "cuCtxDestroy");
+    dev_t_ reset_pa = (dev_t_)proc("cuDevicePrimaryCtxReset", 10000);
+    dev_t_ release_dl = (dev_t_)dlsym(drv, "cuDevicePrimaryCtxRelease");
+    if (!alloc_dl || !free_dl || !info_dl || !total_dl || !destroy_dl || !release_dl) die("legacy dlsym", 0);
+    /* Allocations: 600 MiB at a time, three times through each lookup. */
+    unsigned int p[6] = { 0 };
+    int ok = 0;
+    for (int i = 0; i < 6; i++) ok += (i < 3 ? alloc_dl : alloc_pa)(&p[i], 600 * MIB) == CUDA_SUCCESS;
+    printf("ALLOC_OK=%d\nALLOC_HELD_MIB=%llu\n", ok, used_mib(0));
+    unsigned int fr = 0, tot = 0;
+    printf("INFO_RC=%d\n", info_dl(&fr, &tot));
+    printf("INFO_TOTAL=%u\nINFO_FREE=%u\n", tot, fr);
+    printf("TOTALMEM_RC=%d\n", total_dl(&tot, dev));
+    printf("TOTALMEM=%u\n", tot);
+    for (int i = 0; i < 6; i++) if (p[i]) free_dl(p[i]);
+    printf("FREED_HELD_MIB=%llu\nFREED_FREE=%zu\n", used_mib(0), meminfo_free());
+    /* Context destruction through the legacy forms gives the memory back. */
+    CUdeviceptr a;
+    printf("CTX_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    printf("CTX_DESTROY_RC=%d\n", destroy_dl(ctx));
+    if ((r = cuCtxCreate(&ctx, 0, dev))) die("cuCtxCreate", r);
+    printf("AFTER_DESTROY_HELD_MIB=%llu\n", used_mib(0));
+    printf("AFTER_DESTROY_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    cuCtxDestroy(ctx);
+    CUcontext pc;
+    if ((r = cuDevicePrimaryCtxRetain(&pc, dev)) || (r = cuCtxSetCurrent(pc))) die("primary", r);
+    printf("PRIMARY_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    printf("RESET_RC=%d\n", reset_pa(dev));
+    if ((r = cuDevicePrimaryCtxRetain(&pc, dev)) || (r = cuCtxSetCurrent(pc))) die("primary", r);
+    printf("AFTER_RESET_HELD_MIB=%llu\n", used_mib(0));
+    printf("AFTER_RESET_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    printf("RELEASE_RC=%d\n", release_dl(dev));
+    if ((r = cuDevicePrimaryCtxRetain(&pc, dev)) || (r = cuCtxSetCurrent(pc))) die("primary", r);
+    printf("AFTER_RELEASE_HELD_MIB=%llu\n", used_mib(0));
+    printf("AFTER_RELEASE_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
+    printf("PEAK_MIB=%llu\n", peak_mib(0));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 4 && !strcmp(argv[1], "edge")) return scenario_edge(argv[2], argv[3]);
@@ -392,6 +618,10 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "procaddr")) return scenario_procaddr();
     if (argc == 3 && !strcmp(argv[1], "foreign")) return scenario_foreign(argv[2]);
     if (argc == 2 && !strcmp(argv[1], "rewrite")) return scenario_rewrite();
+    if (argc == 2 && !strcmp(argv[1], "legacy")) return scenario_legacy();
+    if (argc == 3 && !strcmp(argv[1], "arrays")) return scenario_arrays(argv[2]);
+    if (argc == 2 && !strcmp(argv[1], "vmm")) return scenario_vmm();
+    if (argc == 3 && !strcmp(argv[1], "async")) return scenario_async(argv[2]);
     fprintf(stderr, "usage: conformance edge|threads|fork|frees|contexts|procaddr|foreign|rewrite ...\n");
     return 2;
 }

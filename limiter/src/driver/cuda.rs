@@ -25,6 +25,14 @@ static MIPMAPPED_REQUIREMENTS: Extra =
     Extra::new(Lib::Cuda, c"cuMipmappedArrayGetMemoryRequirements");
 static ALLOCATION_GRANULARITY: Extra = Extra::new(Lib::Cuda, c"cuMemGetAllocationGranularity");
 static PRIMARY_CTX_GET_STATE: Extra = Extra::new(Lib::Cuda, c"cuDevicePrimaryCtxGetState");
+static DEVICE_GET_ATTRIBUTE: Extra = Extra::new(Lib::Cuda, c"cuDeviceGetAttribute");
+static STREAM_GET_CTX: Extra = Extra::new(Lib::Cuda, c"cuStreamGetCtx");
+static CTX_PUSH_CURRENT: Extra = Extra::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
+static CTX_POP_CURRENT: Extra = Extra::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
+
+/// `CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT` per CUDA ordinal (0: not asked yet).
+static PITCH_ALIGN: [AtomicU64; crate::limits::MAX_DEVICES] =
+    [const { AtomicU64::new(0) }; crate::limits::MAX_DEVICES];
 
 /// Bumped whenever a context is created or destroyed (invalidates the per-thread cache).
 static CTX_GEN: AtomicU64 = AtomicU64::new(0);
@@ -71,6 +79,57 @@ pub fn current() -> Option<(usize, usize)> {
 #[inline]
 pub fn current_ordinal() -> Option<usize> {
     current().map(|(_, o)| o)
+}
+
+/// The CUDA ordinal of the device stream `stream` belongs to: the current context's for the
+/// NULL stream and the `CU_STREAM_LEGACY`/`CU_STREAM_PER_THREAD` handles, else its context's
+/// (`cuStreamGetCtx`; a context that is not current is asked for its device by pushing it).
+pub fn stream_ordinal(stream: usize) -> Option<usize> {
+    let (cur, ord) = current()?;
+    if stream <= 2 {
+        return Some(ord);
+    }
+    let get_ctx = extra!(
+        STREAM_GET_CTX,
+        unsafe extern "C" fn(Opaque, *mut Opaque) -> CuResult
+    )?;
+    let mut ctx: Opaque = std::ptr::null_mut();
+    // SAFETY: cuStreamGetCtx(CUstream, CUcontext*) with the caller's stream and an out-pointer.
+    if unsafe { get_ctx(stream as Opaque, &mut ctx) } != SUCCESS || ctx.is_null() {
+        return None;
+    }
+    if ctx as usize == cur {
+        return Some(ord);
+    }
+    let push = extra!(CTX_PUSH_CURRENT, unsafe extern "C" fn(Opaque) -> CuResult)?;
+    let pop = extra!(
+        CTX_POP_CURRENT,
+        unsafe extern "C" fn(*mut Opaque) -> CuResult
+    )?;
+    let get_device = extra!(CTX_GET_DEVICE, unsafe extern "C" fn(*mut c_int) -> CuResult)?;
+    // SAFETY: cuCtxPushCurrent_v2 with a context the driver just named.
+    if unsafe { push(ctx) } != SUCCESS {
+        return None;
+    }
+    let mut dev: c_int = -1;
+    // SAFETY: cuCtxGetDevice(CUdevice*) with a valid out-pointer.
+    let r = unsafe { get_device(&mut dev) };
+    let mut popped: Opaque = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above (cuCtxPopCurrent_v2 with an out-pointer).
+    unsafe { pop(&mut popped) };
+    (r == SUCCESS).then(|| usize::try_from(dev).ok()).flatten()
+}
+
+/// An `int` attribute (`CU_MEMPOOL_ATTR_REUSE_*`) of memory pool `pool`.
+pub fn pool_attr_int(pool: usize, which: c_int) -> Option<c_int> {
+    let f = extra!(
+        POOL_GET_ATTRIBUTE,
+        unsafe extern "C" fn(Opaque, c_int, *mut c_void) -> CuResult
+    )?;
+    let mut v: c_int = 0;
+    // SAFETY: cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute, void*); the reuse
+    // attributes are int and `v` is a valid out-pointer.
+    (unsafe { f(pool as Opaque, which, (&mut v as *mut c_int).cast()) } == SUCCESS).then_some(v)
 }
 
 /// UUID bytes of CUDA ordinal `ord`.
@@ -149,6 +208,31 @@ pub fn array_size(handle: usize, ord: usize, mipmapped: bool) -> Option<u64> {
     // `req` is a valid out-pointer and `handle` an array the driver just created.
     let r = unsafe { f(&mut req, handle as Opaque, c_int::try_from(ord).ok()?) };
     (r == SUCCESS).then_some(req.size as u64)
+}
+
+/// `CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT` of CUDA ordinal `ord`, asked once.
+pub fn texture_pitch_alignment(ord: usize) -> Option<u64> {
+    let cached = PITCH_ALIGN.get(ord)?;
+    let v = cached.load(Ordering::Relaxed);
+    if v != 0 {
+        return Some(v);
+    }
+    let f = extra!(
+        DEVICE_GET_ATTRIBUTE,
+        unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult
+    )?;
+    let mut a: c_int = 0;
+    // SAFETY: cuDeviceGetAttribute(int*, CUdevice_attribute, CUdevice) with a valid out-pointer.
+    let r = unsafe {
+        f(
+            &mut a,
+            cuda_abi::device_attr::TEXTURE_PITCH_ALIGNMENT,
+            c_int::try_from(ord).ok()?,
+        )
+    };
+    let v = u64::try_from(a).ok().filter(|&v| r == SUCCESS && v > 0)?;
+    cached.store(v, Ordering::Relaxed);
+    Some(v)
 }
 
 /// The minimum granularity of `cuMemCreate` sizes for `prop`.

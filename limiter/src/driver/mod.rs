@@ -31,6 +31,7 @@ macro_rules! hook_list {
     ($then:ident) => {
         $then! {
             Cuda memory::cuMemAlloc_v2;
+            Cuda memory::cuMemAlloc;
             Cuda memory::cuMemAllocPitch_v2;
             Cuda memory::cuMemAllocManaged;
             Cuda mempool::cuMemAllocAsync;
@@ -39,7 +40,10 @@ macro_rules! hook_list {
             Cuda mempool::cuMemAllocFromPoolAsync_ptsz;
             Cuda memory::cuMemCreate;
             Cuda memory::cuMemRelease;
+            Cuda vmm::cuMemMap;
+            Cuda vmm::cuMemUnmap;
             Cuda memory::cuMemFree_v2;
+            Cuda memory::cuMemFree;
             Cuda memory::cuMemFreeAsync;
             Cuda memory::cuMemFreeAsync_ptsz;
             Cuda arrays::cuArrayCreate_v2;
@@ -50,19 +54,25 @@ macro_rules! hook_list {
             Cuda mempool::cuMemPoolCreate;
             Cuda mempool::cuMemPoolDestroy;
             Cuda mempool::cuMemPoolTrimTo;
+            Cuda mempool::cuMemPoolSetAttribute;
             Cuda launch::cuCtxSynchronize;
             Cuda launch::cuStreamSynchronize;
             Cuda launch::cuStreamSynchronize_ptsz;
             Cuda launch::cuEventSynchronize;
             Cuda memory::cuMemGetInfo_v2;
+            Cuda memory::cuMemGetInfo;
             Cuda memory::cuDeviceTotalMem_v2;
+            Cuda memory::cuDeviceTotalMem;
             Cuda contexts::cuCtxCreate_v2;
             Cuda contexts::cuCtxCreate_v3;
             Cuda contexts::cuCtxCreate_v4;
             Cuda contexts::cuCtxDestroy_v2;
+            Cuda contexts::cuCtxDestroy;
             Cuda contexts::cuDevicePrimaryCtxRetain;
             Cuda contexts::cuDevicePrimaryCtxRelease_v2;
             Cuda contexts::cuDevicePrimaryCtxReset_v2;
+            Cuda contexts::cuDevicePrimaryCtxRelease;
+            Cuda contexts::cuDevicePrimaryCtxReset;
             Cuda launch::cuLaunchKernel;
             Cuda launch::cuLaunchKernel_ptsz;
             Cuda launch::cuLaunchKernelEx;

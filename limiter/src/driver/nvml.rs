@@ -113,15 +113,22 @@ pub fn used_by_ordinal(ord: usize) -> Option<u64> {
     (unsafe { f(h, &mut m) } == SUCCESS).then_some(m.used)
 }
 
-/// Per-process utilisation samples newer than `last_seen`.
+/// `NVML_ERROR_NOT_SUPPORTED`.
+pub const NOT_SUPPORTED: NvmlReturn = 3;
+/// `NVML_ERROR_NOT_FOUND`: no samples since the given time stamp.
+pub const NOT_FOUND: NvmlReturn = 6;
+
+/// Per-process utilisation samples newer than `last_seen`, or NVML's error (`NOT_FOUND`: none
+/// since then; `NOT_SUPPORTED`: the device does not report it, as on MIG).
 ///
 /// # Safety
 /// `h` must be a handle the real NVML returned.
-pub unsafe fn process_util(h: Handle, last_seen: u64) -> Option<Vec<UtilSample>> {
+pub unsafe fn process_util(h: Handle, last_seen: u64) -> Result<Vec<UtilSample>, NvmlReturn> {
     let f = extra!(
         PROCESS_UTIL,
         unsafe extern "C" fn(Handle, *mut UtilSample, *mut c_uint, c_ulonglong) -> NvmlReturn
-    )?;
+    )
+    .ok_or(NOT_SUPPORTED)?;
     let mut buf = vec![UtilSample::default(); 64];
     for _ in 0..3 {
         let mut n = buf.len() as c_uint;
@@ -130,13 +137,13 @@ pub unsafe fn process_util(h: Handle, last_seen: u64) -> Option<Vec<UtilSample>>
         match r {
             SUCCESS => {
                 buf.truncate(n as usize);
-                return Some(buf);
+                return Ok(buf);
             }
             INSUFFICIENT_SIZE => buf.resize(n as usize + 16, UtilSample::default()),
-            _ => return Some(Vec::new()),
+            e => return Err(e),
         }
     }
-    None
+    Err(INSUFFICIENT_SIZE)
 }
 
 /// UUID bytes of NVML device `h`.

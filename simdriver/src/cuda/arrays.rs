@@ -1,7 +1,10 @@
 //! TEST-ONLY: simulated CUDA arrays and mipmapped arrays: creation takes device memory the
-//! way a GPU lays textures out (each row aligned to the pitch alignment, the whole array to
-//! 64 KiB), destruction and context destruction give it back, and
-//! `cu{,Mipmapped}ArrayGetMemoryRequirements` report the size really taken.
+//! way a GPU lays textures out (each row aligned to the pitch alignment, block-compressed
+//! formats in 4×4 blocks, the whole array to 64 KiB: the layout is a guess, `guesses.rs`),
+//! destruction and context destruction give it back. As `cuda.h` documents,
+//! `cu{,Mipmapped}ArrayGetMemoryRequirements` answer only for arrays created with
+//! `CUDA_ARRAY3D_DEFERRED_MAPPING` (else `CUDA_ERROR_INVALID_VALUE`), and such an array takes
+//! no memory until it is mapped (mapping is not simulated).
 
 use super::memory::{device_give, device_take, new_ptr};
 use super::{
@@ -12,19 +15,28 @@ use crate::config::config;
 use cuda_abi::{array_element_bytes, Array3dDescriptor, ArrayDescriptor, ArrayMemoryRequirements};
 use std::ffi::c_uint;
 
-/// Alignment of a whole array's memory (what `cuArrayGetMemoryRequirements` reports).
-pub const ARRAY_ALIGN: u64 = 64 << 10;
+use super::guesses::ARRAY_ALIGN;
 
-/// Bytes one level of `w × h × d` elements of `elem` bytes takes (`h`/`d` 0: 1D/2D).
-fn level_bytes(w: u64, h: u64, d: u64, elem: u64) -> Option<u64> {
+/// `CUDA_ARRAY3D_DEFERRED_MAPPING` (`cuda.h`).
+pub const DEFERRED_MAPPING: c_uint = cuda_abi::ARRAY3D_DEFERRED_MAPPING;
+
+/// Bytes one level of `w × h × d` elements of `elem` bytes takes (`h`/`d` 0: 1D/2D); a
+/// block-compressed format (`block`) stores 4×4 blocks of `elem` bytes.
+fn level_bytes(w: u64, h: u64, d: u64, elem: u64, block: bool) -> Option<u64> {
     let align = config().pitch_align;
+    let (w, h) = if block {
+        (w.div_ceil(4), h.max(1).div_ceil(4))
+    } else {
+        (w, h)
+    };
     let row = w.checked_mul(elem)?.checked_next_multiple_of(align)?;
     row.checked_mul(h.max(1))?.checked_mul(d.max(1))
 }
 
 /// Device bytes of an array (`levels` mipmap levels, each dimension halved per level).
 fn array_bytes(desc: &Array3dDescriptor, levels: u32) -> Option<u64> {
-    let elem = array_element_bytes(desc.format, desc.num_channels)?;
+    let block = cuda_abi::block_compressed_bytes(desc.format);
+    let elem = block.or_else(|| array_element_bytes(desc.format, desc.num_channels))?;
     let (w, h, d) = (desc.width as u64, desc.height as u64, desc.depth as u64);
     if w == 0 || (h == 0 && d != 0) || levels == 0 {
         return None;
@@ -36,7 +48,13 @@ fn array_bytes(desc: &Array3dDescriptor, levels: u32) -> Option<u64> {
     let mut total: u64 = 0;
     for l in 0..levels {
         let shrink = |x: u64| if x == 0 { 0 } else { (x >> l).max(1) };
-        total = total.checked_add(level_bytes(shrink(w), shrink(h), shrink(d), elem)?)?;
+        total = total.checked_add(level_bytes(
+            shrink(w),
+            shrink(h),
+            shrink(d),
+            elem,
+            block.is_some(),
+        )?)?;
     }
     total.checked_next_multiple_of(ARRAY_ALIGN)
 }
@@ -53,9 +71,12 @@ fn create(
     let (Some(desc), false) = (desc, out.is_null()) else {
         return INVALID_VALUE;
     };
-    let Some(size) = array_bytes(&desc, levels) else {
+    let Some(bytes) = array_bytes(&desc, levels) else {
         return INVALID_VALUE;
     };
+    let deferred = desc.flags & DEFERRED_MAPPING != 0;
+    // A deferred-mapping array takes its memory only when mapped.
+    let size = if deferred { 0 } else { bytes };
     tri!(device_take(dev, size));
     let h = new_ptr(size) as usize;
     with_driver(|d| {
@@ -66,6 +87,7 @@ fn create(
                 size,
                 ctx,
                 mipmapped,
+                deferred: deferred.then_some(bytes),
             },
         )
     });
@@ -160,11 +182,11 @@ fn requirements(
     let Some(a) = found.filter(|a| a.mipmapped == mipmapped) else {
         return INVALID_HANDLE;
     };
-    if a.dev != dev {
+    let Some(size) = a.deferred.filter(|_| a.dev == dev) else {
         return INVALID_VALUE;
-    }
+    };
     let req = ArrayMemoryRequirements {
-        size: a.size as usize,
+        size: size as usize,
         alignment: ARRAY_ALIGN as usize,
         reserved: [0; 4],
     };
@@ -239,6 +261,18 @@ mod tests {
                 desc(1024, 1024, 0, 0x01, 4),
                 2,
                 Some((4 << 20) + (1 << 20)),
+            ),
+            (
+                "BC1: 8-byte 4×4 blocks, rows of blocks padded",
+                desc(1024, 1024, 0, 0x91, 4),
+                1,
+                Some(2048 * 256),
+            ),
+            (
+                "BC7: 16-byte blocks",
+                desc(4096, 4, 0, 0x9d, 4),
+                1,
+                Some(16384u64.next_multiple_of(ARRAY_ALIGN)),
             ),
             ("too many levels", desc(4, 4, 0, 0x01, 1), 4, None),
             ("width 0", desc(0, 4, 0, 0x01, 1), 1, None),

@@ -98,7 +98,17 @@ pub extern "C" fn cuCtxCreate_v4(
 
 #[no_mangle]
 pub extern "C" fn cuCtxDestroy_v2(ctx: Opaque) -> CuResult {
-    tri!(enter("cuCtxDestroy_v2"));
+    destroy("cuCtxDestroy_v2", ctx)
+}
+
+/// The CUDA < 4.0 form: the same as `_v2`.
+#[no_mangle]
+pub extern "C" fn cuCtxDestroy(ctx: Opaque) -> CuResult {
+    destroy("cuCtxDestroy", ctx)
+}
+
+fn destroy(name: &str, ctx: Opaque) -> CuResult {
+    tri!(enter(name));
     let p = ctx as usize;
     let removed = with_driver(|d| {
         let is_primary = d.primary.values().any(|&(pc, _)| pc == p);
@@ -202,6 +212,7 @@ pub(super) fn sync_and_release(i: usize) {
     sync_dev(i);
     with_driver(|d| {
         for p in d.pools.values_mut().filter(|p| p.dev == i) {
+            p.synced();
             let released = p.shrink_to(p.threshold);
             device_give(p.dev, released);
         }
@@ -273,6 +284,18 @@ pub extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CuDevice) -> CuResult {
 #[no_mangle]
 pub extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CuDevice) -> CuResult {
     primary_release("cuDevicePrimaryCtxReset_v2", dev, true)
+}
+
+/// The CUDA < 11.0 form: the same as `_v2`.
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxRelease(dev: CuDevice) -> CuResult {
+    primary_release("cuDevicePrimaryCtxRelease", dev, false)
+}
+
+/// The CUDA < 11.0 form: the same as `_v2`.
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxReset(dev: CuDevice) -> CuResult {
+    primary_release("cuDevicePrimaryCtxReset", dev, true)
 }
 
 /// # Safety

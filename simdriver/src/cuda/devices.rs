@@ -119,6 +119,19 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -
     unsafe { put(bytes, config().devices[i] as usize) }
 }
 
+/// The CUDA < 3.2 form: a 32-bit size, clamped (a guess, see `guesses.rs`).
+///
+/// # Safety
+/// `bytes` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut u32, dev: CuDevice) -> CuResult {
+    tri!(enter("cuDeviceTotalMem"));
+    let i = tri!(dev_index(dev));
+    let t = u32::try_from(crate::config::config().devices[i]).unwrap_or(u32::MAX);
+    // SAFETY: forwarded caller contract (null is refused by `put`).
+    unsafe { put(bytes, t) }
+}
+
 /// # Safety
 /// `value` null or writable.
 #[no_mangle]
@@ -144,7 +157,8 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
         MAX_REGISTERS_PER_BLOCK | MAX_REGISTERS_PER_MULTIPROCESSOR => 65536,
         CLOCK_RATE => 1_980_000,
         TEXTURE_ALIGNMENT => 512,
-        TEXTURE_PITCH_ALIGNMENT => 32,
+        // The row alignment this driver really pads arrays and pitched memory to.
+        TEXTURE_PITCH_ALIGNMENT => crate::config::config().pitch_align as c_int,
         GPU_OVERLAP | CAN_MAP_HOST_MEMORY | CONCURRENT_KERNELS | ECC_ENABLED => 1,
         UNIFIED_ADDRESSING | STREAM_PRIORITIES_SUPPORTED | MANAGED_MEMORY => 1,
         CONCURRENT_MANAGED_ACCESS | COOPERATIVE_LAUNCH => 1,

@@ -50,15 +50,33 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamCreate(out: *mut Opaque, _flags: c_uint) -> CuResult {
     tri!(enter("cuStreamCreate"));
-    tri!(current_dev());
+    let (ctx, _) = tri!(super::current_ctx());
+    if out.is_null() {
+        return INVALID_VALUE;
+    }
+    let s = token();
+    super::with_driver(|d| d.streams.insert(s as usize, ctx));
     // SAFETY: forwarded caller contract.
-    unsafe { put(out, token()) }
+    unsafe { put(out, s) }
 }
 
 #[no_mangle]
-pub extern "C" fn cuStreamDestroy_v2(_s: Opaque) -> CuResult {
+pub extern "C" fn cuStreamDestroy_v2(s: Opaque) -> CuResult {
     tri!(enter("cuStreamDestroy_v2"));
-    SUCCESS
+    match super::with_driver(|d| d.streams.remove(&(s as usize))) {
+        Some(_) => SUCCESS,
+        None => INVALID_HANDLE,
+    }
+}
+
+/// # Safety
+/// `ctx` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx(s: Opaque, ctx: *mut Opaque) -> CuResult {
+    tri!(enter("cuStreamGetCtx"));
+    let (c, _) = tri!(super::stream_ctx(s));
+    // SAFETY: forwarded caller contract (null is refused by `put`).
+    unsafe { put(ctx, c as Opaque) }
 }
 
 #[no_mangle]

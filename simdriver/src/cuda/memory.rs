@@ -3,6 +3,7 @@
 //! granularity, and two test-only probes of what happened underneath an interposer
 //! (`gpushare_sim_mem_peak`, `gpushare_sim_last_free`).
 
+use super::guesses;
 use super::{
     current_ctx, dev_index, enter, put, record, with_driver, Alloc, CuDevicePtr, CuResult, Driver,
     INVALID_VALUE, NEXT_PTR, OUT_OF_MEMORY, SUCCESS,
@@ -14,7 +15,7 @@ use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Granularity of `cuMemCreate` sizes (`cuMemGetAllocationGranularity`), as on current GPUs.
-pub const GRANULARITY: u64 = 2 << 20;
+pub const GRANULARITY: u64 = guesses::VMM_GRANULARITY;
 
 fn others_used(dev: usize) -> u64 {
     let own = record(dev).map_or(0, |r| r.mem_used.load(Ordering::Relaxed));
@@ -149,6 +150,75 @@ pub extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, size: usize) -> CuResult
     alloc_current("cuMemAlloc_v2", dptr, size as u64)
 }
 
+/// Next pointer of the legacy 32-bit entry points (see `guesses.rs`).
+static NEXT_PTR32: AtomicU64 = AtomicU64::new(guesses::LEGACY_PTR_BASE);
+
+/// The CUDA < 3.2 `cuMemAlloc(CUdeviceptr_v1 *, unsigned int)`: a 32-bit pointer and size.
+///
+/// # Safety
+/// `dptr` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc(dptr: *mut u32, size: c_uint) -> CuResult {
+    tri!(enter("cuMemAlloc"));
+    let (ctx, dev) = tri!(current_ctx());
+    if dptr.is_null() || size == 0 {
+        return INVALID_VALUE;
+    }
+    let step = u64::from(size).div_ceil(512) * 512;
+    let ptr = NEXT_PTR32.fetch_add(step, Ordering::Relaxed);
+    let Ok(p32) = u32::try_from(ptr + step) else {
+        return OUT_OF_MEMORY;
+    };
+    let p32 = p32 - step as u32;
+    tri!(device_take(dev, u64::from(size)));
+    with_driver(|d| {
+        d.allocs.insert(
+            u64::from(p32),
+            Alloc {
+                dev,
+                size: u64::from(size),
+                ctx,
+            },
+        )
+    });
+    // SAFETY: checked non-null; writable per the C API contract.
+    unsafe { dptr.write(p32) };
+    SUCCESS
+}
+
+/// The CUDA < 3.2 `cuMemFree(CUdeviceptr_v1)`.
+#[no_mangle]
+pub extern "C" fn cuMemFree(ptr: u32) -> CuResult {
+    tri!(enter("cuMemFree"));
+    free_ptr(u64::from(ptr))
+}
+
+/// The CUDA < 3.2 `cuMemGetInfo(unsigned int *, unsigned int *)`: both clamped to 32 bits (a
+/// guess, see `guesses.rs`).
+///
+/// # Safety
+/// `free` and `total` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CuResult {
+    tri!(enter("cuMemGetInfo"));
+    let (mut f, mut t) = (0usize, 0usize);
+    // SAFETY: valid locals.
+    let r = unsafe { cuMemGetInfo_v2(&mut f, &mut t) };
+    if r != SUCCESS {
+        return r;
+    }
+    if free.is_null() || total.is_null() {
+        return INVALID_VALUE;
+    }
+    let clamp = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    // SAFETY: checked non-null; writable per the caller.
+    unsafe {
+        free.write(clamp(f));
+        total.write(clamp(t));
+    }
+    SUCCESS
+}
+
 /// # Safety
 /// `pitch` null or writable.
 #[no_mangle]
@@ -223,7 +293,8 @@ pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
         LAST_FREE.store(0, Ordering::Relaxed);
         return INVALID_VALUE;
     }
-    free_ptr(handle)
+    LAST_FREE.store(handle, Ordering::Relaxed);
+    super::vmm::release(handle)
 }
 
 /// # Safety
@@ -275,6 +346,17 @@ pub extern "C" fn gpushare_sim_mem_peak(dev: c_int) -> u64 {
         .ok()
         .and_then(|d| PEAK.get(d))
         .map_or(0, |p| p.load(Ordering::Relaxed))
+}
+
+/// TEST-ONLY probe (not a CUDA entry point): the device memory this process holds now on GPU
+/// `dev`, as the simulated driver counts it underneath any interposer.
+#[no_mangle]
+pub extern "C" fn gpushare_sim_mem_used(dev: c_int) -> u64 {
+    usize::try_from(dev)
+        .ok()
+        .filter(|&d| d < config::MAX_DEVICES)
+        .and_then(record)
+        .map_or(0, |r| r.mem_used.load(Ordering::Relaxed))
 }
 
 /// TEST-ONLY probe (not a CUDA entry point): the pointer or handle the last free entry point

@@ -48,6 +48,10 @@ struct Driver {
     current_pool: [usize; config::MAX_DEVICES],
     /// Live stream-ordered allocations: pointer -> (pool, bytes).
     pool_allocs: HashMap<u64, (usize, u64)>,
+    /// Address ranges and mappings of `cuMemCreate` memory.
+    vmm: vmm::Vmm,
+    /// Created streams: handle -> the context they belong to.
+    streams: HashMap<usize, usize>,
 }
 
 /// A device allocation: its GPU, size and the context that owns it (0: none, `cuMemCreate`
@@ -66,6 +70,9 @@ struct Array {
     size: u64,
     ctx: usize,
     mipmapped: bool,
+    /// For a `CUDA_ARRAY3D_DEFERRED_MAPPING` array: the bytes it needs once mapped (it holds
+    /// none until then); `None` for an ordinary array.
+    deferred: Option<u64>,
 }
 
 static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);
@@ -89,13 +96,15 @@ fn with_driver<T>(f: impl FnOnce(&mut Driver) -> T) -> T {
         default_pool: [0; config::MAX_DEVICES],
         current_pool: [0; config::MAX_DEVICES],
         pool_allocs: HashMap::new(),
+        vmm: vmm::Vmm::default(),
+        streams: HashMap::new(),
     });
     f(d)
 }
 
 fn enter(name: &str) -> Result<(), CuResult> {
-    if config::fails(name) {
-        return Err(UNKNOWN);
+    if let Some(code) = config::fail_code(name) {
+        return Err(code.unwrap_or(UNKNOWN));
     }
     if !INITIALIZED.load(Ordering::Acquire) {
         return Err(NOT_INITIALIZED);
@@ -146,6 +155,31 @@ fn current_ctx() -> Result<(usize, usize), CuResult> {
     Ok((ctx, dev))
 }
 
+/// The context and device stream `s` belongs to: the calling thread's current context for the
+/// NULL stream and the `CU_STREAM_LEGACY` (1) and `CU_STREAM_PER_THREAD` (2) handles.
+fn stream_ctx(s: Opaque) -> Result<(usize, usize), CuResult> {
+    let h = s as usize;
+    if h <= 2 {
+        return current_ctx();
+    }
+    with_driver(|d| {
+        let ctx = *d.streams.get(&h).ok_or(INVALID_HANDLE)?;
+        let dev = *d.contexts.get(&ctx).ok_or(INVALID_CONTEXT)?;
+        Ok((ctx, dev))
+    })
+}
+
+/// The key pending frees are kept under for stream `s` (the NULL, legacy and per-thread
+/// streams are one stream here).
+fn stream_key(s: Opaque) -> usize {
+    let h = s as usize;
+    if h <= 2 {
+        0
+    } else {
+        h
+    }
+}
+
 fn token() -> Opaque {
     NEXT_PTR.fetch_add(512, Ordering::Relaxed) as Opaque
 }
@@ -153,11 +187,13 @@ fn token() -> Opaque {
 mod arrays;
 mod contexts;
 mod devices;
+pub mod guesses;
 mod host;
 mod launch;
 mod memory;
 mod pools;
 mod proc_address;
+mod vmm;
 
 pub use arrays::*;
 pub use contexts::*;
@@ -167,3 +203,4 @@ pub use launch::*;
 pub use memory::*;
 pub use pools::*;
 pub use proc_address::*;
+pub use vmm::*;

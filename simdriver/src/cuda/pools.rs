@@ -3,14 +3,15 @@
 
 use super::memory::{device_give, device_take, free_ptr, new_ptr};
 use super::{
-    current_dev, dev_index, enter, put, token, with_driver, CuDevice, CuDevicePtr, CuResult,
-    Driver, Opaque, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS,
+    dev_index, enter, put, stream_ctx, stream_key, token, with_driver, CuDevice, CuDevicePtr,
+    CuResult, Driver, Opaque, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS,
 };
 use cuda_abi::{MemPoolPropsHead, ALLOCATION_PINNED, LOCATION_DEVICE};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 
 /// Granularity in which a pool's reserved memory grows and shrinks.
-pub const POOL_CHUNK: u64 = 2 << 20;
+pub const POOL_CHUNK: u64 = super::guesses::POOL_CHUNK;
 
 /// A stream-ordered memory pool: reserved device memory, part of it handed out.
 pub(super) struct Pool {
@@ -23,6 +24,12 @@ pub(super) struct Pool {
     /// `cuMemPoolDestroy` was called while allocations were outstanding: the pool goes away
     /// (and its memory back to the device) when the last one is freed.
     pub(super) destroyed: bool,
+    /// Bytes freed per stream (`stream_key`) and not yet synchronised: reused for another
+    /// stream only while `reuse_opportunistic` or `reuse_internal` is on (guesses.rs).
+    pub(super) pending: HashMap<usize, u64>,
+    pub(super) reuse_events: bool,
+    pub(super) reuse_opportunistic: bool,
+    pub(super) reuse_internal: bool,
 }
 
 impl Pool {
@@ -35,7 +42,31 @@ impl Pool {
             reserved_high: 0,
             used_high: 0,
             destroyed: false,
+            pending: HashMap::new(),
+            reuse_events: true,
+            reuse_opportunistic: true,
+            reuse_internal: true,
         }
+    }
+
+    /// Free reserved memory an allocation on `stream` may use now.
+    fn usable_by(&self, stream: usize) -> u64 {
+        let free = self.reserved - self.used;
+        if self.reuse_opportunistic || self.reuse_internal {
+            return free;
+        }
+        let others: u64 = self
+            .pending
+            .iter()
+            .filter(|(&s, _)| s != stream)
+            .map(|(_, &b)| b)
+            .sum();
+        free.saturating_sub(others)
+    }
+
+    /// A synchronisation: every free has completed.
+    pub(super) fn synced(&mut self) {
+        self.pending.clear();
     }
 
     /// Releases reserved memory above `max(used, keep)` (in whole chunks); returns the bytes
@@ -57,7 +88,7 @@ impl Pool {
 
 /// A stream-ordered allocation from `pool`: served from the pool's free reserved memory,
 /// the pool growing by whole chunks of device memory only when that is too small.
-fn pool_alloc(pool: usize, size: u64) -> Result<u64, CuResult> {
+fn pool_alloc(pool: usize, size: u64, stream: usize) -> Result<u64, CuResult> {
     if size == 0 {
         return Err(INVALID_VALUE);
     }
@@ -67,7 +98,7 @@ fn pool_alloc(pool: usize, size: u64) -> Result<u64, CuResult> {
             .get_mut(&pool)
             .filter(|p| !p.destroyed)
             .ok_or(INVALID_VALUE)?;
-        let free = p.reserved - p.used;
+        let free = p.usable_by(stream);
         if free < size {
             let grow = (size - free)
                 .checked_next_multiple_of(POOL_CHUNK)
@@ -75,6 +106,10 @@ fn pool_alloc(pool: usize, size: u64) -> Result<u64, CuResult> {
             device_take(p.dev, grow)?;
             p.reserved += grow;
             p.reserved_high = p.reserved_high.max(p.reserved);
+        }
+        // What this stream freed itself is reused first.
+        if let Some(own) = p.pending.get_mut(&stream) {
+            *own = own.saturating_sub(size);
         }
         p.used += size;
         p.used_high = p.used_high.max(p.used);
@@ -102,41 +137,43 @@ fn default_pool(d: &mut Driver, dev: usize) -> usize {
     d.default_pool[dev]
 }
 
-fn alloc_async(name: &str, dptr: *mut CuDevicePtr, size: usize, pool: Option<Opaque>) -> CuResult {
+fn alloc_async(
+    name: &str,
+    dptr: *mut CuDevicePtr,
+    size: usize,
+    pool: Option<Opaque>,
+    stream: Opaque,
+) -> CuResult {
     tri!(enter(name));
     if dptr.is_null() {
         return INVALID_VALUE;
     }
+    // The stream's device: a stream of another device than the current context's allocates
+    // from that device's pool.
+    let (_, dev) = tri!(stream_ctx(stream));
     let pool = match pool {
         Some(p) if p.is_null() => return INVALID_VALUE,
         Some(p) => p as usize,
-        None => {
-            let dev = tri!(current_dev());
-            with_driver(|d| current_pool(d, dev))
-        }
+        None => with_driver(|d| current_pool(d, dev)),
     };
-    let p = tri!(pool_alloc(pool, size as u64));
+    let p = tri!(pool_alloc(pool, size as u64, stream_key(stream)));
     // SAFETY: checked non-null; writable per the C API contract.
     unsafe { dptr.write(p) };
     SUCCESS
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemAllocAsync(
-    dptr: *mut CuDevicePtr,
-    size: usize,
-    _stream: Opaque,
-) -> CuResult {
-    alloc_async("cuMemAllocAsync", dptr, size, None)
+pub extern "C" fn cuMemAllocAsync(dptr: *mut CuDevicePtr, size: usize, stream: Opaque) -> CuResult {
+    alloc_async("cuMemAllocAsync", dptr, size, None, stream)
 }
 
 #[no_mangle]
 pub extern "C" fn cuMemAllocAsync_ptsz(
     dptr: *mut CuDevicePtr,
     size: usize,
-    _stream: Opaque,
+    stream: Opaque,
 ) -> CuResult {
-    alloc_async("cuMemAllocAsync_ptsz", dptr, size, None)
+    alloc_async("cuMemAllocAsync_ptsz", dptr, size, None, stream)
 }
 
 #[no_mangle]
@@ -144,9 +181,9 @@ pub extern "C" fn cuMemAllocFromPoolAsync(
     dptr: *mut CuDevicePtr,
     size: usize,
     pool: Opaque,
-    _stream: Opaque,
+    stream: Opaque,
 ) -> CuResult {
-    alloc_async("cuMemAllocFromPoolAsync", dptr, size, Some(pool))
+    alloc_async("cuMemAllocFromPoolAsync", dptr, size, Some(pool), stream)
 }
 
 #[no_mangle]
@@ -154,9 +191,15 @@ pub extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     dptr: *mut CuDevicePtr,
     size: usize,
     pool: Opaque,
-    _stream: Opaque,
+    stream: Opaque,
 ) -> CuResult {
-    alloc_async("cuMemAllocFromPoolAsync_ptsz", dptr, size, Some(pool))
+    alloc_async(
+        "cuMemAllocFromPoolAsync_ptsz",
+        dptr,
+        size,
+        Some(pool),
+        stream,
+    )
 }
 
 pub use cuda_abi::pool_attr;
@@ -281,10 +324,12 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
         };
         // SAFETY: non-null; the attribute's type per the caller.
         let v64 = || unsafe { value.cast::<u64>().read() };
+        // SAFETY: non-null; the reuse attributes are `int` per the caller.
+        let v32 = || unsafe { value.cast::<c_int>().read() };
         match attr {
-            REUSE_FOLLOW_EVENT_DEPENDENCIES
-            | REUSE_ALLOW_OPPORTUNISTIC
-            | REUSE_ALLOW_INTERNAL_DEPENDENCIES => {}
+            REUSE_FOLLOW_EVENT_DEPENDENCIES => p.reuse_events = v32() != 0,
+            REUSE_ALLOW_OPPORTUNISTIC => p.reuse_opportunistic = v32() != 0,
+            REUSE_ALLOW_INTERNAL_DEPENDENCIES => p.reuse_internal = v32() != 0,
             RELEASE_THRESHOLD => p.threshold = v64(),
             RESERVED_MEM_HIGH | USED_MEM_HIGH if v64() != 0 => return INVALID_VALUE,
             RESERVED_MEM_HIGH => p.reserved_high = p.reserved,
@@ -311,9 +356,9 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     let v = with_driver(|d| {
         let p = d.pools.get(&(pool as usize)).filter(|p| !p.destroyed)?;
         match attr {
-            REUSE_FOLLOW_EVENT_DEPENDENCIES
-            | REUSE_ALLOW_OPPORTUNISTIC
-            | REUSE_ALLOW_INTERNAL_DEPENDENCIES => Some(Err(1)),
+            REUSE_FOLLOW_EVENT_DEPENDENCIES => Some(Err(c_int::from(p.reuse_events))),
+            REUSE_ALLOW_OPPORTUNISTIC => Some(Err(c_int::from(p.reuse_opportunistic))),
+            REUSE_ALLOW_INTERNAL_DEPENDENCIES => Some(Err(c_int::from(p.reuse_internal))),
             RELEASE_THRESHOLD => Some(Ok(p.threshold)),
             RESERVED_MEM_CURRENT => Some(Ok(p.reserved)),
             RESERVED_MEM_HIGH => Some(Ok(p.reserved_high)),
@@ -333,14 +378,29 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
     SUCCESS
 }
 
-#[no_mangle]
-pub extern "C" fn cuMemFreeAsync(ptr: CuDevicePtr, _stream: Opaque) -> CuResult {
-    tri!(enter("cuMemFreeAsync"));
-    free_ptr(ptr)
+/// A stream-ordered free: the memory goes back to its pool, pending on `stream` until the next
+/// synchronisation.
+fn free_async(ptr: CuDevicePtr, stream: Opaque) -> CuResult {
+    let pool = with_driver(|d| d.pool_allocs.get(&ptr).copied());
+    let r = free_ptr(ptr);
+    if let (SUCCESS, Some((pool, size))) = (r, pool) {
+        with_driver(|d| {
+            if let Some(p) = d.pools.get_mut(&pool) {
+                *p.pending.entry(stream_key(stream)).or_default() += size;
+            }
+        });
+    }
+    r
 }
 
 #[no_mangle]
-pub extern "C" fn cuMemFreeAsync_ptsz(ptr: CuDevicePtr, _stream: Opaque) -> CuResult {
+pub extern "C" fn cuMemFreeAsync(ptr: CuDevicePtr, stream: Opaque) -> CuResult {
+    tri!(enter("cuMemFreeAsync"));
+    free_async(ptr, stream)
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFreeAsync_ptsz(ptr: CuDevicePtr, stream: Opaque) -> CuResult {
     tri!(enter("cuMemFreeAsync_ptsz"));
-    free_ptr(ptr)
+    free_async(ptr, stream)
 }

@@ -8,6 +8,7 @@ use super::host::*;
 use super::launch::*;
 use super::memory::*;
 use super::pools::*;
+use super::vmm::*;
 use super::{
     put, CuResult, INVALID_CONTEXT, INVALID_DEVICE, INVALID_HANDLE, INVALID_VALUE, NOT_FOUND,
     NOT_INITIALIZED, NOT_SUPPORTED, OUT_OF_MEMORY, SUCCESS, UNKNOWN,
@@ -90,6 +91,7 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuCtxCreate_v3,
         cuCtxCreate_v4,
         cuCtxDestroy_v2,
+        cuCtxDestroy,
         cuCtxGetCurrent,
         cuCtxSetCurrent,
         cuCtxPushCurrent_v2,
@@ -99,9 +101,15 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuDevicePrimaryCtxRetain,
         cuDevicePrimaryCtxRelease_v2,
         cuDevicePrimaryCtxReset_v2,
+        cuDevicePrimaryCtxRelease,
+        cuDevicePrimaryCtxReset,
         cuDevicePrimaryCtxGetState,
         cuDevicePrimaryCtxSetFlags_v2,
         cuMemAlloc_v2,
+        cuMemAlloc,
+        cuMemFree,
+        cuMemGetInfo,
+        cuDeviceTotalMem,
         cuMemAllocPitch_v2,
         cuMemAllocManaged,
         cuMemAllocAsync,
@@ -113,6 +121,11 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuMemFreeAsync_ptsz,
         cuMemCreate,
         cuMemRelease,
+        cuMemAddressReserve,
+        cuMemAddressFree,
+        cuMemMap,
+        cuMemUnmap,
+        cuMemSetAccess,
         cuMemGetInfo_v2,
         cuMemGetAllocationGranularity,
         cuArrayCreate_v2,
@@ -141,6 +154,7 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuModuleGetFunction,
         cuStreamCreate,
         cuStreamDestroy_v2,
+        cuStreamGetCtx,
         cuStreamSynchronize,
         cuStreamSynchronize_ptsz,
         cuEventCreate,

@@ -1,0 +1,40 @@
+//! TEST-ONLY: every place where the simulated driver GUESSES at what a real NVIDIA driver does,
+//! because neither `cuda.h` nor NVIDIA's documentation says. Everything else the simulated driver
+//! does follows `cuda.h`/`nvml.h` as documented. `tests/gpu/validate-limiter.sh` is the place
+//! to check these guesses on a real GPU; until it has run, they are guesses.
+//!
+//! 1. **Array layout.** A CUDA array (`cuArrayCreate_v2`, `cuArray3DCreate_v2`,
+//!    `cuMipmappedArrayCreate`) takes each row of elements padded to the pitch alignment
+//!    (`GPUSHARE_SIM_PITCH_ALIGN`, default 512 bytes, which `cuDeviceGetAttribute` reports as
+//!    `CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT`), times rows and depth, per mipmap level
+//!    (each dimension halved, at least 1), the whole rounded up to [`ARRAY_ALIGN`].
+//!    Block-compressed formats (`CU_AD_FORMAT_BC*`) store 4×4 blocks of 8 (BC1, BC4) or 16
+//!    bytes, rows of blocks padded the same way. Real GPUs use tiled (block-linear) layouts
+//!    whose size is not documented; the only documented size query,
+//!    `cuArrayGetMemoryRequirements`, answers for deferred-mapping arrays alone.
+//! 2. **Pitched memory.** `cuMemAllocPitch_v2` rounds the row up to the same pitch alignment.
+//! 3. **Legacy 32-bit entry points.** `cuMemAlloc` (no `_v2`) hands out pointers that fit in
+//!    32 bits, from [`LEGACY_PTR_BASE`] upwards, and `CUDA_ERROR_OUT_OF_MEMORY` once that range
+//!    is used up; `cuMemGetInfo` and `cuDeviceTotalMem` (no `_v2`) clamp sizes above 4 GiB to
+//!    `UINT_MAX`.
+//! 4. **Stream-ordered pools.** A pool grows in [`POOL_CHUNK`] steps; memory freed on one stream
+//!    is reused for another stream before a synchronisation only while the pool's
+//!    `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC` or `…_ALLOW_INTERNAL_DEPENDENCIES` is on (both
+//!    are on by default, as `cuda.h` says); memory freed on the same stream is always reused.
+//! 5. **Context footprint.** A context occupies `GPUSHARE_SIM_CTX_MIB` of device memory (0 by
+//!    default), once per device and process.
+//! 6. **VMM.** `cuMemCreate` memory stays taken until it is both released (`cuMemRelease`) and
+//!    unmapped (`cuMemUnmap` of every mapping), as the `cuMemRelease` documentation says; the
+//!    allocation granularity is [`VMM_GRANULARITY`].
+
+/// Alignment of a whole CUDA array's memory.
+pub const ARRAY_ALIGN: u64 = 64 << 10;
+
+/// First pointer the legacy `cuMemAlloc` hands out.
+pub const LEGACY_PTR_BASE: u64 = 0x1000_0000;
+
+/// Growth step of a memory pool.
+pub const POOL_CHUNK: u64 = 2 << 20;
+
+/// `cuMemGetAllocationGranularity` for device memory.
+pub const VMM_GRANULARITY: u64 = 2 << 20;
