@@ -37,10 +37,30 @@ fn doctor_reports_each_dependency() {
         .unwrap()
         .contains("compute mode DEFAULT"));
     assert_eq!(find("limiter")["verdict"], "ok");
-    if common::have("nvidia-cuda-mps-control") {
-        assert_eq!(find("mps control")["verdict"], "ok");
+    if common::require("doctor's mps control check", &["nvidia-cuda-mps-control"]) {
+        assert_eq!(find("mps control")["verdict"], "ok", "{text}");
         assert_eq!(out.status.code(), Some(0), "{text}");
+    } else {
+        assert_eq!(find("mps control")["verdict"], "fail", "{text}");
     }
+
+    // A control binary that is not there fails the check (the policy allows mps).
+    sb.write_config(&format!(
+        "[limit]\nlibrary = {limiter:?}\n[runtime]\nhook = {:?}\n\
+         [mps]\ncontrol = \"/nonexistent/nvidia-cuda-mps-control\"\n",
+        common::hook_bin()
+    ));
+    let out = sb.hook(&["doctor", "--json"], "");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let checks: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let mps = checks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "mps control")
+        .unwrap_or_else(|| panic!("no mps control check: {text}"));
+    assert_eq!(mps["verdict"], "fail", "{text}");
+    assert_eq!(out.status.code(), Some(1), "{text}");
 
     // A missing NVML is a failure, with exit 1, and the human form says FAIL.
     sb.write_config(&format!(

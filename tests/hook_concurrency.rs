@@ -135,7 +135,7 @@ fn assert_consistent(sb: &Sandbox, live: &[&str]) {
 
 fn killed_at(sb: &Sandbox, args: &[&str], stdin: &str, point: &str) {
     let out = sb.hook_env(args, stdin, &[("GPUSHARE_FAILPOINT", point)]);
-    assert_eq!(out.status.code(), None, "{point}: hook was not killed");
+    common::assert_killed_at(&out, point);
 }
 
 fn gc(sb: &Sandbox) {

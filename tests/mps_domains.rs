@@ -341,6 +341,9 @@ fn a_tenant_reaches_only_its_own_domain_and_drift_is_put_back() {
     assert_eq!(domain(&domains(&sb.status()), "g-a")["drift"], false);
 
     // Tenant a quits its daemon: b's keeps serving.
+    let a_pid = domain(&domains(&sb.status()), "g-a")["daemon"]["pid"]
+        .as_i64()
+        .expect("a's daemon pid");
     control(&pipe_a, "quit");
     let b_pid = domain(&domains(&sb.status()), "g-b")["daemon"]["pid"].clone();
     assert_eq!(
@@ -352,7 +355,9 @@ fn a_tenant_reaches_only_its_own_domain_and_drift_is_put_back() {
     assert_eq!(domain(&ds, "g-b")["daemon"]["answers"], true);
     assert_eq!(domain(&ds, "g-b")["daemon"]["pid"], b_pid);
     // gc brings a's daemon back for its live clients, with its limits.
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    common::wait_until(10, "domain a's daemon to exit after `quit`", || {
+        common::process_gone(a_pid)
+    });
     let out = sb.hook(&["gc"], "");
     ok(&out);
     assert!(
@@ -452,69 +457,215 @@ fn thirty_two_parallel_acquires_across_four_groups() {
     assert!(common::mounts_under(&sb.state_dir()).is_empty());
 }
 
+/// One crash case of [`sigkilled_hooks_with_domains_then_gc_match_the_live_containers`]: a
+/// container `stay` runs on GPU 0, then a `victim`'s hook is armed with `point`.
+struct Crash {
+    point: &'static str,
+    isolation: &'static str,
+    /// The GPU the victim asks for, and the compute mode that GPU has before (if not GPU 0).
+    victim_gpu: usize,
+    mode_before: u32,
+    /// Whether the victim's acquire passes `point` (false: a negative control, the hook must
+    /// finish untouched).
+    reached: bool,
+    why: &'static str,
+}
+
+const CRASHES: &[Crash] = &[
+    Crash {
+        point: "acquire-locked",
+        isolation: "gpu",
+        victim_gpu: 0,
+        mode_before: 0,
+        reached: true,
+        why: "every acquire takes the lock",
+    },
+    Crash {
+        point: "acquire-mode-recorded",
+        isolation: "gpu",
+        victim_gpu: 1,
+        mode_before: 0,
+        reached: true,
+        why: "first client of a DEFAULT GPU: EXCLUSIVE_PROCESS written ahead",
+    },
+    Crash {
+        point: "acquire-daemon-started",
+        isolation: "gpu",
+        victim_gpu: 1,
+        mode_before: 0,
+        reached: true,
+        why: "first client of a GPU starts its daemon",
+    },
+    Crash {
+        point: "acquire-saved",
+        isolation: "gpu",
+        victim_gpu: 0,
+        mode_before: 0,
+        reached: true,
+        why: "a join saves the record",
+    },
+    Crash {
+        point: "acquire-mode-recorded",
+        isolation: "gpu",
+        victim_gpu: 0,
+        mode_before: 0,
+        reached: false,
+        why: "a join of an EXCLUSIVE_PROCESS GPU changes no mode",
+    },
+    Crash {
+        point: "acquire-daemon-started",
+        isolation: "gpu",
+        victim_gpu: 0,
+        mode_before: 0,
+        reached: false,
+        why: "a join starts no daemon",
+    },
+    Crash {
+        point: "acquire-locked",
+        isolation: "group",
+        victim_gpu: 0,
+        mode_before: 0,
+        reached: true,
+        why: "every acquire takes the lock",
+    },
+    Crash {
+        point: "acquire-mode-recorded",
+        isolation: "group",
+        victim_gpu: 1,
+        mode_before: 3,
+        reached: true,
+        why: "a group domain wants DEFAULT on a GPU left in EXCLUSIVE_PROCESS",
+    },
+    Crash {
+        point: "acquire-daemon-started",
+        isolation: "group",
+        victim_gpu: 0,
+        mode_before: 0,
+        reached: true,
+        why: "a new group on a GPU starts its own daemon",
+    },
+    Crash {
+        point: "acquire-saved",
+        isolation: "group",
+        victim_gpu: 0,
+        mode_before: 0,
+        reached: true,
+        why: "a new domain is saved",
+    },
+    Crash {
+        point: "acquire-mode-recorded",
+        isolation: "group",
+        victim_gpu: 0,
+        mode_before: 0,
+        reached: false,
+        why: "the GPU is already DEFAULT",
+    },
+];
+
 #[test]
 fn sigkilled_hooks_with_domains_then_gc_match_the_live_containers() {
     if !common::require("mps domains", &["nvidia-cuda-mps-control"]) {
         return;
     }
-    let points = [
-        "acquire-locked",
-        "acquire-mode-recorded",
-        "acquire-daemon-started",
-        "acquire-saved",
-    ];
-    for point in points {
-        for isolation in ["group", "gpu"] {
-            let sb = Sandbox::with_policy(1, &format!("[mps]\nisolation = \"{isolation}\"\n"));
-            let _c = Cleanup(sb.path().to_path_buf());
-            let group = (isolation == "group").then_some("s");
-            let stay_b = sb.bundle("stay", &group_spec(group, &[]));
-            let victim_b = sb.bundle(
-                "victim",
-                &group_spec((isolation == "group").then_some("v"), &[]),
-            );
-            let stay = FakeContainer::start();
-            ok(&sb.hook(
-                &["createRuntime"],
-                &Sandbox::state_json("stay", stay.pid(), &stay_b),
-            ));
-            let mut victim = FakeContainer::start();
-            let out = sb.hook_env(
-                &["createRuntime"],
-                &Sandbox::state_json("victim", victim.pid(), &victim_b),
-                &[("GPUSHARE_FAILPOINT", point)],
-            );
-            // Some points are not reached in every case (a joiner starts no daemon).
-            victim.kill();
-            let _ = out;
-            ok(&sb.hook(&["gc"], ""));
-            let st = sb.status();
-            let ids: Vec<&str> = st["gpus"][0]["clients"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| c["id"].as_str().unwrap())
-                .collect();
-            assert_eq!(ids, ["stay"], "{point}/{isolation}: {st}");
-            let ds = domains(&st);
-            assert_eq!(ds.len(), 1, "{point}/{isolation}: one domain left: {st}");
-            assert_eq!(
-                daemons_under(&sb.state_dir()).len(),
-                1,
-                "{point}/{isolation}: one daemon per live domain"
-            );
-            assert_eq!(ds[0]["daemon"]["answers"], true, "{point}/{isolation}");
-            ok(&sb.hook(&["poststop"], &Sandbox::state_json("stay", 0, &stay_b)));
-            assert!(
-                daemons_under(&sb.state_dir()).is_empty(),
-                "{point}/{isolation}"
-            );
-            assert!(
-                sb.status()["gpus"].as_array().unwrap().is_empty(),
-                "{point}"
-            );
-            assert_eq!(sb.compute_mode(0), 0, "{point}/{isolation}: mode restored");
+    for c in CRASHES {
+        let case = format!(
+            "{}/{} on GPU {} ({})",
+            c.point, c.isolation, c.victim_gpu, c.why
+        );
+        let sb = Sandbox::with_policy(2, &format!("[mps]\nisolation = \"{}\"\n", c.isolation));
+        let _c = Cleanup(sb.path().to_path_buf());
+        if c.mode_before != 0 {
+            std::fs::write(
+                sb.sim_state()
+                    .join(format!("compute_mode.{}", c.victim_gpu)),
+                c.mode_before.to_string(),
+            )
+            .unwrap();
         }
+        assert_eq!(sb.compute_mode(c.victim_gpu), c.mode_before, "{case}");
+        let group = (c.isolation == "group").then_some("s");
+        let stay_b = sb.bundle("stay", &group_spec(group, &[]));
+        let mut victim_spec = group_spec((c.isolation == "group").then_some("v"), &[]);
+        victim_spec["process"]["env"] = json!([format!("NVIDIA_VISIBLE_DEVICES={}", c.victim_gpu)]);
+        let victim_b = sb.bundle("victim", &victim_spec);
+        let stay = FakeContainer::start();
+        ok(&sb.hook(
+            &["createRuntime"],
+            &Sandbox::state_json("stay", stay.pid(), &stay_b),
+        ));
+        let daemons_before = daemons_under(&sb.state_dir()).len();
+        let mut victim = FakeContainer::start();
+        let out = sb.hook_env(
+            &["createRuntime"],
+            &Sandbox::state_json("victim", victim.pid(), &victim_b),
+            &[("GPUSHARE_FAILPOINT", c.point)],
+        );
+        if !c.reached {
+            ok(&out);
+        } else {
+            common::assert_killed_at(&out, c.point);
+            // Where it died, as seen from outside.
+            let rec = |i: usize| -> Value {
+                let p = sb
+                    .state_dir()
+                    .join("gpus")
+                    .join(format!("{}.json", Sandbox::uuid(i)));
+                let text = std::fs::read(&p)
+                    .unwrap_or_else(|e| panic!("{case}: no record {}: {e}", p.display()));
+                serde_json::from_slice(&text).unwrap()
+            };
+            match c.point {
+                "acquire-mode-recorded" => {
+                    assert!(
+                        !rec(c.victim_gpu)["restore_compute_mode"].is_null(),
+                        "{case}: the mode to restore is saved first"
+                    );
+                    assert_eq!(
+                        sb.compute_mode(c.victim_gpu),
+                        c.mode_before,
+                        "{case}: and the mode not changed yet"
+                    );
+                }
+                "acquire-daemon-started" => assert_eq!(
+                    daemons_under(&sb.state_dir()).len(),
+                    daemons_before + 1,
+                    "{case}: the victim's daemon runs"
+                ),
+                _ => {}
+            }
+        }
+        // The runtime then fails the container: its process goes away.
+        victim.kill();
+        ok(&sb.hook(&["gc"], ""));
+        let st = sb.status();
+        let gpus = st["gpus"].as_array().unwrap();
+        assert_eq!(gpus.len(), 1, "{case}: only stay's GPU has a record: {st}");
+        let ids: Vec<&str> = gpus[0]["clients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["stay"], "{case}: {st}");
+        let ds = domains(&st);
+        assert_eq!(ds.len(), 1, "{case}: one domain left: {st}");
+        assert_eq!(
+            daemons_under(&sb.state_dir()).len(),
+            1,
+            "{case}: one daemon per live domain"
+        );
+        assert_eq!(ds[0]["daemon"]["answers"], true, "{case}");
+        if c.victim_gpu != 0 {
+            assert_eq!(
+                sb.compute_mode(c.victim_gpu),
+                c.mode_before,
+                "{case}: the victim's GPU mode restored"
+            );
+        }
+        ok(&sb.hook(&["poststop"], &Sandbox::state_json("stay", 0, &stay_b)));
+        assert!(daemons_under(&sb.state_dir()).is_empty(), "{case}");
+        assert!(sb.status()["gpus"].as_array().unwrap().is_empty(), "{case}");
+        assert_eq!(sb.compute_mode(0), 0, "{case}: mode restored");
     }
 }
 
@@ -621,7 +772,7 @@ fn sigkilled_releases_with_domains_then_gc_leave_the_other_domain_running() {
             &Sandbox::state_json("gone", 0, &gone_b),
             &[("GPUSHARE_FAILPOINT", point)],
         );
-        assert_eq!(out.status.code(), None, "{point}: killed");
+        common::assert_killed_at(&out, point);
         ok(&sb.hook(&["gc"], ""));
         let st = sb.status();
         let ds = domains(&st);

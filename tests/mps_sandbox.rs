@@ -488,18 +488,33 @@ fn linked_control_sockets_do_not_carry_gpushare_commands_to_another_daemon() {
     let victim_mem = query(&pipe(&sb, 1), "get_default_device_pinned_mem_limit 0");
     assert_eq!(victim_default, "100.0");
 
+    // Positive control: gpushare's own call reaches GPU 0's daemon through its own socket.
+    let control = Control::new("nvidia-cuda-mps-control").unwrap();
+    let limits = gpushare::vocab::Limits {
+        cores: 10,
+        memory_mib: Some(512),
+    };
+    control
+        .set_defaults(&pipe(&sb, 0), &limits)
+        .expect("set_defaults on GPU 0's own socket");
+    assert_eq!(
+        query(&pipe(&sb, 0), "get_default_active_thread_percentage"),
+        "10.0"
+    );
+
     // The tenant on GPU 0 points its control sockets at GPU 1's (absolute host paths).
     for name in ["control", "control_privileged"] {
         plant(&pipe(&sb, 0), name, &pipe(&sb, 1).join(name)).unwrap();
     }
     // gpushare's own commands to GPU 0's daemon go nowhere else.
-    let control = Control::new("nvidia-cuda-mps-control").unwrap();
-    let _ = control.set_defaults(
-        &pipe(&sb, 0),
-        &gpushare::vocab::Limits {
-            cores: 10,
-            memory_mib: Some(512),
-        },
+    // The same call now runs NVIDIA's client on the planted links: it finds no daemon behind
+    // them (in its confined view the host path they name does not exist) and fails, rather
+    // than talking to GPU 1's daemon.
+    let res = control.set_defaults(&pipe(&sb, 0), &limits);
+    let err = format!("{res:?}");
+    assert!(
+        res.is_err() && err.contains("Cannot find MPS control daemon"),
+        "the client ran on the planted socket and reached no daemon: {err}"
     );
     assert_eq!(
         query(&pipe(&sb, 1), "get_default_active_thread_percentage"),

@@ -487,11 +487,12 @@ fn a_failed_create_leaves_no_per_container_directory() {
     let t = tempfile::tempdir().unwrap();
     let next = t.path().join("fake-runc");
     let log = t.path().join("next.log");
-    // Exits with $NEXT_RC; records its blocked-signal mask; on SIGTERM records it and exits 143.
+    // Exits with $NEXT_RC; records its blocked-signal mask; on SIGTERM records it and exits 143
+    // (next.log.trap says the handler is in place).
     std::fs::write(
         &next,
         format!(
-            "#!/bin/sh\ngrep SigBlk /proc/self/status > {log}\ntrap 'echo TERM >> {log}; exit 143' TERM\n\
+            "#!/bin/sh\ngrep SigBlk /proc/self/status > {log}\ntrap 'echo TERM >> {log}; exit 143' TERM\ntouch {log}.trap\n\
              [ -n \"$NEXT_SLEEP\" ] && {{ sleep \"$NEXT_SLEEP\" & wait $!; }}\necho 'next says no' >&2\nexit $(cat {rc})\n",
             log = log.display(),
             rc = t.path().join("rc").display()
@@ -537,6 +538,8 @@ fn a_failed_create_leaves_no_per_container_directory() {
     // A signal sent to the wrapper reaches the next runtime, whose status becomes the wrapper's.
     std::fs::write(bundle.join("config.json"), limit).unwrap();
     std::fs::write(t.path().join("rc"), "0").unwrap();
+    let trap = log.with_extension("log.trap");
+    let _ = std::fs::remove_file(&trap); // left by the runs above
     let mut child = Command::new(bin("runtime"))
         .args(["create", "--bundle", b, "x9"])
         .env_clear()
@@ -550,15 +553,14 @@ fn a_failed_create_leaves_no_per_container_directory() {
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("SigBlk")) || !cdir("x9").exists()
-    {
+    while !trap.exists() || !cdir("x9").exists() {
         assert!(
             std::time::Instant::now() < deadline,
-            "next runtime did not start"
+            "timed out after 20s waiting for the next runtime to install its TERM handler ({})",
+            trap.display()
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    std::thread::sleep(std::time::Duration::from_millis(200));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

@@ -68,11 +68,17 @@ mod tests {
 
     #[test]
     fn exited_child_is_not_alive() {
-        let mut c = std::process::Command::new("true").spawn().unwrap();
-        let id = ProcId::of(c.id() as i32);
+        let mut c = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let id = ProcId::of(c.id() as i32).expect("a child not yet reaped has a /proc entry");
+        assert!(
+            id.is_alive(),
+            "positive control: the running child is alive"
+        );
+        c.kill().unwrap();
         c.wait().unwrap();
-        if let Some(id) = id {
-            assert!(!id.is_alive());
-        }
+        assert!(!id.is_alive(), "reaped");
     }
 }

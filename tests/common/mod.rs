@@ -466,3 +466,40 @@ pub fn runc(args: &[&str], cwd: &Path) -> Output {
         stderr: read(err),
     }
 }
+
+/// Asserts that the hook run `out` was SIGKILLed by failpoint `point` (`GPUSHARE_FAILPOINT`):
+/// the positive control of every crash test. The failpoint coverage test
+/// (`tests/failpoints.rs`) counts the points named next to calls of this function.
+pub fn assert_killed_at(out: &Output, point: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "{point}: the hook was not killed there (exit {:?}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Waits until `cond` holds, polling every 10 ms for up to `secs` seconds; panics with
+/// "timed out after Ns waiting for WHAT" otherwise.
+pub fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out after {secs}s waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Whether process `pid` has exited (gone, or a zombie nobody reaped yet).
+pub fn process_gone(pid: i64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        })
+        .unwrap_or(true)
+}

@@ -204,8 +204,9 @@ for p in $(pgrep -f nvidia-cuda-mps-control || true); do
 done
 [ "$n" = 1 ] || fail "expected one MPS daemon for two pods, found $n"
 ok "two mps pods, one daemon"
+released "$CA" && fail "pod mps-a's container is not a client of the GPU before its pod is removed"
 remove_pod "$PA"
-sleep 1
+wait_until 10 released "$CA" || { "$HOOK" status; fail "pod mps-a's container was not released within 10s of its pod's removal"; }
 daemon_running || fail "the daemon stopped while pod mps-b still runs"
 ok "daemon kept after the first pod was removed"
 remove_pod "$PB"

@@ -236,6 +236,10 @@ wait_until() { # seconds command...
     return 1
 }
 daemon_gone() { ! daemon_running; }
+# Whether gpushare's record no longer lists container $1 as a client of any GPU.
+released() { # container id
+    ! "$HOOK" status --json | jq -e --arg id "$1" '[.gpus[].clients[].id] | index($id)' >/dev/null
+}
 
 # Prints which engine (and version) a test runs against: `engine: NAME VERSION`.
 engine_version() { # name command...

@@ -64,15 +64,22 @@ ok "poststop removed the per-container files"
 echo "== lifecycle: the daemon outlives the first container while a second runs"
 H=(--runtime runc --hooks-dir "$T/hooks/oci")
 podman_ "${H[@]}" run -d --name "${NAME}a" $PODMAN_ULIMITS -e NVIDIA_VISIBLE_DEVICES=0 --annotation gpu.share=mps \
-    --rootfs "$T/rootfs" sh -c 'sleep 1' >/dev/null || fail "first container"
+    --rootfs "$T/rootfs" sleep 3600 >/dev/null || fail "first container"
 mark_shm_when_ready
+# The second waits for SIGUSR1 (sent once the first is gone) before it uses MPS.
 podman_ "${H[@]}" run -d --name "${NAME}b" $PODMAN_ULIMITS -e NVIDIA_VISIBLE_DEVICES=0 --annotation gpu.share=mps \
-    --rootfs "$T/rootfs" sh -c "sleep 5; $INSIDE_MPS" >/dev/null || fail "second container"
-podman_ wait "${NAME}a" >/dev/null
-podman_ rm "${NAME}a" >/dev/null
+    --rootfs "$T/rootfs" sh -c "trap 'go=1' USR1; echo waiting; while [ -z \"\$go\" ]; do sleep 0.1; done; $INSIDE_MPS" >/dev/null ||
+    fail "second container"
+b_waits() { podman_ logs "${NAME}b" 2>&1 | has -qx waiting; }
+wait_until 20 b_waits || fail "the second container did not reach its wait within 20s"
+A_ID=$(podman_ inspect -f '{{.Id}}' "${NAME}a")
+released "$A_ID" && fail "the first container is not a client of the GPU"
+podman_ rm -f -t 0 "${NAME}a" >/dev/null
+wait_until 10 released "$A_ID" || { "$HOOK" status; fail "the first container was not released within 10s of its removal"; }
 [ "$(podman_ inspect -f '{{.State.Running}}' "${NAME}b")" = true ] || fail "second container is not running"
 daemon_running || fail "daemon stopped although the second container still runs"
 ok "daemon still running after the first container ended, while the second runs"
+podman_ kill --signal USR1 "${NAME}b" >/dev/null
 podman_ wait "${NAME}b" >/dev/null
 podman_ logs "${NAME}b" >"$T/out6" 2>&1
 check_mps_output "$T/out6" no
