@@ -102,3 +102,13 @@ fn kubernetes_installer_image_podman_build_offline() {
 fn cri_containerd_2_debian_unstable_config_v3() {
     run_script_with("cri.sh", &[("CRI_CONTAINERD", "sid")]);
 }
+
+#[test]
+fn old_glibc_and_minimal_images_under_limit_runc() {
+    run_script_with("oldglibc.sh", &[("ENGINE", "runc")]);
+}
+
+#[test]
+fn old_glibc_and_minimal_images_under_limit_podman() {
+    run_script_with("oldglibc.sh", &[("ENGINE", "podman")]);
+}
