@@ -106,6 +106,16 @@ mkdir -p "$T/b4/rootfs/lib/x86_64-linux-musl"
 cp -a "$BULLSEYE/lib/x86_64-linux-musl/." "$T/b4/rootfs/lib/x86_64-linux-musl/"
 cp /bin/busybox "$T/b4/rootfs/bin/busybox"
 ln -sf busybox "$T/b4/rootfs/bin/sh"
+# Why musl is refused: musl's loader honours LD_PRELOAD (which limit mode sets) and then fails
+# every dynamic program on the glibc limiter. Shown with a dynamic musl program, by chroot.
+printf '#include <stdio.h>\nint main(void){puts("musl:ran");return 0;}\n' >"$T/m.c"
+GS_ZIG_TARGET=x86_64-linux-musl "$LINK" -dynamic -o "$T/b4/rootfs/bin/mhello" "$T/m.c" 2>"$T/mcc.err" || { cat "$T/mcc.err"; fail "cannot build a musl program"; }
+cp "$GS_LIMITER" "$T/b4/rootfs/lim.so"
+[ "$(chroot "$T/b4/rootfs" /bin/mhello)" = musl:ran ] || fail "the musl program does not run in its rootfs"
+if env LD_PRELOAD=/lim.so chroot "$T/b4/rootfs" /bin/mhello >"$T/m.out" 2>&1; then fail "musl ran with the limiter preloaded"; fi
+grep -q 'Error relocating /lim.so' "$T/m.out" || { cat "$T/m.out"; fail "unexpected musl failure"; }
+ok "musl without gpushare's check: every dynamic program fails ($(grep -m1 'Error relocating' "$T/m.out"))"
+rm "$T/b4/rootfs/lim.so"
 if run_limit "$T/b4" "${NAME}old4" busybox echo ran; then fail "musl: the container ran"; fi
 check_refused "$T/b4" "${NAME}old4" "musl" "C library is musl"
 echo "PASS"
