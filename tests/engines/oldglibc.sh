@@ -86,6 +86,14 @@ old_rootfs "$T/b1/rootfs"
 run_limit "$T/b1" "${NAME}old1" sh -c "$INSIDE" || true
 check_capped "$T/b1" "glibc 2.31"
 
+echo "== the node binaries on Debian 11's userland (glibc 2.31, chroot)"
+cp "$GS_HOOK" "$GS_RUNTIME" "$T/b1/rootfs/bin/"
+chroot "$T/b1/rootfs" /bin/gpushare-hook --version >"$T/v.out" 2>&1 || { cat "$T/v.out"; fail "gpushare-hook does not run on glibc 2.31"; }
+grep -q '^gpushare-hook ' "$T/v.out" || { cat "$T/v.out"; fail "gpushare-hook --version"; }
+chroot "$T/b1/rootfs" /bin/gpushare-runtime --version >"$T/v.out" 2>&1 || true
+grep -q '^gpushare-runtime version ' "$T/v.out" || { cat "$T/v.out"; fail "gpushare-runtime does not run on glibc 2.31"; }
+ok "gpushare-hook and gpushare-runtime run on glibc 2.31: $(head -1 "$T/v.out")"
+
 echo "== Debian 11 (glibc 2.31) without libgcc_s, limit"
 old_rootfs "$T/b2/rootfs"
 rm -f "$T/b2/rootfs/lib/x86_64-linux-gnu/libgcc_s.so.1"
