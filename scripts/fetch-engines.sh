@@ -37,7 +37,8 @@ fetch() { # suite packages...
     mkdir -p "$D.tmp/lists/partial" "$D.tmp/debs" "$D.tmp/root"
     echo "deb $mirror $suite main" >"$D.tmp/sources.list"
     local O=(-o "Dir::Etc::SourceList=$D.tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
-        -o "Dir::State::Lists=$D.tmp/lists" -o Dir::Cache=/nonexistent -o APT::Sandbox::User=root)
+        -o "Dir::State::Lists=$D.tmp/lists" -o Dir::Cache=/nonexistent -o APT::Sandbox::User=root
+        -o Dir::State::status=/dev/null) # candidates from $suite alone, not the machine's installed versions
     echo "fetch-engines: $suite package lists from $mirror"
     apt-get "${O[@]}" -qq update
     (cd "$D.tmp/debs" && apt-get "${O[@]}" -qq download "$@")
@@ -56,3 +57,6 @@ fetch() { # suite packages...
 fetch trixie containerd docker.io docker-cli golang-github-kubernetes-cri-api-dev
 # Debian unstable: containerd 2.x (config version 3).
 fetch sid containerd
+# Debian 11 "bullseye" userland (glibc 2.31, as Ubuntu 20.04): the old-glibc rootfs of
+# tests/engines/oldglibc.sh; musl (its loader) for the musl image there.
+fetch bullseye libc6 libgcc-s1 busybox musl

@@ -49,13 +49,33 @@ extras() {
     fi
 }
 
+# The linker of every build (.cargo/config.toml, scripts/link-glibc2.17): zig from PyPI's
+# `ziglang` in a venv under $GS_ZIG (default /var/cache/gpushare-zig), and cargo-zigbuild (its
+# `zig cc` wrapper) from crates.io, so that what is built needs only glibc 2.17.
+ZIGDIR=${GS_ZIG:-/var/cache/gpushare-zig}
+zig_tools() {
+    if [ -x "$ZIGDIR/venv/bin/zig" ] && "$ZIGDIR/venv/bin/zig" version >/dev/null 2>&1; then
+        echo "install-deps: $ZIGDIR/venv has zig $("$ZIGDIR/venv/bin/zig" version)"
+    else
+        echo "install-deps: $ZIGDIR/venv: installing ziglang"
+        rm -rf "$ZIGDIR/venv"
+        mkdir -p "$ZIGDIR"
+        /usr/bin/python3 -m venv "$ZIGDIR/venv"
+        "$ZIGDIR/venv/bin/pip" install -q --disable-pip-version-check ziglang
+        local py
+        py=$(ls -d "$ZIGDIR"/venv/lib/python3*/site-packages/ziglang | head -1)
+        ln -sfn "$py/zig" "$ZIGDIR/venv/bin/zig"
+    fi
+}
+
 # The package builders, from crates.io, when missing (the package test builds the .deb and .rpm).
 cargo_tools() {
     local tool
-    for tool in cargo-deb cargo-generate-rpm; do
+    for tool in cargo-zigbuild cargo-deb cargo-generate-rpm; do
         if ! command -v "$tool" >/dev/null 2>&1 && ! [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/$tool" ]; then
             echo "install-deps: cargo install --locked $tool"
-            cargo install --locked --quiet "$tool"
+            # From /, so that this repository's linker (which needs cargo-zigbuild) is not used.
+            (cd / && cargo install --locked --quiet "$tool")
         fi
     done
 }
@@ -63,6 +83,7 @@ cargo_tools() {
 if [ ${#need[@]} -eq 0 ]; then
     echo "install-deps: every package present"
     cargo_tools
+    if [ "$(id -u)" -eq 0 ] || [ -w "$(dirname "$ZIGDIR")" ]; then zig_tools; fi
     if [ "$(id -u)" -eq 0 ]; then extras; fi
     exit 0
 fi
@@ -91,4 +112,5 @@ apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 extras
 cargo_tools
+zig_tools
 echo "install-deps: done"

@@ -104,15 +104,18 @@ fn private_mount_namespace() -> nix::Result<()> {
 pub fn is_mount_root(path: &CStr) -> Option<bool> {
     // SAFETY: an all-zero `statx` is a valid value of this plain C struct.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // The raw system call, not glibc's `statx` wrapper (glibc 2.28): the binaries are built
+    // for glibc 2.17 (.cargo/config.toml).
     // SAFETY: `path` is a valid C string and `stx` a writable buffer of the right type, both
-    // living across the call.
+    // living across the call; the arguments are those of statx(2).
     let r = unsafe {
-        libc::statx(
+        libc::syscall(
+            libc::SYS_statx,
             libc::AT_FDCWD,
             path.as_ptr(),
             libc::AT_SYMLINK_NOFOLLOW,
-            0,
-            &mut stx,
+            0u32,
+            &mut stx as *mut libc::statx,
         )
     };
     let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;

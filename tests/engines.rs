@@ -127,3 +127,13 @@ fn containerd_1_7_configure_on_stock_kubeadm_and_empty_files() {
 fn containerd_2_configure_on_v3_stock_and_missing_files() {
     run_script_with("containerd_configs.sh", &[("CRI_CONTAINERD", "sid")]);
 }
+
+#[test]
+fn old_glibc_and_minimal_images_under_limit_runc() {
+    run_script_with("oldglibc.sh", &[("ENGINE", "runc")]);
+}
+
+#[test]
+fn old_glibc_and_minimal_images_under_limit_podman() {
+    run_script_with("oldglibc.sh", &[("ENGINE", "podman")]);
+}

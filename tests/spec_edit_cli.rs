@@ -2,6 +2,8 @@
 //! on stdin, config on stdout) and `gpushare-runtime` on a bundle with `[runtime] next` pointing
 //! at a stand-in that records its argv.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -222,6 +224,7 @@ fn runtime_wrapper_edits_the_bundle_and_execs_next_with_argv_unchanged() {
     let w = World::new(next.to_str().unwrap());
     let bundle = w.path().join("bundle");
     std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    common::glibc_rootfs(&bundle.join("rootfs"));
     let limit = r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0","LD_PRELOAD=/mine.so"]},"root":{"path":"rootfs"},"annotations":{"gpu.share":"limit","gpu.share.memory":"2Gi"}}"#;
     std::fs::write(bundle.join("config.json"), limit).unwrap();
     let b = bundle.to_str().unwrap();
@@ -438,6 +441,7 @@ fn every_entry_point_reads_a_config_as_runc_does() {
     ];
     let bundle = w.path().join("bundle");
     std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    common::glibc_rootfs(&bundle.join("rootfs"));
     let b = bundle.to_str().unwrap();
     for (i, (what, config, want)) in rows.into_iter().enumerate() {
         let config = config.replace(r#""process":"#, r#""root":{"path":"rootfs"},"process":"#);
@@ -503,6 +507,7 @@ fn a_failed_create_leaves_no_per_container_directory() {
     let w = World::new(next.to_str().unwrap());
     let bundle = w.path().join("bundle");
     std::fs::create_dir_all(bundle.join("rootfs")).unwrap();
+    common::glibc_rootfs(&bundle.join("rootfs"));
     let limit = r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"root":{"path":"rootfs"},"annotations":{"gpu.share":"limit","gpu.share.memory":"2Gi"}}"#;
     let b = bundle.to_str().unwrap();
     let cdir = |id: &str| w.path().join("state/containers").join(id);

@@ -231,6 +231,7 @@ impl Sandbox {
     pub fn bundle(&self, name: &str, spec: &Value) -> PathBuf {
         let b = self.path().join("bundles").join(name);
         std::fs::create_dir_all(b.join("rootfs/tmp")).unwrap();
+        glibc_rootfs(&b.join("rootfs"));
         std::fs::write(
             b.join("config.json"),
             serde_json::to_vec_pretty(spec).unwrap(),
@@ -402,8 +403,25 @@ impl Drop for Cleanup {
     }
 }
 
-/// Makes a busybox rootfs at `dir` (static busybox with a few applet links).
+/// Gives the rootfs `dir` a C library: copies of this machine's glibc loader and `libc.so.6`,
+/// where images keep them, so that `limit` mode's check of the image's libc finds glibc.
+pub fn glibc_rootfs(dir: &Path) {
+    for (host, inside) in [
+        ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
+        (
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            "lib/x86_64-linux-gnu/libc.so.6",
+        ),
+    ] {
+        let to = dir.join(inside);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(host, &to).unwrap_or_else(|e| panic!("copy {host}: {e}"));
+    }
+}
+
+/// Makes a busybox rootfs at `dir` (static busybox with a few applet links, and glibc).
 pub fn busybox_rootfs(dir: &Path) {
+    glibc_rootfs(dir);
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     for d in ["tmp", "dev", "proc", "sys", "etc", "usr/local"] {

@@ -30,6 +30,8 @@ DEB=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/deb/build.sh" 2>"$T/deb-buil
 [ -f "$DEB" ] || fail "no .deb built ($DEB)"
 ok "built $DEB"
 dpkg-deb -f "$DEB" Package Depends
+[ "$(dpkg-deb -f "$DEB" Depends)" = "libc6 (>= 2.17)" ] || fail "the .deb does not state glibc 2.17 as its minimum"
+ok "the .deb states its minimum glibc: libc6 (>= 2.17)"
 dpkg-deb --ctrl-tarfile "$DEB" | tar -xO ./conffiles >"$T/conffiles"
 for f in /etc/gpushare/config.toml /etc/containers/containers.conf.d/50-gpushare.conf /etc/logrotate.d/gpushare; do
     grep -qx "$f" "$T/conffiles" || { cat "$T/conffiles"; fail "$f is not a conffile"; }
@@ -144,6 +146,8 @@ echo "== the rpm"
 RPM=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/rpm/build.sh" 2>"$T/rpm-build.log" | tail -1) || { cat "$T/rpm-build.log"; fail "rpm build"; }
 [ -f "$RPM" ] || fail "no .rpm built"
 rpm -qlp "$RPM" 2>/dev/null | sort >"$T/rpm.list"
+rpm -qpR "$RPM" 2>/dev/null | has -x 'glibc >= 2.17' || { rpm -qpR "$RPM"; fail "the .rpm does not require glibc >= 2.17"; }
+ok "the .rpm states its minimum glibc: glibc >= 2.17"
 cat >"$T/rpm.want" <<LIST
 /etc/containers/containers.conf.d/50-gpushare.conf
 /etc/containers/oci/hooks.d-podman/gpushare-precreate.json

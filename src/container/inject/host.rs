@@ -53,6 +53,10 @@ pub fn prepare_host(
             if !cfg.limit.library.is_file() {
                 return Err(InjectError::NoLimiter(cfg.limit.library.clone()));
             }
+            // An image the limiter cannot load into is refused before anything is written.
+            if let Some(r) = rootfs {
+                super::libc::check(r)?;
+            }
             let image = match rootfs {
                 Some(r) => rootfs::read_image_file(r, PRELOAD_IN_CONTAINER).map_err(|source| {
                     InjectError::Image {

@@ -9,6 +9,7 @@
 
 pub mod created;
 pub mod host;
+pub mod libc;
 pub mod rootfs;
 
 pub use host::{preload_text, prepare_host, remove_container_files};
@@ -82,6 +83,8 @@ pub enum InjectError {
         #[source]
         source: Errno,
     },
+    #[error(transparent)]
+    Libc(#[from] libc::LibcError),
     #[error("the helper that mounts into the container failed ({0})")]
     Child(String),
 }

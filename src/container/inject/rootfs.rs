@@ -169,14 +169,20 @@ pub fn open_root(path: &CStr) -> nix::Result<OwnedFd> {
 /// # Errors
 /// An I/O error naming what was wrong.
 pub fn read_image_file(rootfs: &Path, path: &str) -> std::io::Result<Option<Vec<u8>>> {
-    use std::os::unix::ffi::OsStrExt;
-    let root_c = CString::new(rootfs.as_os_str().as_bytes())?;
-    let root = open_root(&root_c)?;
-    let rel = CString::new(path.trim_start_matches('/'))?;
-    let fd = match open_in_root(&root, &rel, OFlag::empty()) {
-        Ok(fd) => fd,
-        Err(Errno::ENOENT) => return Ok(None),
-        Err(e) => return Err(e.into()),
+    read_image_file_max(rootfs, path, MAX_IMAGE_FILE)
+}
+
+/// [`read_image_file`] with another size cap (`max` bytes).
+///
+/// # Errors
+/// An I/O error naming what was wrong.
+pub fn read_image_file_max(
+    rootfs: &Path,
+    path: &str,
+    max: u64,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let Some(fd) = open_image_path(rootfs, path)? else {
+        return Ok(None);
     };
     if !kind_ok(&fd, Kind::File)? {
         return Err(std::io::Error::new(
@@ -185,9 +191,40 @@ pub fn read_image_file(rootfs: &Path, path: &str) -> std::io::Result<Option<Vec<
         ));
     }
     let f = std::fs::File::open(format!("/proc/self/fd/{}", fd.as_fd().as_raw_fd()))?;
-    crate::vocab::read_capped(f, MAX_IMAGE_FILE)?
-        .map(Some)
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "larger than 64 KiB"))
+    crate::vocab::read_capped(f, max)?.map(Some).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes"),
+        )
+    })
+}
+
+/// Whether `path` is a regular file of the image (resolved inside the root; a missing path or
+/// one that is a directory or device is `false`).
+///
+/// # Errors
+/// An I/O error other than a missing path.
+pub fn image_file_exists(rootfs: &Path, path: &str) -> std::io::Result<bool> {
+    match open_image_path(rootfs, path) {
+        Ok(Some(fd)) => Ok(kind_ok(&fd, Kind::File)?),
+        Ok(None) => Ok(false),
+        // A file on a directory's place along the path (`/lib64` a file): not there either.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// `O_PATH` descriptor of `path` resolved inside the root `rootfs`; `None` when missing.
+fn open_image_path(rootfs: &Path, path: &str) -> std::io::Result<Option<OwnedFd>> {
+    use std::os::unix::ffi::OsStrExt;
+    let root_c = CString::new(rootfs.as_os_str().as_bytes())?;
+    let root = open_root(&root_c)?;
+    let rel = CString::new(path.trim_start_matches('/'))?;
+    match open_in_root(&root, &rel, OFlag::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]
