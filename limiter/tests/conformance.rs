@@ -654,3 +654,44 @@ fn stream_ordered_memory_is_charged_to_the_streams_device_and_its_real_reuse() {
     ];
     check_rows(&p, rows);
 }
+
+#[test]
+fn graph_memory_is_charged_at_launch_and_credited_at_trim() {
+    let Some(lim) = capped("graph") else {
+        return;
+    };
+    for kind in ["nodes", "capture"] {
+        let p = lim.conform(&["graph", kind]).ok();
+        let rows: &[(&str, u64, &str)] = &[
+            ("LAUNCH_RC", 0, "a graph allocating 900 MiB launches"),
+            ("LAUNCHED_HELD_MIB", 900, "the driver holds its memory"),
+            ("LAUNCHED_FREE", GIB - 900 * MIB, "cuMemGetInfo shows it"),
+            ("ALLOC_RC", 2, "so 900 MiB more do not fit"),
+            ("ALLOC_HELD_MIB", 900, "and the driver was not asked"),
+            ("FREED_HELD_MIB", 900, "freed, the graph pool keeps it"),
+            ("FREED_ALLOC_RC", 2, "so it stays counted"),
+            ("TRIM_RC", 0, "cuDeviceGraphMemTrim"),
+            ("TRIMMED_HELD_MIB", 0, "gives it back"),
+            ("TRIMMED_ALLOC_RC", 0, "so 900 MiB fit again"),
+            ("FREE_AFTER", GIB, "nothing counted"),
+        ];
+        eprintln!("{kind}: {}", p.stdout.replace('\n', " "));
+        check_rows(&p, rows);
+        assert!(
+            p.u("PEAK_MIB") <= 1024,
+            "{kind}: peak {} MiB",
+            p.u("PEAK_MIB")
+        );
+    }
+    let p = lim.conform(&["graph", "capture"]).ok();
+    assert_eq!(p.u("CAPTURED_RC"), 0, "captured: no memory yet");
+    assert_eq!(p.u("CAPTURED_HELD_MIB"), 0, "captured: no memory yet");
+    let p = lim.conform(&["graph", "over"]).ok();
+    assert_eq!(
+        p.u("LAUNCH_RC"),
+        2,
+        "1800 MiB of graph memory is refused at launch"
+    );
+    assert_eq!(p.u("LAUNCHED_HELD_MIB"), 0, "before the driver allocates");
+    assert!(p.u("PEAK_MIB") <= 1024, "peak {} MiB", p.u("PEAK_MIB"));
+}

@@ -23,6 +23,8 @@
  *   async KIND            stream-ordered allocations: otherdev (on a stream of device 1 while
  *                         device 0's context is current), reuse-off / reuse-on (900 MiB freed
  *                         on one stream, 900 MiB asked on another before a synchronisation)
+ *   graph KIND            graph memory: nodes (cuGraphAddMemAllocNode, 900 MiB), capture
+ *                         (cuMemAllocAsync captured, 900 MiB), over (two 900 MiB nodes)
  *   legacy                the pre-3.2/4.0/11.0 entry points (no _v2), found with dlsym and
  *                         cuGetProcAddress: allocations, frees, reports, context destruction
  *
@@ -544,6 +546,59 @@ static int scenario_async(const char *kind) {
     return 0;
 }
 
+/* ---- graph memory ---- */
+
+static CUresult add_alloc_node(CUgraph g, size_t size, CUdeviceptr *out) {
+    CUDA_MEM_ALLOC_NODE_PARAMS p; memset(&p, 0, sizeof p);
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE; p.poolProps.location.id = dev;
+    p.bytesize = size;
+    CUgraphNode n;
+    CUresult r = cuGraphAddMemAllocNode(&n, g, NULL, 0, &p);
+    *out = p.dptr;
+    return r;
+}
+
+static int scenario_graph(const char *kind) {
+    init();
+    CUgraph g; CUgraphExec e; CUdeviceptr gp = 0, gp2 = 0, p;
+    CUresult r;
+    if (!strcmp(kind, "capture")) {
+        CUstream s;
+        if ((r = cuStreamCreate(&s, 0)) || (r = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL))) die("capture", r);
+        printf("CAPTURED_RC=%d\n", cuMemAllocAsync(&gp, 900 * MIB, s));
+        printf("CAPTURED_HELD_MIB=%llu\n", used_mib(0));
+        if ((r = cuStreamEndCapture(s, &g))) die("end capture", r);
+        if ((r = cuGraphInstantiate(&e, g, NULL, NULL, 0))) die("instantiate", r);
+    } else {
+        if ((r = cuGraphCreate(&g, 0))) die("graph", r);
+        if ((r = add_alloc_node(g, 900 * MIB, &gp))) die("alloc node", r);
+        if (!strcmp(kind, "over") && (r = add_alloc_node(g, 900 * MIB, &gp2))) die("alloc node", r);
+        if ((r = cuGraphInstantiateWithFlags(&e, g, 0))) die("instantiate", r);
+    }
+    printf("LAUNCH_RC=%d\n", cuGraphLaunch(e, NULL));
+    cuCtxSynchronize();
+    printf("LAUNCHED_HELD_MIB=%llu\nLAUNCHED_FREE=%zu\n", used_mib(0), meminfo_free());
+    r = cuMemAlloc(&p, 900 * MIB);
+    printf("ALLOC_RC=%d\nALLOC_HELD_MIB=%llu\n", r, used_mib(0));
+    if (r == CUDA_SUCCESS) cuMemFree(p);
+    /* Freed: back in the graph pool, which keeps it until a trim. */
+    cuMemFreeAsync(gp, NULL);
+    if (gp2) cuMemFreeAsync(gp2, NULL);
+    cuCtxSynchronize();
+    printf("FREED_HELD_MIB=%llu\n", used_mib(0));
+    r = cuMemAlloc(&p, 900 * MIB);
+    printf("FREED_ALLOC_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemFree(p);
+    printf("TRIM_RC=%d\n", cuDeviceGraphMemTrim(dev));
+    printf("TRIMMED_HELD_MIB=%llu\n", used_mib(0));
+    r = cuMemAlloc(&p, 900 * MIB);
+    printf("TRIMMED_ALLOC_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemFree(p);
+    printf("FREE_AFTER=%zu\nPEAK_MIB=%llu\n", meminfo_free(), peak_mib(0));
+    return 0;
+}
+
 /* ---- the legacy entry points ---- */
 
 typedef CUresult (*alloc32_t)(unsigned int *, unsigned int);
@@ -622,6 +677,7 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "arrays")) return scenario_arrays(argv[2]);
     if (argc == 2 && !strcmp(argv[1], "vmm")) return scenario_vmm();
     if (argc == 3 && !strcmp(argv[1], "async")) return scenario_async(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "graph")) return scenario_graph(argv[2]);
     fprintf(stderr, "usage: conformance edge|threads|fork|frees|contexts|procaddr|foreign|rewrite ...\n");
     return 2;
 }

@@ -81,6 +81,11 @@ macro_rules! hook_list {
             Cuda launch::cuLaunchCooperativeKernel_ptsz;
             Cuda launch::cuGraphLaunch;
             Cuda launch::cuGraphLaunch_ptsz;
+            Cuda graphs::cuGraphInstantiateWithFlags;
+            Cuda graphs::cuGraphInstantiate_v2;
+            Cuda graphs::cuGraphInstantiateWithParams;
+            Cuda graphs::cuGraphExecDestroy;
+            Cuda graphs::cuDeviceGraphMemTrim;
             Cuda interpose::cuGetProcAddress;
             Cuda interpose::cuGetProcAddress_v2;
             Nvml nvml::nvmlDeviceGetMemoryInfo;

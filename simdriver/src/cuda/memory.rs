@@ -128,6 +128,8 @@ pub(super) fn free_ptr(ptr: u64) -> CuResult {
                 device_give(a.dev, a.size);
                 SUCCESS
             }
+            // Graph memory goes back to the device's graph pool.
+            None if super::graphs::free_graph_ptr(d, ptr) => SUCCESS,
             None => INVALID_VALUE,
         }
     })
@@ -201,12 +203,8 @@ pub extern "C" fn cuMemFree(ptr: u32) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CuResult {
     tri!(enter("cuMemGetInfo"));
-    let (mut f, mut t) = (0usize, 0usize);
-    // SAFETY: valid locals.
-    let r = unsafe { cuMemGetInfo_v2(&mut f, &mut t) };
-    if r != SUCCESS {
-        return r;
-    }
+    // Not through the exported cuMemGetInfo_v2, which an interposer may wrap.
+    let (f, t) = tri!(mem_info());
     if free.is_null() || total.is_null() {
         return INVALID_VALUE;
     }
@@ -324,18 +322,24 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
     tri!(enter("cuMemGetInfo_v2"));
-    let (_, dev) = tri!(current_ctx());
+    let (f, t) = tri!(mem_info());
     if free.is_null() || total.is_null() {
         return INVALID_VALUE;
     }
-    let t = config().devices[dev];
-    let used = state::used_on(dev).min(t);
     // SAFETY: checked non-null; writable per the caller.
     unsafe {
-        free.write((t - used) as usize);
-        total.write(t as usize);
+        free.write(f);
+        total.write(t);
     }
     SUCCESS
+}
+
+/// Free and total memory of the current context's device.
+fn mem_info() -> Result<(usize, usize), CuResult> {
+    let (_, dev) = current_ctx()?;
+    let t = config().devices[dev];
+    let used = state::used_on(dev).min(t);
+    Ok(((t - used) as usize, t as usize))
 }
 
 /// TEST-ONLY probe (not a CUDA entry point): the most device memory this process has held at

@@ -4,6 +4,7 @@
 use super::arrays::*;
 use super::contexts::*;
 use super::devices::*;
+use super::graphs::*;
 use super::host::*;
 use super::launch::*;
 use super::memory::*;
@@ -163,6 +164,16 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuEventDestroy_v2,
         cuGraphCreate,
         cuGraphInstantiateWithFlags,
+        cuGraphInstantiate_v2,
+        cuGraphAddMemAllocNode,
+        cuGraphAddMemFreeNode,
+        cuGraphGetNodes,
+        cuGraphNodeGetType,
+        cuGraphMemAllocNodeGetParams,
+        cuStreamBeginCapture_v2,
+        cuStreamEndCapture,
+        cuDeviceGraphMemTrim,
+        cuDeviceGetGraphMemAttribute,
         cuLaunchKernel,
         cuLaunchKernel_ptsz,
         cuLaunchCooperativeKernel,
