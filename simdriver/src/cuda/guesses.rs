@@ -1,7 +1,8 @@
 //! TEST-ONLY: every place where the simulated driver GUESSES at what a real NVIDIA driver does,
 //! because neither `cuda.h` nor NVIDIA's documentation says. Everything else the simulated driver
-//! does follows `cuda.h`/`nvml.h` as documented. `tests/gpu/validate-limiter.sh` is the place
-//! to check these guesses on a real GPU; until it has run, they are guesses.
+//! does follows `cuda.h`/`nvml.h` as documented. `tests/gpu/validate-limiter.sh` measures each
+//! of them on a real GPU (probe `tests/gpu/guesses.c`, printing `GUESS OK`/`GUESS DIFFERS`);
+//! until it has run on one, they are guesses.
 //!
 //! 1. **Array layout.** A CUDA array (`cuArrayCreate_v2`, `cuArray3DCreate_v2`,
 //!    `cuMipmappedArrayCreate`) takes each row of elements padded to the pitch alignment
