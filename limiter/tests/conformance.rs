@@ -686,6 +686,20 @@ fn graph_memory_is_charged_at_launch_and_credited_at_trim() {
     let p = lim.conform(&["graph", "capture"]).ok();
     assert_eq!(p.u("CAPTURED_RC"), 0, "captured: no memory yet");
     assert_eq!(p.u("CAPTURED_HELD_MIB"), 0, "captured: no memory yet");
+    // Capture allocates nothing, so it is not refused; the launch is.
+    let p = lim.conform(&["graph", "capture-held"]).ok();
+    assert_eq!(p.u("CAPTURED_RC"), 0, "captured while 600 MiB are held");
+    assert_eq!(
+        p.u("CAPTURED_HELD_MIB"),
+        600,
+        "nothing allocated by the capture"
+    );
+    assert_eq!(p.u("LAUNCH_RC"), 2, "the launch would exceed the cap");
+    assert_eq!(
+        p.u("LAUNCHED_HELD_MIB"),
+        600,
+        "and the driver was not asked"
+    );
     let p = lim.conform(&["graph", "over"]).ok();
     assert_eq!(
         p.u("LAUNCH_RC"),

@@ -24,7 +24,8 @@
  *                         device 0's context is current), reuse-off / reuse-on (900 MiB freed
  *                         on one stream, 900 MiB asked on another before a synchronisation)
  *   graph KIND            graph memory: nodes (cuGraphAddMemAllocNode, 900 MiB), capture
- *                         (cuMemAllocAsync captured, 900 MiB), over (two 900 MiB nodes)
+ *                         (cuMemAllocAsync captured, 900 MiB), over (two 900 MiB nodes),
+ *                         capture-held (900 MiB captured while 600 MiB are held)
  *   legacy                the pre-3.2/4.0/11.0 entry points (no _v2), found with dlsym and
  *                         cuGetProcAddress: allocations, frees, reports, context destruction
  *
@@ -563,8 +564,10 @@ static int scenario_graph(const char *kind) {
     init();
     CUgraph g; CUgraphExec e; CUdeviceptr gp = 0, gp2 = 0, p;
     CUresult r;
-    if (!strcmp(kind, "capture")) {
+    if (!strcmp(kind, "capture") || !strcmp(kind, "capture-held")) {
         CUstream s;
+        /* capture-held: 600 MiB held while a 600 MiB allocation is captured (not allocated). */
+        if (!strcmp(kind, "capture-held") && (r = cuMemAlloc(&p, 600 * MIB))) die("held", r);
         if ((r = cuStreamCreate(&s, 0)) || (r = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL))) die("capture", r);
         printf("CAPTURED_RC=%d\n", cuMemAllocAsync(&gp, 900 * MIB, s));
         printf("CAPTURED_HELD_MIB=%llu\n", used_mib(0));

@@ -381,6 +381,19 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: Opaque, _mode: c_int) -
     SUCCESS
 }
 
+/// `CU_STREAM_CAPTURE_STATUS_ACTIVE` (1) while `stream` is captured, else `…_NONE` (0).
+///
+/// # Safety
+/// `status` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: Opaque, status: *mut c_int) -> CuResult {
+    tri!(enter("cuStreamIsCapturing"));
+    tri!(stream_ctx(stream));
+    let on = capture_of(stream).is_some();
+    // SAFETY: forwarded caller contract (null is refused by `put`).
+    unsafe { put(status, c_int::from(on)) }
+}
+
 /// # Safety
 /// `graph` null or writable.
 #[no_mangle]

@@ -172,6 +172,7 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuGraphMemAllocNodeGetParams,
         cuStreamBeginCapture_v2,
         cuStreamEndCapture,
+        cuStreamIsCapturing,
         cuDeviceGraphMemTrim,
         cuDeviceGetGraphMemAttribute,
         cuLaunchKernel,
