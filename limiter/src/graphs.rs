@@ -20,7 +20,7 @@ use crate::state::{self, Ticket};
 use crate::sys::Lib;
 use cuda_abi::result::{OUT_OF_MEMORY, SUCCESS};
 use cuda_abi::{graph_mem_attr, CuResult, MemAllocNodeParams, GRAPH_NODE_TYPE_MEM_ALLOC};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -44,7 +44,7 @@ static WITH_MEMORY: AtomicUsize = AtomicUsize::new(0);
 fn with<T>(f: impl FnOnce(&mut Table) -> T) -> T {
     let mut g = TABLE.lock().unwrap_or_else(|e| e.into_inner());
     f(g.get_or_insert_with(|| Table {
-        execs: HashMap::new(),
+        execs: HashMap::default(),
         charged: [0; MAX_DEVICES],
     }))
 }

@@ -22,11 +22,18 @@
 //!    is reused for another stream before a synchronisation only while the pool's
 //!    `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC` or `…_ALLOW_INTERNAL_DEPENDENCIES` is on (both
 //!    are on by default, as `cuda.h` says); memory freed on the same stream is always reused.
+//!    Any synchronisation (`cuCtxSynchronize`, `cuStreamSynchronize`, `cuEventSynchronize`)
+//!    completes every pending free of the device, and pools release memory above their release
+//!    threshold then.
 //! 5. **Context footprint.** A context occupies `GPUSHARE_SIM_CTX_MIB` of device memory (0 by
 //!    default), once per device and process.
 //! 6. **VMM.** `cuMemCreate` memory stays taken until it is both released (`cuMemRelease`) and
 //!    unmapped (`cuMemUnmap` of every mapping), as the `cuMemRelease` documentation says; the
 //!    allocation granularity is [`VMM_GRANULARITY`].
+//! 7. **Graph memory.** A graph's allocations are taken from one graph pool per device at
+//!    launch, growing in [`POOL_CHUNK`] steps; freed graph memory stays in that pool until
+//!    `cuDeviceGraphMemTrim` (synchronisation does not release it). Launching a graph whose
+//!    allocation from the previous launch is still live fails with `CUDA_ERROR_INVALID_VALUE`.
 
 /// Alignment of a whole CUDA array's memory.
 pub const ARRAY_ALIGN: u64 = 64 << 10;
