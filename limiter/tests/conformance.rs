@@ -516,7 +516,8 @@ fn without_process_utilisation_the_sm_cap_warns_once_and_does_not_clamp() {
             "GPUSHARE_SIM_FAIL",
             &format!("nvmlDeviceGetProcessUtilization={code}"),
         );
-        let p = lim.run(&["direct", "launch", "0", "3", "kernel"]).ok();
+        // 4 s: NOT_FOUND is given up after 1 s of launches without a sample.
+        let p = lim.run(&["direct", "launch", "0", "4", "kernel"]).ok();
         let util = p.u("LAUNCHES") as f64 * common::KERNEL_US / 1e6 / p.f("ELAPSED") * 100.0;
         eprintln!("code {code}: {} launches, {util:.1}%", p.u("LAUNCHES"));
         let warnings: Vec<&str> = p.stderr.lines().filter(|l| l.contains("SM cap")).collect();
