@@ -102,6 +102,54 @@ pub struct Array3dDescriptor {
     pub flags: c_uint,
 }
 
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (CUDA < 3.2, `unsigned int` sizes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ArrayDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (CUDA < 3.2, `unsigned int` sizes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Array3dDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+impl From<ArrayDescriptorV1> for Array3dDescriptor {
+    fn from(d: ArrayDescriptorV1) -> Self {
+        Array3dDescriptor {
+            width: d.width as usize,
+            height: d.height as usize,
+            depth: 0,
+            format: d.format,
+            num_channels: d.num_channels,
+            flags: 0,
+        }
+    }
+}
+
+impl From<Array3dDescriptorV1> for Array3dDescriptor {
+    fn from(d: Array3dDescriptorV1) -> Self {
+        Array3dDescriptor {
+            width: d.width as usize,
+            height: d.height as usize,
+            depth: d.depth as usize,
+            format: d.format,
+            num_channels: d.num_channels,
+            flags: d.flags,
+        }
+    }
+}
+
 /// `CUDA_ARRAY_MEMORY_REQUIREMENTS`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]

@@ -643,6 +643,25 @@ static int scenario_legacy(void) {
     printf("TOTALMEM=%u\n", tot);
     for (int i = 0; i < 6; i++) if (p[i]) free_dl(p[i]);
     printf("FREED_HELD_MIB=%llu\nFREED_FREE=%zu\n", used_mib(0), meminfo_free());
+    /* Pitched memory and arrays through the legacy forms: rows of 100 bytes padded by the driver. */
+    typedef CUresult (*pitch32_t)(unsigned int *, unsigned int *, unsigned int, unsigned int, unsigned int);
+    typedef struct { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; } desc_v1_t;
+    typedef CUresult (*array32_t)(CUarray *, const desc_v1_t *);
+    pitch32_t pitch_dl = (pitch32_t)dlsym(drv, "cuMemAllocPitch");
+    array32_t array_pa = (array32_t)proc("cuArrayCreate", 3000);
+    if (!pitch_dl) die("legacy cuMemAllocPitch", 0);
+    unsigned int q[2] = { 0 }, pitch = 0;
+    ok = 0;
+    for (int i = 0; i < 2; i++) ok += pitch_dl(&q[i], &pitch, 100, 1200000, 4) == CUDA_SUCCESS;
+    printf("PITCH_OK=%d\nPITCH_HELD_MIB=%llu\n", ok, used_mib(0));
+    for (int i = 0; i < 2; i++) if (q[i]) free_dl(q[i]);
+    CUarray arr[4] = { 0 };
+    desc_v1_t d1 = { 100, 600000, CU_AD_FORMAT_UNSIGNED_INT8, 1 };
+    ok = 0;
+    for (int i = 0; i < 4; i++) ok += array_pa(&arr[i], &d1) == CUDA_SUCCESS;
+    printf("ARRAY_OK=%d\nARRAY_HELD_MIB=%llu\n", ok, used_mib(0));
+    for (int i = 0; i < 4; i++) if (arr[i]) cuArrayDestroy(arr[i]);
+    printf("FREED2_HELD_MIB=%llu\nFREED2_FREE=%zu\n", used_mib(0), meminfo_free());
     /* Context destruction through the legacy forms gives the memory back. */
     CUdeviceptr a;
     printf("CTX_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));

@@ -14,9 +14,9 @@
 //!    whose size is not documented; the only documented size query,
 //!    `cuArrayGetMemoryRequirements`, answers for deferred-mapping arrays alone.
 //! 2. **Pitched memory.** `cuMemAllocPitch_v2` rounds the row up to the same pitch alignment.
-//! 3. **Legacy 32-bit entry points.** `cuMemAlloc` (no `_v2`) hands out pointers that fit in
-//!    32 bits, from [`LEGACY_PTR_BASE`] upwards, and `CUDA_ERROR_OUT_OF_MEMORY` once that range
-//!    is used up; `cuMemGetInfo` and `cuDeviceTotalMem` (no `_v2`) clamp sizes above 4 GiB to
+//! 3. **Legacy 32-bit entry points.** `cuMemAlloc` and `cuMemAllocPitch` (no `_v2`) hand out
+//!    pointers that fit in 32 bits, at the lowest free address from [`LEGACY_PTR_BASE`] up, and
+//!    `CUDA_ERROR_OUT_OF_MEMORY` when no gap is left below 4 GiB; `cuMemGetInfo` and `cuDeviceTotalMem` (no `_v2`) clamp sizes above 4 GiB to
 //!    `UINT_MAX`.
 //! 4. **Stream-ordered pools.** A pool grows in [`POOL_CHUNK`] steps; memory freed on one stream
 //!    is reused for another stream before a synchronisation only while the pool's
