@@ -688,6 +688,8 @@ fn graph_memory_is_charged_at_launch_and_credited_at_trim() {
             ("TRIM_RC", 0, "cuDeviceGraphMemTrim"),
             ("TRIMMED_HELD_MIB", 0, "gives it back"),
             ("TRIMMED_ALLOC_RC", 0, "so 900 MiB fit again"),
+            ("EXEC_DESTROY_RC", 0, "the instantiated graph destroyed"),
+            ("GRAPH_DESTROY_RC", 0, "the graph destroyed"),
             ("FREE_AFTER", GIB, "nothing counted"),
         ];
         eprintln!("{kind}: {}", p.stdout.replace('\n', " "));

@@ -598,6 +598,7 @@ static int scenario_graph(const char *kind) {
     r = cuMemAlloc(&p, 900 * MIB);
     printf("TRIMMED_ALLOC_RC=%d\n", r);
     if (r == CUDA_SUCCESS) cuMemFree(p);
+    printf("EXEC_DESTROY_RC=%d\nGRAPH_DESTROY_RC=%d\n", cuGraphExecDestroy(e), cuGraphDestroy(g));
     printf("FREE_AFTER=%zu\nPEAK_MIB=%llu\n", meminfo_free(), peak_mib(0));
     return 0;
 }

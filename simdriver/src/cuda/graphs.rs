@@ -208,6 +208,24 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
     instantiate("cuGraphInstantiate_v2", out, graph)
 }
 
+#[no_mangle]
+pub extern "C" fn cuGraphExecDestroy(exec: Opaque) -> CuResult {
+    tri!(enter("cuGraphExecDestroy"));
+    match with_driver(|d| d.graphs.execs.remove(&(exec as usize))) {
+        Some(_) => SUCCESS,
+        None => INVALID_VALUE,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn cuGraphDestroy(graph: Opaque) -> CuResult {
+    tri!(enter("cuGraphDestroy"));
+    match with_driver(|d| d.graphs.graphs.remove(&(graph as usize))) {
+        Some(_) => SUCCESS,
+        None => INVALID_VALUE,
+    }
+}
+
 /// # Safety
 /// `node` null or writable; `params` null or a valid `CUDA_MEM_ALLOC_NODE_PARAMS`.
 #[no_mangle]

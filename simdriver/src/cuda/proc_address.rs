@@ -168,6 +168,8 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuGraphCreate,
         cuGraphInstantiateWithFlags,
         cuGraphInstantiate_v2,
+        cuGraphExecDestroy,
+        cuGraphDestroy,
         cuGraphAddMemAllocNode,
         cuGraphAddMemFreeNode,
         cuGraphGetNodes,
