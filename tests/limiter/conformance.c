@@ -14,7 +14,7 @@
  *   fork                  fork after cuInit with 600 MiB held; the child allocates and frees
  *   frees                 unknown, interior, double and null frees of every kind
  *   contexts              context destruction, primary release and reset, cuCtxCreate_v3/_v4
- *   procaddr              cuGetProcAddress/_v2 for every symbol, version and flag (dladdr names)
+ *   procaddr              cuGetProcAddress/_v2 for 43 symbols, every version and flag (dladdr names)
  *   foreign LIB           dlsym through an unrelated library exporting cu* names, first
  *   rewrite               another program rewrites the shared file while allocations go on
  *   arrays KIND           arrays of about 300 MiB with rows padded by the driver, created until
@@ -340,7 +340,9 @@ static int scenario_procaddr(void) {
         "cuDeviceTotalMem", "cuCtxCreate", "cuCtxDestroy", "cuDevicePrimaryCtxRetain",
         "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset", "cuLaunchKernel", "cuLaunchKernelEx",
         "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuGetProcAddress", "cuInit", "cuCtxGetCurrent",
-        "cuMemAllocHost", "cuMemHostRegister", "cuMemGetAllocationGranularity", "cuNoSuchThing",
+        "cuMemAllocHost", "cuMemHostRegister", "cuMemGetAllocationGranularity", "cuMemMap", "cuMemUnmap",
+        "cuMemPoolSetAttribute", "cuGraphInstantiateWithFlags", "cuGraphExecDestroy", "cuDeviceGraphMemTrim",
+        "cuNoSuchThing",
     };
     static const int vers[] = { 2000, 3000, 3020, 4000, 6050, 11000, 11030, 11040, 11080, 12000, 12020, 12050 };
     static const unsigned long long flags[] = { CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
