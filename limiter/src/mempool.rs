@@ -295,6 +295,10 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Opaque) -> CuResult {
     };
     // SAFETY: forwarded caller contract.
     let r = unsafe { f(pool) };
+    if r == SUCCESS {
+        // A later pool may get the same handle.
+        NO_REUSE.set(pool as usize, true);
+    }
     if r != SUCCESS || !watched {
         return r;
     }
