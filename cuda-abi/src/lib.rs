@@ -53,6 +53,33 @@ pub struct MemPoolPropsHead {
     pub location_id: c_int,
 }
 
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (120 bytes): a graph memory-allocation node's pool
+/// properties (whose location names the device), size and the address CUDA assigns.
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool_props: MemPoolPropsHead,
+    pub win32_security_attributes: *mut std::ffi::c_void,
+    pub pool_reserved: [u8; 64],
+    pub access_descs: *const std::ffi::c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
+}
+
+/// `CUgraphNodeType` of a memory-allocation node.
+pub const GRAPH_NODE_TYPE_MEM_ALLOC: c_uint = 10;
+/// `CUgraphNodeType` of a memory-free node.
+pub const GRAPH_NODE_TYPE_MEM_FREE: c_uint = 11;
+
+/// `CUgraphMem_attribute` values (`cuDeviceGetGraphMemAttribute`, all `cuuint64_t`).
+pub mod graph_mem_attr {
+    use std::ffi::c_int;
+    pub const USED_MEM_CURRENT: c_int = 0;
+    pub const USED_MEM_HIGH: c_int = 1;
+    pub const RESERVED_MEM_CURRENT: c_int = 2;
+    pub const RESERVED_MEM_HIGH: c_int = 3;
+}
+
 /// `CUDA_ARRAY_DESCRIPTOR` (`_v2`, `size_t` sizes).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -73,6 +100,54 @@ pub struct Array3dDescriptor {
     pub format: c_uint,
     pub num_channels: c_uint,
     pub flags: c_uint,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (CUDA < 3.2, `unsigned int` sizes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ArrayDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (CUDA < 3.2, `unsigned int` sizes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Array3dDescriptorV1 {
+    pub width: c_uint,
+    pub height: c_uint,
+    pub depth: c_uint,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+impl From<ArrayDescriptorV1> for Array3dDescriptor {
+    fn from(d: ArrayDescriptorV1) -> Self {
+        Array3dDescriptor {
+            width: d.width as usize,
+            height: d.height as usize,
+            depth: 0,
+            format: d.format,
+            num_channels: d.num_channels,
+            flags: 0,
+        }
+    }
+}
+
+impl From<Array3dDescriptorV1> for Array3dDescriptor {
+    fn from(d: Array3dDescriptorV1) -> Self {
+        Array3dDescriptor {
+            width: d.width as usize,
+            height: d.height as usize,
+            depth: d.depth as usize,
+            format: d.format,
+            num_channels: d.num_channels,
+            flags: d.flags,
+        }
+    }
 }
 
 /// `CUDA_ARRAY_MEMORY_REQUIREMENTS`.
@@ -309,5 +384,12 @@ mod tests {
         for (what, f, c, want) in rows {
             assert_eq!(array_element_bytes(*f, *c), *want, "{what}");
         }
+    }
+
+    #[test]
+    fn alloc_node_params_layout() {
+        assert_eq!(std::mem::size_of::<MemAllocNodeParams>(), 120);
+        assert_eq!(std::mem::offset_of!(MemAllocNodeParams, bytesize), 104);
+        assert_eq!(std::mem::offset_of!(MemAllocNodeParams, dptr), 112);
     }
 }

@@ -16,8 +16,8 @@ use crate::driver::real;
 use crate::memory::{counted_sized, forget, Sized};
 use crate::state::Kind;
 use cuda_abi::{
-    array_element_bytes, block_compressed_bytes, Array3dDescriptor, ArrayDescriptor, CuResult,
-    ARRAY3D_DEFERRED_MAPPING,
+    array_element_bytes, block_compressed_bytes, Array3dDescriptor, Array3dDescriptorV1,
+    ArrayDescriptor, ArrayDescriptorV1, CuResult, ARRAY3D_DEFERRED_MAPPING,
 };
 use std::ffi::c_uint;
 
@@ -110,6 +110,43 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     );
     // SAFETY: null or a valid CUDA_ARRAY3D_DESCRIPTOR per the caller.
     let d = unsafe { desc.as_ref() }.copied();
+    // SAFETY: forwarded caller contract.
+    create(Kind::Array, out, d, 1, &mut || unsafe { f(out, desc) })
+}
+
+/// The CUDA < 3.2 form (`CUDA_ARRAY_DESCRIPTOR_v1`), counted like `_v2`.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate(
+    out: *mut Opaque,
+    desc: *const ArrayDescriptorV1,
+) -> CuResult {
+    let f = real!(
+        cuArrayCreate as unsafe extern "C" fn(*mut Opaque, *const ArrayDescriptorV1) -> CuResult
+    );
+    // SAFETY: null or a valid CUDA_ARRAY_DESCRIPTOR_v1 per the caller.
+    let d = unsafe { desc.as_ref() }.map(|d| Array3dDescriptor::from(*d));
+    // SAFETY: forwarded caller contract.
+    create(Kind::Array, out, d, 1, &mut || unsafe { f(out, desc) })
+}
+
+/// The CUDA < 3.2 form (`CUDA_ARRAY3D_DESCRIPTOR_v1`), counted like `_v2`.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate(
+    out: *mut Opaque,
+    desc: *const Array3dDescriptorV1,
+) -> CuResult {
+    let f = real!(
+        cuArray3DCreate
+            as unsafe extern "C" fn(*mut Opaque, *const Array3dDescriptorV1) -> CuResult
+    );
+    // SAFETY: null or a valid CUDA_ARRAY3D_DESCRIPTOR_v1 per the caller.
+    let d = unsafe { desc.as_ref() }.map(|d| Array3dDescriptor::from(*d));
     // SAFETY: forwarded caller contract.
     create(Kind::Array, out, d, 1, &mut || unsafe { f(out, desc) })
 }

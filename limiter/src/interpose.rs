@@ -9,7 +9,7 @@
 
 use crate::driver::{self, hook_list, real, H, SLOTS};
 use crate::sys::{self, Lib};
-use crate::{arrays, contexts, interpose, launch, memory, mempool, nvml, state, vmm};
+use crate::{arrays, contexts, graphs, interpose, launch, memory, mempool, nvml, state, vmm};
 use cuda_abi::result::SUCCESS;
 use cuda_abi::{proc_flags, CuResult, VERSIONED};
 use std::ffi::{c_char, c_int, c_void, CStr};

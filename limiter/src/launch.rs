@@ -4,7 +4,7 @@
 
 use crate::driver::cuda as drv;
 use crate::driver::real;
-use crate::{mempool, state, watcher};
+use crate::{graphs, mempool, state, watcher};
 use cuda_abi::CuResult;
 use std::ffi::{c_uint, c_void};
 
@@ -58,8 +58,27 @@ launch! {
         by: c_uint, bz: c_uint, sh: c_uint, st: Opaque, p: *mut Opaque);
     cuLaunchKernelEx(config: *const c_void, f: Opaque, p: *mut Opaque, e: *mut Opaque);
     cuLaunchKernelEx_ptsz(config: *const c_void, f: Opaque, p: *mut Opaque, e: *mut Opaque);
-    cuGraphLaunch(exec: Opaque, stream: Opaque);
-    cuGraphLaunch_ptsz(exec: Opaque, stream: Opaque);
+}
+
+/// `graph_launch! { name; … }`: a graph launch takes an SM token, and its graph memory is
+/// checked against the cap and charged ([`graphs::launch`]).
+macro_rules! graph_launch {
+    ($($name:ident;)*) => {$(
+        /// # Safety
+        /// The CUDA driver API contract of the function of the same name.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: Opaque, stream: Opaque) -> CuResult {
+            let real = real!($name as unsafe extern "C" fn(Opaque, Opaque) -> CuResult);
+            gate();
+            // SAFETY: forwarded caller contract.
+            graphs::launch(exec, || unsafe { real(exec, stream) })
+        }
+    )*};
+}
+
+graph_launch! {
+    cuGraphLaunch;
+    cuGraphLaunch_ptsz;
 }
 
 /// `synchronise! { name(arg: type, …); … }`: a wrapper that calls the driver's function as a

@@ -13,7 +13,8 @@
 //!
 //! Module map, each depending only on those listed after it:
 //! - the exported wrappers: [`interpose`] (wrapper table, `dlsym`, `cuGetProcAddress`), then
-//!   [`launch`] (launch and synchronise), [`mempool`] (stream-ordered allocations),
+//!   [`launch`] (launch and synchronise), [`graphs`] (graph memory), [`mempool`]
+//!   (stream-ordered allocations),
 //!   [`arrays`], [`contexts`], [`vmm`] (mappings), [`memory`] (plain allocations, memory
 //!   reports), [`nvml`];
 //! - the SM cap: [`watcher`] (refill thread) and [`sm`] (token buckets);
@@ -24,6 +25,7 @@
 pub mod arrays;
 pub mod contexts;
 pub mod driver;
+pub mod graphs;
 pub mod interpose;
 pub mod launch;
 pub mod limits;

@@ -230,6 +230,46 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     })
 }
 
+/// The CUDA < 3.2 form: 32-bit pointer, pitch and sizes, counted like `_v2`.
+///
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut u32,
+    pitch: *mut u32,
+    width: c_uint,
+    height: c_uint,
+    elem: c_uint,
+) -> CuResult {
+    let f = real!(
+        cuMemAllocPitch
+            as unsafe extern "C" fn(*mut u32, *mut u32, c_uint, c_uint, c_uint) -> CuResult
+    );
+    let estimate = u64::from(width)
+        .checked_next_multiple_of(512)
+        .and_then(|w| w.checked_mul(u64::from(height)));
+    let read32 = |p: *mut u32| {
+        (!p.is_null())
+            // SAFETY: read after the driver succeeded, which wrote through the caller's pointer.
+            .then(|| unsafe { p.read() })
+    };
+    counted_sized(Sized {
+        kind: Kind::Ptr,
+        device: None,
+        estimate,
+        // SAFETY: forwarded caller contract.
+        call: &mut || unsafe { f(dptr, pitch, width, height, elem) },
+        key: &|| read32(dptr).map_or(0, u64::from),
+        real_size: &|_, _| u64::from(read32(pitch)?).checked_mul(u64::from(height)),
+        undo: &|p| {
+            let free = real!(cuMemFree as unsafe extern "C" fn(u32) -> CuResult);
+            // SAFETY: a pointer the driver has just handed out and nobody else knows.
+            unsafe { free(p as u32) }
+        },
+    })
+}
+
 /// # Safety
 /// The CUDA driver API contract of the function of the same name.
 #[no_mangle]

@@ -93,6 +93,11 @@ fn counted_async(
     if IN_POOL.with(Cell::get) {
         return call();
     }
+    // Under stream capture nothing is allocated: the allocation becomes a node of the graph,
+    // whose memory is counted when the graph is launched (graphs.rs).
+    if drv::capturing(stream as usize) {
+        return call();
+    }
     let found = match pool {
         None => drv::stream_ordinal(stream as usize)
             .and_then(|ord| Some((drv::current_pool(ord)?, Some(ord)))),
@@ -290,6 +295,10 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Opaque) -> CuResult {
     };
     // SAFETY: forwarded caller contract.
     let r = unsafe { f(pool) };
+    if r == SUCCESS {
+        // A later pool may get the same handle.
+        NO_REUSE.set(pool as usize, true);
+    }
     if r != SUCCESS || !watched {
         return r;
     }

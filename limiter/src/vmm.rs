@@ -8,7 +8,7 @@ use crate::memory::forget;
 use crate::state::Kind;
 use cuda_abi::result::SUCCESS;
 use cuda_abi::CuResult;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::ffi::c_ulonglong;
 use std::sync::Mutex;
 

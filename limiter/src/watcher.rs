@@ -15,8 +15,8 @@ const MEASURE_EVERY: u32 = 5;
 const INITIAL_RATE: f64 = 1000.0;
 const MAX_RATE: f64 = 1e9;
 /// Measurements (of 100 ms) with launches but no utilisation sample after which the SM cap is
-/// given up as unmeasurable.
-const BLIND_LIMIT: u32 = 5;
+/// given up as unmeasurable: 1 s, several of NVML's sampling periods.
+const BLIND_LIMIT: u32 = 10;
 
 /// The SM cap of `ord` cannot be measured: enforce nothing rather than an arbitrary fixed
 /// launch rate, and say so once.

@@ -433,6 +433,20 @@ fn the_legacy_entry_points_are_capped_credited_and_report_the_cap() {
         ("TOTALMEM", GIB, "legacy cuDeviceTotalMem reports the cap"),
         ("FREED_HELD_MIB", 0, "legacy cuMemFree freed it"),
         ("FREED_FREE", GIB, "and the limiter gave it back"),
+        (
+            "PITCH_OK",
+            1,
+            "legacy cuMemAllocPitch: 585 MiB of rows at a 512-byte pitch fit once",
+        ),
+        ("PITCH_HELD_MIB", 585, "and the driver holds no more"),
+        (
+            "ARRAY_OK",
+            3,
+            "legacy cuArrayCreate: three 293 MiB arrays fit",
+        ),
+        ("ARRAY_HELD_MIB", 879, "and the driver holds no more"),
+        ("FREED2_HELD_MIB", 0, "all freed"),
+        ("FREED2_FREE", GIB, "and credited"),
         ("CTX_ALLOC_RC", 0, "900 MiB in a context"),
         ("AFTER_DESTROY_HELD_MIB", 0, "legacy cuCtxDestroy freed it"),
         ("AFTER_DESTROY_ALLOC_RC", 0, "so 900 MiB fit again"),
@@ -516,7 +530,8 @@ fn without_process_utilisation_the_sm_cap_warns_once_and_does_not_clamp() {
             "GPUSHARE_SIM_FAIL",
             &format!("nvmlDeviceGetProcessUtilization={code}"),
         );
-        let p = lim.run(&["direct", "launch", "0", "3", "kernel"]).ok();
+        // 4 s: NOT_FOUND is given up after 1 s of launches without a sample.
+        let p = lim.run(&["direct", "launch", "0", "4", "kernel"]).ok();
         let util = p.u("LAUNCHES") as f64 * common::KERNEL_US / 1e6 / p.f("ELAPSED") * 100.0;
         eprintln!("code {code}: {} launches, {util:.1}%", p.u("LAUNCHES"));
         let warnings: Vec<&str> = p.stderr.lines().filter(|l| l.contains("SM cap")).collect();
@@ -653,4 +668,61 @@ fn stream_ordered_memory_is_charged_to_the_streams_device_and_its_real_reuse() {
         ("FREE_AFTER", GIB, "nothing counted"),
     ];
     check_rows(&p, rows);
+}
+
+#[test]
+fn graph_memory_is_charged_at_launch_and_credited_at_trim() {
+    let Some(lim) = capped("graph") else {
+        return;
+    };
+    for kind in ["nodes", "capture"] {
+        let p = lim.conform(&["graph", kind]).ok();
+        let rows: &[(&str, u64, &str)] = &[
+            ("LAUNCH_RC", 0, "a graph allocating 900 MiB launches"),
+            ("LAUNCHED_HELD_MIB", 900, "the driver holds its memory"),
+            ("LAUNCHED_FREE", GIB - 900 * MIB, "cuMemGetInfo shows it"),
+            ("ALLOC_RC", 2, "so 900 MiB more do not fit"),
+            ("ALLOC_HELD_MIB", 900, "and the driver was not asked"),
+            ("FREED_HELD_MIB", 900, "freed, the graph pool keeps it"),
+            ("FREED_ALLOC_RC", 2, "so it stays counted"),
+            ("TRIM_RC", 0, "cuDeviceGraphMemTrim"),
+            ("TRIMMED_HELD_MIB", 0, "gives it back"),
+            ("TRIMMED_ALLOC_RC", 0, "so 900 MiB fit again"),
+            ("EXEC_DESTROY_RC", 0, "the instantiated graph destroyed"),
+            ("GRAPH_DESTROY_RC", 0, "the graph destroyed"),
+            ("FREE_AFTER", GIB, "nothing counted"),
+        ];
+        eprintln!("{kind}: {}", p.stdout.replace('\n', " "));
+        check_rows(&p, rows);
+        assert!(
+            p.u("PEAK_MIB") <= 1024,
+            "{kind}: peak {} MiB",
+            p.u("PEAK_MIB")
+        );
+    }
+    let p = lim.conform(&["graph", "capture"]).ok();
+    assert_eq!(p.u("CAPTURED_RC"), 0, "captured: no memory yet");
+    assert_eq!(p.u("CAPTURED_HELD_MIB"), 0, "captured: no memory yet");
+    // Capture allocates nothing, so it is not refused; the launch is.
+    let p = lim.conform(&["graph", "capture-held"]).ok();
+    assert_eq!(p.u("CAPTURED_RC"), 0, "captured while 600 MiB are held");
+    assert_eq!(
+        p.u("CAPTURED_HELD_MIB"),
+        600,
+        "nothing allocated by the capture"
+    );
+    assert_eq!(p.u("LAUNCH_RC"), 2, "the launch would exceed the cap");
+    assert_eq!(
+        p.u("LAUNCHED_HELD_MIB"),
+        600,
+        "and the driver was not asked"
+    );
+    let p = lim.conform(&["graph", "over"]).ok();
+    assert_eq!(
+        p.u("LAUNCH_RC"),
+        2,
+        "1800 MiB of graph memory is refused at launch"
+    );
+    assert_eq!(p.u("LAUNCHED_HELD_MIB"), 0, "before the driver allocates");
+    assert!(p.u("PEAK_MIB") <= 1024, "peak {} MiB", p.u("PEAK_MIB"));
 }

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `GPUSHARE_SIM_DEVICES` | comma list of per-GPU memory sizes in MiB; entry count = GPU count (at most 16) | `81920` (one 80 GiB GPU); an invalid value prints a one-line warning on stderr and uses the default |
 //! | `GPUSHARE_SIM_STATE` | directory for state shared between processes, created with mode 0700 | `/tmp/gpushare-sim` |
-//! | `GPUSHARE_SIM_FAIL` | comma list of exported function names that fail: NVML ones return `NVML_ERROR_UNKNOWN` (999), CUDA ones `CUDA_ERROR_UNKNOWN` (999) | none |
+//! | `GPUSHARE_SIM_FAIL` | comma list of exported function names that fail: NVML ones return `NVML_ERROR_UNKNOWN` (999), CUDA ones `CUDA_ERROR_UNKNOWN` (999); an entry `name=code` fails with that code | none |
 //! | `GPUSHARE_SIM_KERNEL_US` | simulated GPU time of one kernel launch, microseconds | `500` |
 //! | `GPUSHARE_SIM_CTX_MIB` | device memory a context itself occupies, MiB | `0` |
 //! | `GPUSHARE_SIM_PITCH_ALIGN` | row alignment of pitched memory and CUDA arrays, bytes | `512` |

@@ -9,6 +9,9 @@
 #   3. nvidia-smi under the limiter reports memory.total = 1024 MiB
 #   4. two processes share one cap
 #   5. SM cap 30%: kernel throughput about 30% of the uncapped run (25-40% accepted)
+#   6. without the limiter (tests/gpu/guesses.c): arrays take no more than the limiter's
+#      conservative layout, deferred-mapping arrays nothing; the simulated driver's guesses
+#      (simdriver/src/cuda/guesses.rs) reported as GUESS OK / GUESS DIFFERS
 # Prints PASS/FAIL per check; exits 1 if any check fails.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -75,6 +78,40 @@ if [ -n "$free_k" ] && [ -n "$capped_k" ] && [ "$free_k" -gt 0 ]; then
     [ $pct -ge 25 ] && [ $pct -le 40 ] && pass "SM cap 30% (throughput $pct%)" || fail "SM cap 30%: throughput $pct%"
 else
     fail "spin runs printed nothing"
+fi
+
+# The simulated driver's guesses (simdriver/src/cuda/guesses.rs) and the limiter's array layout,
+# measured without the limiter. A layout bigger than the limiter's estimate FAILS (the cap would
+# not hold); a guess of the simulated driver that differs is reported (GUESS DIFFERS) for its
+# model to be corrected.
+if cc -O2 -o "$work/guesses" "$root/tests/gpu/guesses.c" -lcuda; then
+    "$work/guesses" guesses > "$work/guesses.out" || fail "guesses probe"
+    cat "$work/guesses.out"
+    g() { val "$1" < "$work/guesses.out"; }
+    guess() { if [ "$2" = 1 ]; then echo "GUESS OK: $1"; else echo "GUESS DIFFERS: $1"; fi; }
+    for a in ROWS100 FLOAT4 BC1 BC7; do
+        t=$(g ${a}_TAKEN); e=$(g ${a}_ESTIMATE)
+        if [ "$(g ${a}_RC)" = 0 ] && [ -n "$t" ] && [ "$t" -le $((e + 2097152)) ]; then
+            pass "array $a takes $t bytes, within the limiter's estimate $e (+2 MiB of measuring grain)"
+        else
+            fail "array $a takes $t bytes, more than the limiter's estimate $e"
+        fi
+        guess "cuArrayGetMemoryRequirements refuses a non-deferred array ($a: rc $(g ${a}_REQUIREMENTS_RC))" \
+            "$([ "$(g ${a}_REQUIREMENTS_RC)" = 1 ] && echo 1)"
+    done
+    [ "$(g DEFERRED_TAKEN)" -le 2097152 ] && pass "a deferred-mapping array takes no memory" \
+        || fail "a deferred-mapping array took $(g DEFERRED_TAKEN) bytes"
+    guess "pitch of 1000-byte rows: $(g PITCH_OF_1000) (simulated: 1024 at 512-byte alignment)" "$([ "$(g PITCH_OF_1000)" = 1024 ] && echo 1)"
+    guess "VMM granularity $(g VMM_GRANULARITY) (simulated: 2097152)" "$([ "$(g VMM_GRANULARITY)" = 2097152 ] && echo 1)"
+    guess "memory released while mapped stays taken ($(g VMM_RELEASED_MAPPED_TAKEN) bytes)" \
+        "$([ "$(g VMM_RELEASED_MAPPED_TAKEN)" -ge 268435456 ] && [ "$(g VMM_UNMAPPED_TAKEN)" -le 2097152 ] && echo 1)"
+    guess "pool growth step $(g POOL_STEP) (simulated: 2097152)" "$([ "$(g POOL_STEP)" = 2097152 ] && echo 1)"
+    guess "reuse off: no cross-stream reuse before a synchronisation (reserved $(g REUSE_OFF_RESERVED))" \
+        "$([ "$(g REUSE_OFF_RESERVED)" -ge 536870912 ] && echo 1)"
+    guess "graph memory kept after its free until a trim ($(g GRAPH_FREED_RESERVED) then $(g GRAPH_TRIMMED_RESERVED))" \
+        "$([ "$(g GRAPH_FREED_RESERVED)" -ge 268435456 ] && [ "$(g GRAPH_TRIMMED_RESERVED)" = 0 ] && echo 1)"
+else
+    fail "cc tests/gpu/guesses.c -lcuda (needs Debian's nvidia-cuda-dev)"
 fi
 
 [ $fails -eq 0 ] && echo "ALL PASSED" || echo "$fails FAILED"

@@ -14,7 +14,7 @@
  *   fork                  fork after cuInit with 600 MiB held; the child allocates and frees
  *   frees                 unknown, interior, double and null frees of every kind
  *   contexts              context destruction, primary release and reset, cuCtxCreate_v3/_v4
- *   procaddr              cuGetProcAddress/_v2 for every symbol, version and flag (dladdr names)
+ *   procaddr              cuGetProcAddress/_v2 for 43 symbols, every version and flag (dladdr names)
  *   foreign LIB           dlsym through an unrelated library exporting cu* names, first
  *   rewrite               another program rewrites the shared file while allocations go on
  *   arrays KIND           arrays of about 300 MiB with rows padded by the driver, created until
@@ -23,6 +23,9 @@
  *   async KIND            stream-ordered allocations: otherdev (on a stream of device 1 while
  *                         device 0's context is current), reuse-off / reuse-on (900 MiB freed
  *                         on one stream, 900 MiB asked on another before a synchronisation)
+ *   graph KIND            graph memory: nodes (cuGraphAddMemAllocNode, 900 MiB), capture
+ *                         (cuMemAllocAsync captured, 900 MiB), over (two 900 MiB nodes),
+ *                         capture-held (900 MiB captured while 600 MiB are held)
  *   legacy                the pre-3.2/4.0/11.0 entry points (no _v2), found with dlsym and
  *                         cuGetProcAddress: allocations, frees, reports, context destruction
  *
@@ -337,7 +340,9 @@ static int scenario_procaddr(void) {
         "cuDeviceTotalMem", "cuCtxCreate", "cuCtxDestroy", "cuDevicePrimaryCtxRetain",
         "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset", "cuLaunchKernel", "cuLaunchKernelEx",
         "cuLaunchCooperativeKernel", "cuGraphLaunch", "cuGetProcAddress", "cuInit", "cuCtxGetCurrent",
-        "cuMemAllocHost", "cuMemHostRegister", "cuMemGetAllocationGranularity", "cuNoSuchThing",
+        "cuMemAllocHost", "cuMemHostRegister", "cuMemGetAllocationGranularity", "cuMemMap", "cuMemUnmap",
+        "cuMemPoolSetAttribute", "cuGraphInstantiateWithFlags", "cuGraphExecDestroy", "cuDeviceGraphMemTrim",
+        "cuNoSuchThing",
     };
     static const int vers[] = { 2000, 3000, 3020, 4000, 6050, 11000, 11030, 11040, 11080, 12000, 12020, 12050 };
     static const unsigned long long flags[] = { CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
@@ -544,6 +549,62 @@ static int scenario_async(const char *kind) {
     return 0;
 }
 
+/* ---- graph memory ---- */
+
+static CUresult add_alloc_node(CUgraph g, size_t size, CUdeviceptr *out) {
+    CUDA_MEM_ALLOC_NODE_PARAMS p; memset(&p, 0, sizeof p);
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE; p.poolProps.location.id = dev;
+    p.bytesize = size;
+    CUgraphNode n;
+    CUresult r = cuGraphAddMemAllocNode(&n, g, NULL, 0, &p);
+    *out = p.dptr;
+    return r;
+}
+
+static int scenario_graph(const char *kind) {
+    init();
+    CUgraph g; CUgraphExec e; CUdeviceptr gp = 0, gp2 = 0, p;
+    CUresult r;
+    if (!strcmp(kind, "capture") || !strcmp(kind, "capture-held")) {
+        CUstream s;
+        /* capture-held: 600 MiB held while a 600 MiB allocation is captured (not allocated). */
+        if (!strcmp(kind, "capture-held") && (r = cuMemAlloc(&p, 600 * MIB))) die("held", r);
+        if ((r = cuStreamCreate(&s, 0)) || (r = cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL))) die("capture", r);
+        printf("CAPTURED_RC=%d\n", cuMemAllocAsync(&gp, 900 * MIB, s));
+        printf("CAPTURED_HELD_MIB=%llu\n", used_mib(0));
+        if ((r = cuStreamEndCapture(s, &g))) die("end capture", r);
+        if ((r = cuGraphInstantiate(&e, g, NULL, NULL, 0))) die("instantiate", r);
+    } else {
+        if ((r = cuGraphCreate(&g, 0))) die("graph", r);
+        if ((r = add_alloc_node(g, 900 * MIB, &gp))) die("alloc node", r);
+        if (!strcmp(kind, "over") && (r = add_alloc_node(g, 900 * MIB, &gp2))) die("alloc node", r);
+        if ((r = cuGraphInstantiateWithFlags(&e, g, 0))) die("instantiate", r);
+    }
+    printf("LAUNCH_RC=%d\n", cuGraphLaunch(e, NULL));
+    cuCtxSynchronize();
+    printf("LAUNCHED_HELD_MIB=%llu\nLAUNCHED_FREE=%zu\n", used_mib(0), meminfo_free());
+    r = cuMemAlloc(&p, 900 * MIB);
+    printf("ALLOC_RC=%d\nALLOC_HELD_MIB=%llu\n", r, used_mib(0));
+    if (r == CUDA_SUCCESS) cuMemFree(p);
+    /* Freed: back in the graph pool, which keeps it until a trim. */
+    cuMemFreeAsync(gp, NULL);
+    if (gp2) cuMemFreeAsync(gp2, NULL);
+    cuCtxSynchronize();
+    printf("FREED_HELD_MIB=%llu\n", used_mib(0));
+    r = cuMemAlloc(&p, 900 * MIB);
+    printf("FREED_ALLOC_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemFree(p);
+    printf("TRIM_RC=%d\n", cuDeviceGraphMemTrim(dev));
+    printf("TRIMMED_HELD_MIB=%llu\n", used_mib(0));
+    r = cuMemAlloc(&p, 900 * MIB);
+    printf("TRIMMED_ALLOC_RC=%d\n", r);
+    if (r == CUDA_SUCCESS) cuMemFree(p);
+    printf("EXEC_DESTROY_RC=%d\nGRAPH_DESTROY_RC=%d\n", cuGraphExecDestroy(e), cuGraphDestroy(g));
+    printf("FREE_AFTER=%zu\nPEAK_MIB=%llu\n", meminfo_free(), peak_mib(0));
+    return 0;
+}
+
 /* ---- the legacy entry points ---- */
 
 typedef CUresult (*alloc32_t)(unsigned int *, unsigned int);
@@ -585,6 +646,25 @@ static int scenario_legacy(void) {
     printf("TOTALMEM=%u\n", tot);
     for (int i = 0; i < 6; i++) if (p[i]) free_dl(p[i]);
     printf("FREED_HELD_MIB=%llu\nFREED_FREE=%zu\n", used_mib(0), meminfo_free());
+    /* Pitched memory and arrays through the legacy forms: rows of 100 bytes padded by the driver. */
+    typedef CUresult (*pitch32_t)(unsigned int *, unsigned int *, unsigned int, unsigned int, unsigned int);
+    typedef struct { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; } desc_v1_t;
+    typedef CUresult (*array32_t)(CUarray *, const desc_v1_t *);
+    pitch32_t pitch_dl = (pitch32_t)dlsym(drv, "cuMemAllocPitch");
+    array32_t array_pa = (array32_t)proc("cuArrayCreate", 3000);
+    if (!pitch_dl) die("legacy cuMemAllocPitch", 0);
+    unsigned int q[2] = { 0 }, pitch = 0;
+    ok = 0;
+    for (int i = 0; i < 2; i++) ok += pitch_dl(&q[i], &pitch, 100, 1200000, 4) == CUDA_SUCCESS;
+    printf("PITCH_OK=%d\nPITCH_HELD_MIB=%llu\n", ok, used_mib(0));
+    for (int i = 0; i < 2; i++) if (q[i]) free_dl(q[i]);
+    CUarray arr[4] = { 0 };
+    desc_v1_t d1 = { 100, 600000, CU_AD_FORMAT_UNSIGNED_INT8, 1 };
+    ok = 0;
+    for (int i = 0; i < 4; i++) ok += array_pa(&arr[i], &d1) == CUDA_SUCCESS;
+    printf("ARRAY_OK=%d\nARRAY_HELD_MIB=%llu\n", ok, used_mib(0));
+    for (int i = 0; i < 4; i++) if (arr[i]) cuArrayDestroy(arr[i]);
+    printf("FREED2_HELD_MIB=%llu\nFREED2_FREE=%zu\n", used_mib(0), meminfo_free());
     /* Context destruction through the legacy forms gives the memory back. */
     CUdeviceptr a;
     printf("CTX_ALLOC_RC=%d\n", cuMemAlloc(&a, 900 * MIB));
@@ -622,6 +702,7 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "arrays")) return scenario_arrays(argv[2]);
     if (argc == 2 && !strcmp(argv[1], "vmm")) return scenario_vmm();
     if (argc == 3 && !strcmp(argv[1], "async")) return scenario_async(argv[2]);
+    if (argc == 3 && !strcmp(argv[1], "graph")) return scenario_graph(argv[2]);
     fprintf(stderr, "usage: conformance edge|threads|fork|frees|contexts|procaddr|foreign|rewrite ...\n");
     return 2;
 }

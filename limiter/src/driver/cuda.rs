@@ -27,6 +27,7 @@ static ALLOCATION_GRANULARITY: Extra = Extra::new(Lib::Cuda, c"cuMemGetAllocatio
 static PRIMARY_CTX_GET_STATE: Extra = Extra::new(Lib::Cuda, c"cuDevicePrimaryCtxGetState");
 static DEVICE_GET_ATTRIBUTE: Extra = Extra::new(Lib::Cuda, c"cuDeviceGetAttribute");
 static STREAM_GET_CTX: Extra = Extra::new(Lib::Cuda, c"cuStreamGetCtx");
+static STREAM_IS_CAPTURING: Extra = Extra::new(Lib::Cuda, c"cuStreamIsCapturing");
 static CTX_PUSH_CURRENT: Extra = Extra::new(Lib::Cuda, c"cuCtxPushCurrent_v2");
 static CTX_POP_CURRENT: Extra = Extra::new(Lib::Cuda, c"cuCtxPopCurrent_v2");
 
@@ -118,6 +119,24 @@ pub fn stream_ordinal(stream: usize) -> Option<usize> {
     // SAFETY: pops the context pushed above (cuCtxPopCurrent_v2 with an out-pointer).
     unsafe { pop(&mut popped) };
     (r == SUCCESS).then(|| usize::try_from(dev).ok()).flatten()
+}
+
+/// Whether `stream` is being captured into a graph (`cuStreamIsCapturing` says
+/// `CU_STREAM_CAPTURE_STATUS_ACTIVE`). The NULL and `CU_STREAM_LEGACY` streams cannot be.
+pub fn capturing(stream: usize) -> bool {
+    if stream == 0 || stream == 1 {
+        return false;
+    }
+    let Some(f) = extra!(
+        STREAM_IS_CAPTURING,
+        unsafe extern "C" fn(Opaque, *mut c_int) -> CuResult
+    ) else {
+        return false;
+    };
+    let mut status: c_int = 0;
+    // SAFETY: cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*) with the caller's stream.
+    let r = unsafe { f(stream as Opaque, &mut status) };
+    r == SUCCESS && status == 1
 }
 
 /// An `int` attribute (`CU_MEMPOOL_ATTR_REUSE_*`) of memory pool `pool`.

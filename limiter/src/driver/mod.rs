@@ -33,6 +33,7 @@ macro_rules! hook_list {
             Cuda memory::cuMemAlloc_v2;
             Cuda memory::cuMemAlloc;
             Cuda memory::cuMemAllocPitch_v2;
+            Cuda memory::cuMemAllocPitch;
             Cuda memory::cuMemAllocManaged;
             Cuda mempool::cuMemAllocAsync;
             Cuda mempool::cuMemAllocAsync_ptsz;
@@ -48,6 +49,8 @@ macro_rules! hook_list {
             Cuda memory::cuMemFreeAsync_ptsz;
             Cuda arrays::cuArrayCreate_v2;
             Cuda arrays::cuArray3DCreate_v2;
+            Cuda arrays::cuArrayCreate;
+            Cuda arrays::cuArray3DCreate;
             Cuda arrays::cuMipmappedArrayCreate;
             Cuda arrays::cuArrayDestroy;
             Cuda arrays::cuMipmappedArrayDestroy;
@@ -81,6 +84,11 @@ macro_rules! hook_list {
             Cuda launch::cuLaunchCooperativeKernel_ptsz;
             Cuda launch::cuGraphLaunch;
             Cuda launch::cuGraphLaunch_ptsz;
+            Cuda graphs::cuGraphInstantiateWithFlags;
+            Cuda graphs::cuGraphInstantiate_v2;
+            Cuda graphs::cuGraphInstantiateWithParams;
+            Cuda graphs::cuGraphExecDestroy;
+            Cuda graphs::cuDeviceGraphMemTrim;
             Cuda interpose::cuGetProcAddress;
             Cuda interpose::cuGetProcAddress_v2;
             Nvml nvml::nvmlDeviceGetMemoryInfo;

@@ -12,7 +12,10 @@ use super::{
     INVALID_VALUE, SUCCESS,
 };
 use crate::config::config;
-use cuda_abi::{array_element_bytes, Array3dDescriptor, ArrayDescriptor, ArrayMemoryRequirements};
+use cuda_abi::{
+    array_element_bytes, Array3dDescriptor, Array3dDescriptorV1, ArrayDescriptor,
+    ArrayDescriptorV1, ArrayMemoryRequirements,
+};
 use std::ffi::c_uint;
 
 use super::guesses::ARRAY_ALIGN;
@@ -125,6 +128,34 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     // SAFETY: null or valid per the caller.
     let desc = unsafe { desc.as_ref() }.copied();
     create("cuArray3DCreate_v2", out, desc, 1, false)
+}
+
+/// The CUDA < 3.2 form (`CUDA_ARRAY_DESCRIPTOR_v1`, 32-bit sizes).
+///
+/// # Safety
+/// `out` null or writable; `desc` null or a valid `CUDA_ARRAY_DESCRIPTOR_v1`.
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate(
+    out: *mut Opaque,
+    desc: *const ArrayDescriptorV1,
+) -> CuResult {
+    // SAFETY: null or valid per the caller.
+    let desc = unsafe { desc.as_ref() }.map(|d| Array3dDescriptor::from(*d));
+    create("cuArrayCreate", out, desc, 1, false)
+}
+
+/// The CUDA < 3.2 form (`CUDA_ARRAY3D_DESCRIPTOR_v1`, 32-bit sizes).
+///
+/// # Safety
+/// `out` null or writable; `desc` null or a valid `CUDA_ARRAY3D_DESCRIPTOR_v1`.
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate(
+    out: *mut Opaque,
+    desc: *const Array3dDescriptorV1,
+) -> CuResult {
+    // SAFETY: null or valid per the caller.
+    let desc = unsafe { desc.as_ref() }.map(|d| Array3dDescriptor::from(*d));
+    create("cuArray3DCreate", out, desc, 1, false)
 }
 
 /// # Safety

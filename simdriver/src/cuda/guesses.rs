@@ -1,7 +1,8 @@
 //! TEST-ONLY: every place where the simulated driver GUESSES at what a real NVIDIA driver does,
 //! because neither `cuda.h` nor NVIDIA's documentation says. Everything else the simulated driver
-//! does follows `cuda.h`/`nvml.h` as documented. `tests/gpu/validate-limiter.sh` is the place
-//! to check these guesses on a real GPU; until it has run, they are guesses.
+//! does follows `cuda.h`/`nvml.h` as documented. `tests/gpu/validate-limiter.sh` measures each
+//! of them on a real GPU (probe `tests/gpu/guesses.c`, printing `GUESS OK`/`GUESS DIFFERS`);
+//! until it has run on one, they are guesses.
 //!
 //! 1. **Array layout.** A CUDA array (`cuArrayCreate_v2`, `cuArray3DCreate_v2`,
 //!    `cuMipmappedArrayCreate`) takes each row of elements padded to the pitch alignment
@@ -13,19 +14,26 @@
 //!    whose size is not documented; the only documented size query,
 //!    `cuArrayGetMemoryRequirements`, answers for deferred-mapping arrays alone.
 //! 2. **Pitched memory.** `cuMemAllocPitch_v2` rounds the row up to the same pitch alignment.
-//! 3. **Legacy 32-bit entry points.** `cuMemAlloc` (no `_v2`) hands out pointers that fit in
-//!    32 bits, from [`LEGACY_PTR_BASE`] upwards, and `CUDA_ERROR_OUT_OF_MEMORY` once that range
-//!    is used up; `cuMemGetInfo` and `cuDeviceTotalMem` (no `_v2`) clamp sizes above 4 GiB to
+//! 3. **Legacy 32-bit entry points.** `cuMemAlloc` and `cuMemAllocPitch` (no `_v2`) hand out
+//!    pointers that fit in 32 bits, at the lowest free address from [`LEGACY_PTR_BASE`] up, and
+//!    `CUDA_ERROR_OUT_OF_MEMORY` when no gap is left below 4 GiB; `cuMemGetInfo` and `cuDeviceTotalMem` (no `_v2`) clamp sizes above 4 GiB to
 //!    `UINT_MAX`.
 //! 4. **Stream-ordered pools.** A pool grows in [`POOL_CHUNK`] steps; memory freed on one stream
 //!    is reused for another stream before a synchronisation only while the pool's
 //!    `CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC` or `…_ALLOW_INTERNAL_DEPENDENCIES` is on (both
 //!    are on by default, as `cuda.h` says); memory freed on the same stream is always reused.
+//!    Any synchronisation (`cuCtxSynchronize`, `cuStreamSynchronize`, `cuEventSynchronize`)
+//!    completes every pending free of the device, and pools release memory above their release
+//!    threshold then.
 //! 5. **Context footprint.** A context occupies `GPUSHARE_SIM_CTX_MIB` of device memory (0 by
 //!    default), once per device and process.
 //! 6. **VMM.** `cuMemCreate` memory stays taken until it is both released (`cuMemRelease`) and
 //!    unmapped (`cuMemUnmap` of every mapping), as the `cuMemRelease` documentation says; the
 //!    allocation granularity is [`VMM_GRANULARITY`].
+//! 7. **Graph memory.** A graph's allocations are taken from one graph pool per device at
+//!    launch, growing in [`POOL_CHUNK`] steps; freed graph memory stays in that pool until
+//!    `cuDeviceGraphMemTrim` (synchronisation does not release it). Launching a graph whose
+//!    allocation from the previous launch is still live fails with `CUDA_ERROR_INVALID_VALUE`.
 
 /// Alignment of a whole CUDA array's memory.
 pub const ARRAY_ALIGN: u64 = 64 << 10;

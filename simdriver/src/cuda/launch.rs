@@ -93,31 +93,6 @@ pub extern "C" fn cuStreamSynchronize_ptsz(_s: Opaque) -> CuResult {
     SUCCESS
 }
 
-/// # Safety
-/// `out` null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphCreate(out: *mut Opaque, _flags: c_uint) -> CuResult {
-    tri!(enter("cuGraphCreate"));
-    // SAFETY: forwarded caller contract.
-    unsafe { put(out, token()) }
-}
-
-/// # Safety
-/// `out` null or writable.
-#[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
-    out: *mut Opaque,
-    graph: Opaque,
-    _flags: u64,
-) -> CuResult {
-    tri!(enter("cuGraphInstantiateWithFlags"));
-    if graph.is_null() {
-        return INVALID_VALUE;
-    }
-    // SAFETY: forwarded caller contract.
-    unsafe { put(out, token()) }
-}
-
 // ---- launches ----
 
 /// Queues one simulated kernel on the current context's device.
@@ -238,14 +213,21 @@ pub extern "C" fn cuLaunchKernelEx_ptsz(
     launch("cuLaunchKernelEx_ptsz", f)
 }
 
+/// A graph launch: its memory first (`graphs.rs`), then one simulated kernel.
+fn graph_launch(name: &str, exec: Opaque) -> CuResult {
+    tri!(enter(name));
+    tri!(super::graphs::launch_memory(exec as usize));
+    launch(name, exec)
+}
+
 #[no_mangle]
 pub extern "C" fn cuGraphLaunch(exec: Opaque, _stream: Opaque) -> CuResult {
-    launch("cuGraphLaunch", exec)
+    graph_launch("cuGraphLaunch", exec)
 }
 
 #[no_mangle]
 pub extern "C" fn cuGraphLaunch_ptsz(exec: Opaque, _stream: Opaque) -> CuResult {
-    launch("cuGraphLaunch_ptsz", exec)
+    graph_launch("cuGraphLaunch_ptsz", exec)
 }
 
 /// # Safety

@@ -128,6 +128,8 @@ pub(super) fn free_ptr(ptr: u64) -> CuResult {
                 device_give(a.dev, a.size);
                 SUCCESS
             }
+            // Graph memory goes back to the device's graph pool.
+            None if super::graphs::free_graph_ptr(d, ptr) => SUCCESS,
             None => INVALID_VALUE,
         }
     })
@@ -150,8 +152,43 @@ pub extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, size: usize) -> CuResult
     alloc_current("cuMemAlloc_v2", dptr, size as u64)
 }
 
-/// Next pointer of the legacy 32-bit entry points (see `guesses.rs`).
-static NEXT_PTR32: AtomicU64 = AtomicU64::new(guesses::LEGACY_PTR_BASE);
+/// A legacy allocation of `size` bytes on the current context: a pointer that fits in 32 bits.
+fn alloc32(name: &str, size: u64) -> Result<u32, CuResult> {
+    enter(name)?;
+    let (ctx, dev) = current_ctx()?;
+    if size == 0 {
+        return Err(INVALID_VALUE);
+    }
+    device_take(dev, size)?;
+    let step = size.div_ceil(512) * 512;
+    with_driver(|d| {
+        // The lowest gap between the live 32-bit allocations (guesses.rs).
+        let mut live: Vec<(u64, u64)> = d
+            .allocs
+            .iter()
+            .filter(|(&p, _)| p < 1 << 32)
+            .map(|(&p, a)| (p, a.size.div_ceil(512) * 512))
+            .collect();
+        live.sort_unstable();
+        let mut at = guesses::LEGACY_PTR_BASE;
+        for (p, len) in live {
+            if p >= at + step {
+                break;
+            }
+            at = at.max(p + len);
+        }
+        match u32::try_from(at + step) {
+            Ok(_) => {
+                d.allocs.insert(at, Alloc { dev, size, ctx });
+                Ok(at as u32)
+            }
+            Err(_) => {
+                device_give(dev, size);
+                Err(OUT_OF_MEMORY)
+            }
+        }
+    })
+}
 
 /// The CUDA < 3.2 `cuMemAlloc(CUdeviceptr_v1 *, unsigned int)`: a 32-bit pointer and size.
 ///
@@ -159,30 +196,41 @@ static NEXT_PTR32: AtomicU64 = AtomicU64::new(guesses::LEGACY_PTR_BASE);
 /// `dptr` null or writable.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc(dptr: *mut u32, size: c_uint) -> CuResult {
-    tri!(enter("cuMemAlloc"));
-    let (ctx, dev) = tri!(current_ctx());
-    if dptr.is_null() || size == 0 {
+    if dptr.is_null() {
         return INVALID_VALUE;
     }
-    let step = u64::from(size).div_ceil(512) * 512;
-    let ptr = NEXT_PTR32.fetch_add(step, Ordering::Relaxed);
-    let Ok(p32) = u32::try_from(ptr + step) else {
-        return OUT_OF_MEMORY;
-    };
-    let p32 = p32 - step as u32;
-    tri!(device_take(dev, u64::from(size)));
-    with_driver(|d| {
-        d.allocs.insert(
-            u64::from(p32),
-            Alloc {
-                dev,
-                size: u64::from(size),
-                ctx,
-            },
-        )
-    });
+    let p = tri!(alloc32("cuMemAlloc", u64::from(size)));
     // SAFETY: checked non-null; writable per the C API contract.
-    unsafe { dptr.write(p32) };
+    unsafe { dptr.write(p) };
+    SUCCESS
+}
+
+/// The CUDA < 3.2 `cuMemAllocPitch`: 32-bit pointer, pitch and sizes, rows padded like `_v2`.
+///
+/// # Safety
+/// `dptr` and `pitch` null or writable.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch(
+    dptr: *mut u32,
+    pitch: *mut u32,
+    width: c_uint,
+    height: c_uint,
+    elem: c_uint,
+) -> CuResult {
+    if dptr.is_null() || pitch.is_null() || !matches!(elem, 4 | 8 | 16) {
+        return INVALID_VALUE;
+    }
+    let align = config().pitch_align;
+    let p = u64::from(width).div_ceil(align) * align;
+    let Ok(p32) = u32::try_from(p) else {
+        return INVALID_VALUE;
+    };
+    let ptr = tri!(alloc32("cuMemAllocPitch", p * u64::from(height)));
+    // SAFETY: checked non-null; writable per the C API contract.
+    unsafe {
+        dptr.write(ptr);
+        pitch.write(p32);
+    }
     SUCCESS
 }
 
@@ -201,12 +249,8 @@ pub extern "C" fn cuMemFree(ptr: u32) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CuResult {
     tri!(enter("cuMemGetInfo"));
-    let (mut f, mut t) = (0usize, 0usize);
-    // SAFETY: valid locals.
-    let r = unsafe { cuMemGetInfo_v2(&mut f, &mut t) };
-    if r != SUCCESS {
-        return r;
-    }
+    // Not through the exported cuMemGetInfo_v2, which an interposer may wrap.
+    let (f, t) = tri!(mem_info());
     if free.is_null() || total.is_null() {
         return INVALID_VALUE;
     }
@@ -324,18 +368,24 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
     tri!(enter("cuMemGetInfo_v2"));
-    let (_, dev) = tri!(current_ctx());
+    let (f, t) = tri!(mem_info());
     if free.is_null() || total.is_null() {
         return INVALID_VALUE;
     }
-    let t = config().devices[dev];
-    let used = state::used_on(dev).min(t);
     // SAFETY: checked non-null; writable per the caller.
     unsafe {
-        free.write((t - used) as usize);
-        total.write(t as usize);
+        free.write(f);
+        total.write(t);
     }
     SUCCESS
+}
+
+/// Free and total memory of the current context's device.
+fn mem_info() -> Result<(usize, usize), CuResult> {
+    let (_, dev) = current_ctx()?;
+    let t = config().devices[dev];
+    let used = state::used_on(dev).min(t);
+    Ok(((t - used) as usize, t as usize))
 }
 
 /// TEST-ONLY probe (not a CUDA entry point): the most device memory this process has held at

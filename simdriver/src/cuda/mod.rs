@@ -52,6 +52,8 @@ struct Driver {
     vmm: vmm::Vmm,
     /// Created streams: handle -> the context they belong to.
     streams: HashMap<usize, usize>,
+    /// Graphs, memory nodes, capture and the graph memory pools.
+    graphs: graphs::Graphs,
 }
 
 /// A device allocation: its GPU, size and the context that owns it (0: none, `cuMemCreate`
@@ -98,6 +100,7 @@ fn with_driver<T>(f: impl FnOnce(&mut Driver) -> T) -> T {
         pool_allocs: HashMap::new(),
         vmm: vmm::Vmm::default(),
         streams: HashMap::new(),
+        graphs: graphs::Graphs::default(),
     });
     f(d)
 }
@@ -187,6 +190,7 @@ fn token() -> Opaque {
 mod arrays;
 mod contexts;
 mod devices;
+mod graphs;
 pub mod guesses;
 mod host;
 mod launch;
@@ -198,6 +202,7 @@ mod vmm;
 pub use arrays::*;
 pub use contexts::*;
 pub use devices::*;
+pub use graphs::*;
 pub use host::*;
 pub use launch::*;
 pub use memory::*;

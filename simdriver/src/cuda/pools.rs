@@ -148,6 +148,12 @@ fn alloc_async(
     if dptr.is_null() {
         return INVALID_VALUE;
     }
+    if let Some(graph) = super::graphs::capture_of(stream) {
+        let p = tri!(super::graphs::captured_alloc(graph, stream, size as u64));
+        // SAFETY: checked non-null; writable per the C API contract.
+        unsafe { dptr.write(p) };
+        return SUCCESS;
+    }
     // The stream's device: a stream of another device than the current context's allocates
     // from that device's pool.
     let (_, dev) = tri!(stream_ctx(stream));
@@ -381,6 +387,10 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 /// A stream-ordered free: the memory goes back to its pool, pending on `stream` until the next
 /// synchronisation.
 fn free_async(ptr: CuDevicePtr, stream: Opaque) -> CuResult {
+    if let Some(graph) = super::graphs::capture_of(stream) {
+        super::graphs::captured_free(graph, ptr);
+        return SUCCESS;
+    }
     let pool = with_driver(|d| d.pool_allocs.get(&ptr).copied());
     let r = free_ptr(ptr);
     if let (SUCCESS, Some((pool, size))) = (r, pool) {

@@ -4,6 +4,7 @@
 use super::arrays::*;
 use super::contexts::*;
 use super::devices::*;
+use super::graphs::*;
 use super::host::*;
 use super::launch::*;
 use super::memory::*;
@@ -107,6 +108,9 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuDevicePrimaryCtxSetFlags_v2,
         cuMemAlloc_v2,
         cuMemAlloc,
+        cuMemAllocPitch,
+        cuArrayCreate,
+        cuArray3DCreate,
         cuMemFree,
         cuMemGetInfo,
         cuDeviceTotalMem,
@@ -163,6 +167,19 @@ fn exports() -> &'static [(&'static str, *const c_void)] {
         cuEventDestroy_v2,
         cuGraphCreate,
         cuGraphInstantiateWithFlags,
+        cuGraphInstantiate_v2,
+        cuGraphExecDestroy,
+        cuGraphDestroy,
+        cuGraphAddMemAllocNode,
+        cuGraphAddMemFreeNode,
+        cuGraphGetNodes,
+        cuGraphNodeGetType,
+        cuGraphMemAllocNodeGetParams,
+        cuStreamBeginCapture_v2,
+        cuStreamEndCapture,
+        cuStreamIsCapturing,
+        cuDeviceGraphMemTrim,
+        cuDeviceGetGraphMemAttribute,
         cuLaunchKernel,
         cuLaunchKernel_ptsz,
         cuLaunchCooperativeKernel,
