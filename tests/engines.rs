@@ -117,3 +117,8 @@ fn containerd_1_7_configure_on_stock_kubeadm_and_empty_files() {
 fn containerd_2_configure_on_v3_stock_and_missing_files() {
     run_script_with("containerd_configs.sh", &[("CRI_CONTAINERD", "sid")]);
 }
+
+#[test]
+fn podman_cdi_nvidia_spec_device_with_mps_and_limit() {
+    run_script("podman_cdi.sh");
+}
