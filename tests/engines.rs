@@ -122,3 +122,8 @@ fn containerd_2_configure_on_v3_stock_and_missing_files() {
 fn podman_cdi_nvidia_spec_device_with_mps_and_limit() {
     run_script("podman_cdi.sh");
 }
+
+#[test]
+fn docker_26_cdi_nvidia_spec_on_gpushare_default_runtime() {
+    run_script("docker_cdi.sh");
+}
