@@ -127,3 +127,13 @@ fn podman_cdi_nvidia_spec_device_with_mps_and_limit() {
 fn docker_26_cdi_nvidia_spec_on_gpushare_default_runtime() {
     run_script("docker_cdi.sh");
 }
+
+#[test]
+fn cri_containerd_1_7_cdi_devices_nvidia_spec() {
+    run_script_with("cri_cdi.sh", &[("CRI_CONTAINERD", "trixie")]);
+}
+
+#[test]
+fn cri_containerd_2_cdi_devices_nvidia_spec() {
+    run_script_with("cri_cdi.sh", &[("CRI_CONTAINERD", "sid")]);
+}
