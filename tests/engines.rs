@@ -137,3 +137,8 @@ fn cri_containerd_1_7_cdi_devices_nvidia_spec() {
 fn cri_containerd_2_cdi_devices_nvidia_spec() {
     run_script_with("cri_cdi.sh", &[("CRI_CONTAINERD", "sid")]);
 }
+
+#[test]
+fn chaining_nvidia_cdi_mode_both_orders() {
+    run_script("chaining_cdi.sh");
+}
