@@ -112,3 +112,43 @@ fn kubernetes_installer_image_podman_build_offline() {
 fn cri_containerd_2_debian_unstable_config_v3() {
     run_script_with("cri.sh", &[("CRI_CONTAINERD", "sid")]);
 }
+
+#[test]
+fn containerd_1_6_configure_on_stock_kubeadm_and_empty_files() {
+    run_script_with("containerd_configs.sh", &[("CRI_CONTAINERD", "system")]);
+}
+
+#[test]
+fn containerd_1_7_configure_on_stock_kubeadm_and_empty_files() {
+    run_script_with("containerd_configs.sh", &[("CRI_CONTAINERD", "trixie")]);
+}
+
+#[test]
+fn containerd_2_configure_on_v3_stock_and_missing_files() {
+    run_script_with("containerd_configs.sh", &[("CRI_CONTAINERD", "sid")]);
+}
+
+#[test]
+fn podman_cdi_nvidia_spec_device_with_mps_and_limit() {
+    run_script("podman_cdi.sh");
+}
+
+#[test]
+fn docker_26_cdi_nvidia_spec_on_gpushare_default_runtime() {
+    run_script("docker_cdi.sh");
+}
+
+#[test]
+fn cri_containerd_1_7_cdi_devices_nvidia_spec() {
+    run_script_with("cri_cdi.sh", &[("CRI_CONTAINERD", "trixie")]);
+}
+
+#[test]
+fn cri_containerd_2_cdi_devices_nvidia_spec() {
+    run_script_with("cri_cdi.sh", &[("CRI_CONTAINERD", "sid")]);
+}
+
+#[test]
+fn chaining_nvidia_cdi_mode_both_orders() {
+    run_script("chaining_cdi.sh");
+}

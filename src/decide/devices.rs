@@ -21,12 +21,29 @@ pub enum DeviceError {
     MpsMultiGpu(usize),
 }
 
-/// Finds the GPUs the container was given: `NVIDIA_VISIBLE_DEVICES` if set, else
-/// `/dev/nvidia<N>` entries of `linux.devices` (by minor number), else none.
+/// The `NVIDIA_VISIBLE_DEVICES` value that counts when `env` holds several: the last one.
 ///
-/// `NVIDIA_VISIBLE_DEVICES` is read as the NVIDIA container toolkit reads it: exactly `all`,
-/// `none`, `void` or empty (lower case, no spaces), else a comma list of selectors; `ALL` or
-/// `0, 1` are refused here because the toolkit would not give the container those GPUs.
+/// CDI appends its `containerEdits.env` to the container's env instead of replacing entries,
+/// so NVIDIA's generated specs (common `NVIDIA_VISIBLE_DEVICES=void`) leave a config.json with
+/// both the user's value and `void`. The NVIDIA container toolkit reads the env into a map (the
+/// last entry wins), and runc hands the process the last entry too, so the last one is what
+/// every reader downstream sees. It names GPUs only through [`assigned`], which also counts the
+/// device nodes, so a trailing `void` cannot hide a GPU the container was given.
+pub fn visible(env: &[String]) -> Option<&str> {
+    crate::decide::request::env_lookup(env, "NVIDIA_VISIBLE_DEVICES")
+}
+
+/// Finds the GPUs the container was really given: those named by `NVIDIA_VISIBLE_DEVICES`
+/// (the value from [`visible`]), together with those whose `/dev/nvidia<N>` device nodes are in
+/// `linux.devices` (by minor number), in either case once.
+///
+/// `all` names every GPU; `none`, `void` and empty name none but hide no device node: CDI
+/// specs (as `nvidia-ctk cdi generate` writes them) and engines' `--device` hand out GPUs as
+/// device nodes and set `void` only so that NVIDIA's legacy hook leaves the container alone.
+/// A list names its GPUs. Values are taken exactly as written: `ALL` or `0, 1` are refused
+/// (the toolkit would pass `ALL` on as an unknown device, and trims the spaces of `0, 1`;
+/// gpushare asks for the exact form instead of guessing). docs/design.md, "Which GPUs a
+/// container has", lists what the toolkit does with each value.
 ///
 /// # Errors
 /// [`DeviceError`] for malformed or unknown entries.
@@ -43,7 +60,7 @@ pub fn assigned(
     };
     match visible {
         Some("all") => inventory.iter().for_each(&mut push),
-        Some("" | "none" | "void") => {}
+        None | Some("" | "none" | "void") => {}
         Some(list) => {
             for part in list.split(',') {
                 let sel = parse_selector(part)
@@ -51,24 +68,20 @@ pub fn assigned(
                 push(find(&sel, inventory)?);
             }
         }
-        None => {
-            for path in linux_devices {
-                let Some(minor) = path
-                    .strip_prefix("/dev/nvidia")
-                    .filter(|n| {
-                        !n.is_empty() && n.len() <= 4 && n.bytes().all(|b| b.is_ascii_digit())
-                    })
-                    .and_then(|n| n.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                let gpu = inventory
-                    .iter()
-                    .find(|g| g.minor == minor)
-                    .ok_or_else(|| DeviceError::Unknown(path.clone()))?;
-                push(gpu);
-            }
-        }
+    }
+    for path in linux_devices {
+        let Some(minor) = path
+            .strip_prefix("/dev/nvidia")
+            .filter(|n| !n.is_empty() && n.len() <= 4 && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let gpu = inventory
+            .iter()
+            .find(|g| g.minor == minor)
+            .ok_or_else(|| DeviceError::Unknown(path.clone()))?;
+        push(gpu);
     }
     Ok(out)
 }
@@ -154,9 +167,63 @@ mod tests {
             ("indices", Some("1,3"), vec![], Ok(vec![1, 3])),
             ("uuid", Some("GPU-00000002"), vec![], Ok(vec![2])),
             ("duplicates folded", Some("1,1"), vec![], Ok(vec![1])),
-            ("none", Some("none"), vec!["/dev/nvidia0"], Ok(vec![])),
-            ("void", Some("void"), vec![], Ok(vec![])),
-            ("empty", Some(""), vec!["/dev/nvidia0"], Ok(vec![])),
+            ("none, no node", Some("none"), vec![], Ok(vec![])),
+            ("void, no node", Some("void"), vec![], Ok(vec![])),
+            ("empty, no node", Some(""), vec![], Ok(vec![])),
+            // CDI (NVIDIA's generated spec): the GPU arrives as a device node, env says void.
+            (
+                "void with a CDI node",
+                Some("void"),
+                vec!["/dev/nvidiactl", "/dev/nvidia0"],
+                Ok(vec![0]),
+            ),
+            (
+                "none with a node",
+                Some("none"),
+                vec!["/dev/nvidia1"],
+                Ok(vec![1]),
+            ),
+            (
+                "empty with a node",
+                Some(""),
+                vec!["/dev/nvidia3"],
+                Ok(vec![3]),
+            ),
+            (
+                "list and other nodes: both",
+                Some("2"),
+                vec!["/dev/nvidia0"],
+                Ok(vec![2, 0]),
+            ),
+            (
+                "list and the same node: once",
+                Some("1"),
+                vec!["/dev/nvidia1"],
+                Ok(vec![1]),
+            ),
+            (
+                "all and a node",
+                Some("all"),
+                vec!["/dev/nvidia2"],
+                Ok(vec![0, 1, 2, 3]),
+            ),
+            (
+                "void with an unknown node",
+                Some("void"),
+                vec!["/dev/nvidia9"],
+                Err(DeviceError::Unknown("/dev/nvidia9".into())),
+            ),
+            (
+                "not GPU nodes",
+                Some("void"),
+                vec![
+                    "/dev/nvidiactl",
+                    "/dev/nvidia-uvm",
+                    "/dev/nvidia-caps/nvidia-cap1",
+                    "/dev/nvidia00000",
+                ],
+                Ok(vec![]),
+            ),
             (
                 "upper-case ALL",
                 Some("ALL"),
@@ -211,6 +278,82 @@ mod tests {
             let devs: Vec<String> = devs.into_iter().map(String::from).collect();
             let got =
                 assigned(vis, &devs, &inv).map(|v| v.iter().map(|g| g.index).collect::<Vec<_>>());
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    /// Several `NVIDIA_VISIBLE_DEVICES` entries: the last counts (as for the toolkit and runc),
+    /// and the device nodes count whatever it says.
+    #[test]
+    fn several_entries_table() {
+        let inv = inv(4);
+        type Row<'a> = (
+            &'a str,
+            Vec<&'a str>,
+            Vec<&'a str>,
+            Option<&'a str>,
+            Vec<u32>,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "one",
+                vec!["NVIDIA_VISIBLE_DEVICES=1"],
+                vec![],
+                Some("1"),
+                vec![1],
+            ),
+            (
+                "unset",
+                vec!["PATH=/bin"],
+                vec!["/dev/nvidia2"],
+                None,
+                vec![2],
+            ),
+            (
+                "user 0, CDI void appended, CDI node",
+                vec!["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=void"],
+                vec!["/dev/nvidia0"],
+                Some("void"),
+                vec![0],
+            ),
+            (
+                "user 1, CDI void appended, CDI gave node 0",
+                vec!["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=void"],
+                vec!["/dev/nvidia0"],
+                Some("void"),
+                vec![0],
+            ),
+            (
+                "void first, list last",
+                vec!["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=3"],
+                vec![],
+                Some("3"),
+                vec![3],
+            ),
+            (
+                "an earlier bad entry is not read",
+                vec!["NVIDIA_VISIBLE_DEVICES=junk", "NVIDIA_VISIBLE_DEVICES=2"],
+                vec![],
+                Some("2"),
+                vec![2],
+            ),
+            (
+                "a look-alike name is not the variable",
+                vec!["NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES_X=2"],
+                vec![],
+                Some("1"),
+                vec![1],
+            ),
+        ];
+        for (what, env, devs, want_value, want) in rows {
+            let env: Vec<String> = env.into_iter().map(String::from).collect();
+            let devs: Vec<String> = devs.into_iter().map(String::from).collect();
+            assert_eq!(visible(&env), want_value, "{what}");
+            let got: Vec<u32> = assigned(visible(&env), &devs, &inv)
+                .unwrap()
+                .iter()
+                .map(|g| g.index)
+                .collect();
             assert_eq!(got, want, "{what}");
         }
     }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::decide::devices::{self, DeviceError};
 use crate::decide::domain::PlannedDomain;
 use crate::decide::input::SpecView;
-use crate::decide::request::{env_lookup, Request};
+use crate::decide::request::Request;
 use crate::vocab::quantity::to_mib;
 use crate::vocab::Gpu;
 use crate::vocab::{Mode, Timeslice};
@@ -53,8 +53,7 @@ pub fn decide(
     inventory: &[Gpu],
 ) -> Result<Plan, DeviceError> {
     let devs: Vec<String> = spec.linux.devices.iter().map(|d| d.path.clone()).collect();
-    let visible = env_lookup(&spec.process.env, "NVIDIA_VISIBLE_DEVICES");
-    let mut given = devices::assigned(visible, &devs, inventory)?;
+    let mut given = devices::assigned(devices::visible(&spec.process.env), &devs, inventory)?;
     given.sort_by_key(|g| g.index);
     let chosen = devices::select(&given, req.devices.as_deref(), req.mode, inventory)?;
     let gpus = chosen

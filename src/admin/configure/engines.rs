@@ -35,7 +35,7 @@ pub(super) fn plan(
     let main = |default: &str| opts.path.clone().unwrap_or_else(|| PathBuf::from(default));
     let mut out = Vec::new();
     match engine {
-        Engine::Docker => out.push(docker(&main(DOCKER_FILE), setup)?),
+        Engine::Docker => out.push(docker(&main(DOCKER_FILE), setup, opts.default_runtime)?),
         Engine::Containerd => out.push(containerd(
             &main(CONTAINERD_FILE),
             setup,
@@ -106,8 +106,9 @@ fn change(path: &Path, before: Option<String>, after: String, mode: u32) -> Chan
     }
 }
 
-/// Docker: `runtimes.gpushare.path` in daemon.json; every other key kept in its order.
-fn docker(path: &Path, setup: &Setup) -> Result<Change, ConfigureError> {
+/// Docker: `runtimes.gpushare.path` in daemon.json (and with `default_runtime`,
+/// `"default-runtime": "gpushare"`); every other key kept in its order.
+fn docker(path: &Path, setup: &Setup, default_runtime: bool) -> Result<Change, ConfigureError> {
     let before = read(path)?;
     let text = before.as_deref().unwrap_or("");
     let mut v: Value = if text.trim().is_empty() {
@@ -137,6 +138,10 @@ fn docker(path: &Path, setup: &Setup) -> Result<Change, ConfigureError> {
     let want = Value::String(setup.runtime_entry().display().to_string());
     if entry.get("path") != Some(&want) {
         entry.insert("path".into(), want);
+    }
+    let handler = Value::String(HANDLER.into());
+    if default_runtime && root.get("default-runtime") != Some(&handler) {
+        root.insert("default-runtime".into(), handler);
     }
     let after = if before.is_some() && v == serde_json::from_str::<Value>(text).unwrap_or_default()
     {
@@ -279,8 +284,28 @@ fn containerd_default_version() -> i64 {
     }
 }
 
+/// The runtime containerd's CRI runs a pod on when it names none, and its shim.
+const CONTAINERD_DEFAULT_RUNTIME: &str = "runc";
+const RUNC_SHIM: &str = "io.containerd.runc.v2";
+/// Keys of a CRI runtime table that are the handler's own, not copied from the default runtime.
+const HANDLER_OWN_KEYS: &[&str] = &[
+    "runtime_type",
+    "runtime_path",
+    "pod_annotations",
+    "container_annotations",
+    "options",
+];
+
 /// containerd: the CRI runtime handler `gpushare` (runc v2 shim with `BinaryName`), passing the
 /// pods' `gpu.share*` annotations into the OCI spec. Version 2 (1.x) and 3 (2.x) layouts.
+///
+/// containerd replaces its built-in runtimes (`runc`) with the file's `runtimes` table as soon as
+/// the file has one, and then refuses to load the CRI plugin when `default_runtime_name` names a
+/// runtime the file lacks. So where the default runtime is only implicit (Debian's stock file, an
+/// empty or new file) it is written out as containerd's own default is (`runtime_type =
+/// "io.containerd.runc.v2"`). The handler then takes the default runtime's settings and options
+/// (kubeadm's `SystemdCgroup = true`, a `base_runtime_spec`, …) when that runtime is a runc shim,
+/// with `BinaryName` replaced by gpushare-runtime.
 fn containerd(path: &Path, setup: &Setup, version: Option<i64>) -> Result<Change, ConfigureError> {
     let before = read(path)?;
     let text = before.as_deref().unwrap_or("");
@@ -296,28 +321,108 @@ fn containerd(path: &Path, setup: &Setup, version: Option<i64>) -> Result<Change
             doc.insert("version", toml_edit::value(v));
             v
         }
-        None => {
+        None => 1,
+    };
+    let plugin = match version {
+        2 => "io.containerd.grpc.v1.cri",
+        3 => "io.containerd.cri.v1.runtime",
+        1 => {
             return Err(ConfigureError::ContainerdV1 {
                 path: path.to_owned(),
             })
         }
+        v => {
+            return Err(ConfigureError::ContainerdVersion {
+                path: path.to_owned(),
+                version: v,
+            })
+        }
     };
-    let plugin = if version >= 3 {
-        "io.containerd.cri.v1.runtime"
-    } else {
-        "io.containerd.grpc.v1.cri"
+    let ctd = table_at(doc.as_table_mut(), &["plugins", plugin, "containerd"], path)?;
+    if ctd.is_empty() {
+        ctd.set_implicit(true);
+    }
+    let default_name = match ctd.get("default_runtime_name") {
+        None => CONTAINERD_DEFAULT_RUNTIME.to_owned(),
+        Some(v) => v
+            .as_str()
+            .ok_or_else(|| ConfigureError::Shape {
+                path: path.to_owned(),
+                key: format!("plugins.\"{plugin}\".containerd.default_runtime_name"),
+                want: "string",
+            })?
+            .to_owned(),
     };
-    let rt = table_at(
-        doc.as_table_mut(),
-        &["plugins", plugin, "containerd", "runtimes", HANDLER],
-        path,
-    )?;
-    set_str(rt, "runtime_type", "io.containerd.runc.v2");
+    let runtimes = table_at(ctd, &["runtimes"], path)?;
+    if runtimes.is_empty() {
+        runtimes.set_implicit(true);
+    }
+    if default_name == CONTAINERD_DEFAULT_RUNTIME && !runtimes.contains_key(&default_name) {
+        let rt = table_at(runtimes, &[CONTAINERD_DEFAULT_RUNTIME], path)?;
+        set_str(rt, "runtime_type", RUNC_SHIM);
+    }
+    let default_rt = match runtimes
+        .get(&default_name)
+        .filter(|_| default_name != HANDLER)
+    {
+        Some(item) => Some(
+            item.clone()
+                .into_table()
+                .map_err(|_| ConfigureError::Shape {
+                    path: path.to_owned(),
+                    key: format!("plugins.\"{plugin}\".containerd.runtimes.{default_name}"),
+                    want: "table",
+                })?,
+        ),
+        None => None,
+    };
+    let rt = table_at(runtimes, &[HANDLER], path)?;
+    set_str(rt, "runtime_type", RUNC_SHIM);
     ensure_in_array(rt, "pod_annotations", &[], &["gpu.share*"], path)?;
     ensure_in_array(rt, "container_annotations", &[], &["gpu.share*"], path)?;
+    let default_rt = default_rt.filter(|d| {
+        d.get("runtime_type")
+            .and_then(Item::as_str)
+            .is_none_or(|t| t == RUNC_SHIM)
+    });
+    if let Some(d) = &default_rt {
+        for (k, v) in d.iter() {
+            if !HANDLER_OWN_KEYS.contains(&k) && v.is_value() {
+                copy_value(rt, k, v);
+            }
+        }
+    }
     let opts = table_at(rt, &["options"], path)?;
+    if let Some(d) = default_rt.as_ref().and_then(|d| d.get("options")) {
+        let d = d.clone().into_table().map_err(|_| ConfigureError::Shape {
+            path: path.to_owned(),
+            key: format!("plugins.\"{plugin}\".containerd.runtimes.{default_name}.options"),
+            want: "table",
+        })?;
+        for (k, v) in d.iter() {
+            if k != "BinaryName" && v.is_value() {
+                copy_value(opts, k, v);
+            }
+        }
+    }
     set_str(opts, "BinaryName", &setup.runtime_entry().to_string_lossy());
     Ok(finish_toml(path, before, &header, &doc))
+}
+
+/// Sets `key` of `t` to the value `v` unless it already holds that value (compared without
+/// formatting, so that a second run leaves the file byte for byte).
+fn copy_value(t: &mut Table, key: &str, v: &Item) {
+    let same = match (t.get(key).and_then(Item::as_value), v.as_value()) {
+        (Some(a), Some(b)) => a.to_string().trim() == b.to_string().trim(),
+        _ => false,
+    };
+    if !same {
+        if let Some(val) = v.as_value() {
+            let mut val = val.clone();
+            val.decor_mut().clear();
+            t.insert(key, Item::Value(val));
+        }
+    }
 }
 
 /// CRI-O: the drop-in with the hooks dir and the runtime handler `gpushare`.
@@ -543,6 +648,38 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&f).unwrap(), bad);
         let e = plan_text(Engine::Docker, &f, Some("[1]"), &s).unwrap_err();
         assert!(matches!(e, ConfigureError::Shape { .. }), "{e}");
+        assert!(v.get("default-runtime").is_none(), "not asked for");
+    }
+
+    #[test]
+    fn docker_default_runtime_on_request() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("daemon.json");
+        let s = setup(None);
+        let opts = Options {
+            path: Some(f.clone()),
+            default_runtime: true,
+            ..Options::default()
+        };
+        for before in [
+            "{\"features\": {\"cdi\": true}}",
+            "{\"default-runtime\": \"runc\"}",
+        ] {
+            std::fs::write(&f, before).unwrap();
+            for c in plan(Engine::Docker, &s, &opts).unwrap() {
+                super::super::apply(&c).unwrap();
+            }
+            assert!(plan(Engine::Docker, &s, &opts)
+                .unwrap()
+                .iter()
+                .all(|c| !c.changes()));
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+            assert_eq!(v["default-runtime"], "gpushare", "{before}");
+            assert_eq!(
+                v["runtimes"]["gpushare"]["path"],
+                "/opt/gs/bin/gpushare-runtime"
+            );
+        }
     }
 
     #[test]
@@ -600,6 +737,117 @@ mod tests {
             l.after
         );
         assert_eq!(l.mode, 0o755);
+    }
+
+    /// Files as users have them (tests/fixtures/containerd): the default runtime is defined, the
+    /// handler gets its options, a second run changes nothing, version 1 is refused.
+    #[test]
+    fn containerd_stock_and_kubeadm_files() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("config.toml");
+        let s = setup(None);
+        let fixture = |name: &str| {
+            std::fs::read_to_string(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures/containerd")
+                    .join(name),
+            )
+            .unwrap()
+        };
+        // (what, file text or None for no file, plugin, SystemdCgroup on the handler)
+        let rows: Vec<(&str, Option<String>, &str, Option<bool>)> = vec![
+            (
+                "Debian 12 stock",
+                Some(fixture("debian12-stock.toml")),
+                "io.containerd.grpc.v1.cri",
+                None,
+            ),
+            (
+                "Debian 13 stock",
+                Some(fixture("debian13-stock.toml")),
+                "io.containerd.grpc.v1.cri",
+                None,
+            ),
+            (
+                "kubeadm SystemdCgroup",
+                Some(fixture("kubeadm-systemd-cgroup.toml")),
+                "io.containerd.grpc.v1.cri",
+                Some(true),
+            ),
+            (
+                "containerd 2 version 3",
+                Some(fixture("containerd2-v3.toml")),
+                "io.containerd.cri.v1.runtime",
+                None,
+            ),
+            (
+                "empty file",
+                Some(String::new()),
+                "io.containerd.grpc.v1.cri",
+                None,
+            ),
+            ("no file", None, "io.containerd.grpc.v1.cri", None),
+        ];
+        for (what, text, plugin, systemd) in rows {
+            let _ = std::fs::remove_file(&f);
+            if let Some(text) = &text {
+                std::fs::write(&f, text).unwrap();
+            }
+            let after = apply_and_replan(Engine::Containerd, &f, &s);
+            let doc: toml::Table = after.parse().unwrap();
+            let ctd = &doc["plugins"][plugin]["containerd"];
+            let default = ctd
+                .get("default_runtime_name")
+                .and_then(|v| v.as_str())
+                .unwrap_or("runc");
+            assert_eq!(
+                ctd["runtimes"][default]["runtime_type"].as_str(),
+                Some("io.containerd.runc.v2"),
+                "{what}: the default runtime is defined: {after}"
+            );
+            let h = &ctd["runtimes"]["gpushare"];
+            assert_eq!(
+                h["options"]["BinaryName"].as_str(),
+                Some("/opt/gs/bin/gpushare-runtime"),
+                "{what}"
+            );
+            assert_eq!(
+                h["options"].get("SystemdCgroup").and_then(|v| v.as_bool()),
+                systemd,
+                "{what}: the default runtime's options: {after}"
+            );
+            if let Some(text) = &text {
+                let kept: toml::Table = text.parse().unwrap();
+                for k in kept.keys() {
+                    assert!(doc.contains_key(k), "{what}: {k} kept");
+                }
+                if let Some(v) = kept.get("version") {
+                    assert_eq!(doc.get("version"), Some(v), "{what}: version kept");
+                }
+            }
+        }
+        // version 1 (written or implied): refused, the file left as it was.
+        for text in [fixture("version1.toml"), "root = \"/x\"\n".to_owned()] {
+            std::fs::write(&f, &text).unwrap();
+            let e = plan_text(Engine::Containerd, &f, Some(&text), &s).unwrap_err();
+            assert!(matches!(e, ConfigureError::ContainerdV1 { .. }), "{e}");
+            assert!(e.to_string().contains("version 1"), "{e}");
+            assert_eq!(std::fs::read_to_string(&f).unwrap(), text);
+        }
+        let e = plan_text(Engine::Containerd, &f, Some("version = 4\n"), &s).unwrap_err();
+        assert!(
+            matches!(e, ConfigureError::ContainerdVersion { version: 4, .. }),
+            "{e}"
+        );
+        // A handler option the admin set and the default lacks stays; one the default has follows it.
+        let text = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]\nSystemdCgroup = true\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpushare.options]\nSystemdCgroup = false\nRoot = \"/x\"\n";
+        std::fs::write(&f, text).unwrap();
+        let after = apply_and_replan(Engine::Containerd, &f, &s);
+        let doc: toml::Table = after.parse().unwrap();
+        let o = &doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["gpushare"]
+            ["options"];
+        assert_eq!(o["SystemdCgroup"].as_bool(), Some(true), "{after}");
+        assert_eq!(o["Root"].as_str(), Some("/x"), "{after}");
     }
 
     #[test]

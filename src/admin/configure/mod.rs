@@ -71,6 +71,10 @@ pub struct Options {
     /// containerd config version for a new file (2: containerd 1.x, 3: containerd 2.x);
     /// `None`: asks `containerd --version`.
     pub containerd_version: Option<i64>,
+    /// Docker: make `gpushare` the daemon's `default-runtime`, so that a share request without
+    /// `--runtime gpushare` is not silently ignored (containers that ask for nothing pass
+    /// straight through gpushare-runtime to runc).
+    pub default_runtime: bool,
 }
 
 /// The files `engine` needs as text, each introduced by a `# ---- PATH` line (`PATH (merge)`:
@@ -181,8 +185,10 @@ pub enum ConfigureError {
         key: String,
         want: &'static str,
     },
-    #[error("{path} has no `version` key (a containerd version 1 config); migrate it with `containerd config migrate` first (it was left untouched)")]
+    #[error("{path} is a containerd version 1 config (`version = 1`, or no `version` key); rewrite it as version 2, the layout `containerd config default` prints, first (it was left untouched)")]
     ContainerdV1 { path: PathBuf },
+    #[error("{path} has `version = {version}`, a containerd config version gpushare does not know (it writes 2 for containerd 1.x and 3 for 2.x); it was left untouched")]
+    ContainerdVersion { path: PathBuf, version: i64 },
     #[error("cannot write {path} (files before it in this run were written)")]
     Write {
         path: PathBuf,
