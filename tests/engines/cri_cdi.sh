@@ -134,3 +134,29 @@ P=$(run_cdi_pod limit '{"gpu.share":"limit","gpu.share.memory":"1Gi","gpu.share.
 check_cdi_output "$C/out-limit"
 check_limit_output "$C/out-limit" yes
 cri StopPodSandbox "{\"pod_sandbox_id\":\"$P\"}" >/dev/null && cri RemovePodSandbox "{\"pod_sandbox_id\":\"$P\"}" >/dev/null || fail "remove the limit pod"
+
+echo "== gpushare's own CDI device, no annotation, the default runc handler: CDI_devices nvidia.com/gpu=0 + gpushare.io/share=mps"
+"$GS_HOOK" cdi generate --config "$CONFIG" --output "$T/cdi" >"$T/gen" || { cat "$T/gen"; fail "cdi generate"; }
+mark_shm_when_ready
+: >"$T/cdi-hook.log"
+mkdir -p "$C/logs/plain"
+P=$(cri RunPodSandbox "{\"config\":$(pod_config plain '{}')}" | jq -r .pod_sandbox_id) || { tail -20 "$C/log"; fail "plain: RunPodSandbox"; }
+REQ=$(jq -cn --arg p "$P" --argjson pc "$(pod_config plain '{}')" --arg cmd "$INSIDE_CDI; $INSIDE_MPS; exec sleep 3600" '{
+    pod_sandbox_id: $p, sandbox_config: $pc,
+    config: {metadata: {name: "work"}, image: {image: "gpushare.test/busybox:1"},
+             command: ["sh", "-c", $cmd], CDI_devices: [{name: "nvidia.com/gpu=0"}, {name: "gpushare.io/share=mps"}],
+             log_path: "work.log", linux: {}}}')
+CID=$(cri CreateContainer "$REQ" | jq -r .container_id) || { tail -20 "$C/log"; fail "plain: CreateContainer with gpushare.io/share=mps"; }
+cri StartContainer "{\"container_id\":\"$CID\"}" >/dev/null || { tail -20 "$C/log"; fail "plain: StartContainer"; }
+wait_until 20 grep -q " pipe:" "$C/logs/plain/work.log" || { cat "$C/logs/plain/work.log" 2>/dev/null; tail -5 "$T/gpushare.log"; fail "plain: no 'pipe:' line from the container"; }
+cut -d' ' -f4- "$C/logs/plain/work.log" >"$C/out-plain"
+check_cdi_output "$C/out-plain"
+check_mps_output "$C/out-plain" yes
+"$GS_HOOK" status --config "$CONFIG" --json | jq -e --arg c "$CID" '[.gpus[].clients[].id] | index($c)' >/dev/null ||
+    { "$GS_HOOK" status --config "$CONFIG"; fail "status does not list the CDI-device container"; }
+ok "gpushare.io/share=mps through containerd's CDI on the plain runc handler; status lists it"
+cri StopPodSandbox "{\"pod_sandbox_id\":\"$P\"}" >/dev/null && cri RemovePodSandbox "{\"pod_sandbox_id\":\"$P\"}" >/dev/null || fail "remove the plain pod"
+wait_until 10 daemon_gone || fail "daemon left running after the plain pod"
+left=$("$GS_HOOK" status --config "$CONFIG" --json | jq '[.gpus[].clients[]] | length')
+[ "$left" = 0 ] || fail "status still lists $left clients after the pod"
+ok "nothing left after the pod"
