@@ -84,6 +84,11 @@ pub enum Cmd {
         /// from `containerd --version`).
         #[arg(long, value_parser = clap::value_parser!(i64).range(2..=3))]
         containerd_version: Option<i64>,
+        /// docker: also make gpushare the daemon's default runtime (`"default-runtime":
+        /// "gpushare"`), so that `--annotation gpu.share=…` works without `--runtime gpushare`;
+        /// containers that ask for nothing pass straight through to runc.
+        #[arg(long)]
+        default_runtime: bool,
         /// The policy file as the engine will see it, when that differs from the one read (an
         /// installer writing a node's files from elsewhere). At the default path, nothing is
         /// handed on.

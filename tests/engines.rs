@@ -137,3 +137,28 @@ fn old_glibc_and_minimal_images_under_limit_runc() {
 fn old_glibc_and_minimal_images_under_limit_podman() {
     run_script_with("oldglibc.sh", &[("ENGINE", "podman")]);
 }
+
+#[test]
+fn podman_cdi_nvidia_spec_device_with_mps_and_limit() {
+    run_script("podman_cdi.sh");
+}
+
+#[test]
+fn docker_26_cdi_nvidia_spec_on_gpushare_default_runtime() {
+    run_script("docker_cdi.sh");
+}
+
+#[test]
+fn cri_containerd_1_7_cdi_devices_nvidia_spec() {
+    run_script_with("cri_cdi.sh", &[("CRI_CONTAINERD", "trixie")]);
+}
+
+#[test]
+fn cri_containerd_2_cdi_devices_nvidia_spec() {
+    run_script_with("cri_cdi.sh", &[("CRI_CONTAINERD", "sid")]);
+}
+
+#[test]
+fn chaining_nvidia_cdi_mode_both_orders() {
+    run_script("chaining_cdi.sh");
+}

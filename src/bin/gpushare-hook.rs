@@ -60,6 +60,7 @@ fn main() -> ExitCode {
             hooks_dir,
             order,
             containerd_version,
+            default_runtime,
             policy_at,
             print,
             json,
@@ -70,6 +71,7 @@ fn main() -> ExitCode {
                 hooks_dir,
                 order,
                 containerd_version,
+                default_runtime,
             };
             commands::configure(&ctx, engine, &opts, policy_at, print, json).map_err(Into::into)
         }

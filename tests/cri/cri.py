@@ -8,6 +8,10 @@ kubelet does, without a kubelet.
   cri.py exec SOCKET ID TIMEOUT CMD...   ExecSync: print the process's stdout (stderr to
                                      stderr) and exit with its exit code
 
+Requests are protobuf JSON with the proto's own field names, so every field the api.proto has
+is available, e.g. CDI devices as the kubelet passes a device plugin's: CreateContainer with
+`"config": {..., "CDI_devices": [{"name": "nvidia.com/gpu=0"}]}` (tests/engines/cri_cdi.sh).
+
 `call` and `exec` import the stubs from the directory in $CRI_GEN (made by `gen`). Errors: one
 line on stderr naming the method and the gRPC status, exit 1.
 """

@@ -13,7 +13,7 @@ source "$(dirname "$0")/lib.sh"
 need runc jq
 CDI_DIR=/var/run/cdi
 mkdir -p "$CDI_DIR"
-GPU_SPEC=$CDI_DIR/gpushare-test-nvidia-gpu.json
+GPU_SPEC=$CDI_DIR/gpushare-test-nvidia-gpu.yaml
 SHARE_SPEC=$CDI_DIR/gpushare.io-share.json
 [ -e "$SHARE_SPEC" ] && skip "$SHARE_SPEC exists (a real gpushare install on this machine): not overwritten"
 for f in "$CDI_DIR"/*.json /etc/cdi/*.json; do
@@ -21,37 +21,17 @@ for f in "$CDI_DIR"/*.json /etc/cdi/*.json; do
     [ "$f" = "$GPU_SPEC" ] && continue
     if jq -e '.kind == "nvidia.com/gpu"' "$f" >/dev/null 2>&1; then skip "$f already defines nvidia.com/gpu"; fi
 done
+for f in "$CDI_DIR"/*.yaml /etc/cdi/*.yaml; do
+    [ -e "$f" ] && [ "$f" != "$GPU_SPEC" ] && has -x 'kind: nvidia.com/gpu' "$f" && skip "$f already defines nvidia.com/gpu"
+done
 on_exit "rm -f $GPU_SPEC $SHARE_SPEC"
 
-# The GPU device, in the form nvidia-ctk 1.20 writes: devices named by index, UUID and `all`
-# with only device nodes; common edits with NVIDIA_VISIBLE_DEVICES=void, the control nodes,
-# a library mount and the toolkit's hooks (left out here: no toolkit on this machine). The
-# device node is a stand-in char device of NVIDIA's major number under $T (no driver here);
-# nothing opens it.
-mkdir -p "$T/dev"
-mknod "$T/dev/nvidia0" c 195 0
-mknod "$T/dev/nvidiactl" c 195 255
-: >"$T/libnvidia-ml.so.535.0"
-UUID=$("$HOOK" status --json 2>/dev/null | jq -r '.gpus[0].uuid // empty' || true)
-UUID=${UUID:-GPU-00000000-0000-0000-0000-000000000000}
-VOID_ENV='"NVIDIA_VISIBLE_DEVICES=void"'
-cat >"$GPU_SPEC" <<EOF
-{
-  "cdiVersion": "0.5.0",
-  "kind": "nvidia.com/gpu",
-  "devices": [
-    {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "$T/dev/nvidia0"}]}},
-    {"name": "$UUID", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "$T/dev/nvidia0"}]}},
-    {"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "hostPath": "$T/dev/nvidia0"}]}}
-  ],
-  "containerEdits": {
-    "env": [${GPU_ENV:-$VOID_ENV}],
-    "deviceNodes": [{"path": "/dev/nvidiactl", "hostPath": "$T/dev/nvidiactl"}],
-    "mounts": [{"hostPath": "$T/libnvidia-ml.so.535.0", "containerPath": "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.535.0",
-                "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]}]
-  }
-}
-EOF
+# The GPU device, in the form nvidia-ctk writes (tests/fixtures/cdi/nvidia.yaml: devices by
+# index, UUID and `all` with device nodes only; common NVIDIA_VISIBLE_DEVICES=void, control
+# nodes, library mounts, nvidia-cdi-hook), rendered onto stand-in device nodes (lib.sh).
+nvidia_cdi_spec >"$GPU_SPEC"
+UUID=$(awk '/name: GPU-/ {print $3; exit}' "$GPU_SPEC")
+[ -n "$UUID" ] || fail "no GPU UUID device in the NVIDIA-form spec"
 
 # gpushare's own spec, as `gpushare-hook cdi generate` writes it, with a profile.
 write_config '[profiles.small]
@@ -62,7 +42,7 @@ has -F 'gpushare.io/share=small' "$T/gen" || { cat "$T/gen"; fail "cdi generate 
 ok "cdi generate wrote $(jq -r '[.devices[].name] | join(",")' "$SHARE_SPEC")"
 
 make_rootfs "$T/rootfs"
-INSIDE_DEV='ls /dev/nvidia0 >/dev/null 2>&1 && echo dev:nvidia0; echo "profile:$GPUSHARE_PROFILE"; echo "atp:$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"'
+INSIDE_DEV="$INSIDE_CDI"'; echo "profile:$GPUSHARE_PROFILE"; echo "atp:$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"'
 
 case ${CDI_ENGINE:-podman} in
 podman)
@@ -108,7 +88,7 @@ echo "== --device nvidia.com/gpu=0 --device gpushare.io/share=mps"
 mark_shm_when_ready
 run_ --device nvidia.com/gpu=0 --device gpushare.io/share=mps -- sh -c "$INSIDE_DEV; $INSIDE_MPS" >"$T/out1" 2>"$T/err1" ||
     { cat "$T/err1"; tail -5 "$T/gpushare.log"; fail "run with the mps device failed"; }
-has -x 'dev:nvidia0' "$T/out1" || { cat "$T/out1"; fail "the GPU device node is not inside"; }
+check_cdi_output "$T/out1"
 check_mps_output "$T/out1" yes
 has -x 'profile:mps' "$T/out1" || { cat "$T/out1"; fail "GPUSHARE_PROFILE not set by the device"; }
 has 'acquired' "$T/gpushare.log" || fail "the hook logged no acquire"

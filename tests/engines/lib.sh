@@ -264,3 +264,44 @@ need_unpacked() { # root files...
 need_trixie() { need_unpacked "$TRIXIE" "$@"; }
 # The Python with grpcio-tools and kubernetes-validate (made by scripts/install-deps.sh).
 PYTHON=${GS_PYTHON:-${GS_ENGINES:-/var/cache/gpushare-engines}/venv/bin/python}
+
+# NVIDIA's CDI spec (tests/fixtures/cdi/nvidia.yaml, in the form `nvidia-ctk cdi generate`
+# writes: common NVIDIA_VISIBLE_DEVICES=void, /dev/nvidia0 under the names 0, the UUID and all,
+# library mounts, nvidia-cdi-hook hooks) rendered for this machine, which has no NVIDIA driver:
+# every hostPath is moved under the stand-in driver root $T/driver, as `nvidia-ctk cdi generate
+# --driver-root` writes it (the GPU Operator's /run/nvidia/driver), where the device nodes are
+# char devices made with mknod (nvidia0 195:0, nvidiactl 195:255, as the driver numbers them) and
+# the libraries and nvidia-smi empty files; nvidia-cdi-hook is a stand-in that logs its
+# arguments to $T/cdi-hook.log. Nothing else of the spec is changed. Prints the spec's text.
+nvidia_cdi_spec() {
+    local d=$T/driver f
+    mkdir -p "$d/dev" "$d/usr/lib/x86_64-linux-gnu" "$d/usr/bin"
+    [ -e "$d/dev/nvidia0" ] || {
+        mknod -m 666 "$d/dev/nvidia0" c 195 0 &&
+            mknod -m 666 "$d/dev/nvidiactl" c 195 255 &&
+            mknod -m 666 "$d/dev/nvidia-uvm" c 511 0 &&
+            mknod -m 666 "$d/dev/nvidia-uvm-tools" c 511 1
+    } || fail "cannot make the stand-in device nodes with mknod under $d"
+    for f in usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 usr/lib/x86_64-linux-gnu/libnvidia-ml.so.580.95.05 usr/bin/nvidia-smi; do
+        echo "stand-in $f" >"$d/$f"
+    done
+    cat >"$d/usr/bin/nvidia-cdi-hook" <<EOF2
+#!/bin/sh
+echo "\$*" >>"$T/cdi-hook.log"
+cat >/dev/null
+EOF2
+    chmod +x "$d/usr/bin/nvidia-cdi-hook"
+    sed -e "s#hostPath: /#hostPath: $d/#" -e "s#path: /usr/bin/nvidia-cdi-hook#path: $d/usr/bin/nvidia-cdi-hook#" \
+        "$GS_REPO/tests/fixtures/cdi/nvidia.yaml"
+}
+
+# What a container given GPUs by CDI prints about them (checked by check_cdi_output).
+INSIDE_CDI='test -c /dev/nvidia0 && echo cdi:nvidia0; test -c /dev/nvidiactl && echo cdi:nvidiactl; grep -q stand-in /usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05 && echo cdi:libcuda; echo "cdi:visible=$NVIDIA_VISIBLE_DEVICES"'
+check_cdi_output() { # file: the CDI spec was applied (device nodes, mounts, env, hooks)
+    local out=$1
+    grep -qx 'cdi:nvidia0' "$out" && grep -qx 'cdi:nvidiactl' "$out" && grep -qx 'cdi:libcuda' "$out" ||
+        { cat "$out"; fail "the CDI spec's device nodes or library mount are missing inside"; }
+    grep -qx 'cdi:visible=void' "$out" || { cat "$out"; fail "the CDI spec's NVIDIA_VISIBLE_DEVICES=void is not the container's value"; }
+    has 'update-ldcache' "$T/cdi-hook.log" || fail "the CDI spec's nvidia-cdi-hook did not run"
+    ok "CDI applied: /dev/nvidia0, /dev/nvidiactl, libcuda mount, NVIDIA_VISIBLE_DEVICES=void, nvidia-cdi-hook ran"
+}

@@ -36,7 +36,7 @@ pub(super) fn plan(
     let main = |default: &str| opts.path.clone().unwrap_or_else(|| PathBuf::from(default));
     let mut out = Vec::new();
     match engine {
-        Engine::Docker => out.push(docker(&main(DOCKER_FILE), setup)?),
+        Engine::Docker => out.push(docker(&main(DOCKER_FILE), setup, opts.default_runtime)?),
         Engine::Containerd => out.push(containerd(
             &main(CONTAINERD_FILE),
             setup,
@@ -107,8 +107,9 @@ fn change(path: &Path, before: Option<String>, after: String, mode: u32) -> Chan
     }
 }
 
-/// Docker: `runtimes.gpushare.path` in daemon.json; every other key kept in its order.
-fn docker(path: &Path, setup: &Setup) -> Result<Change, ConfigureError> {
+/// Docker: `runtimes.gpushare.path` in daemon.json (and with `default_runtime`,
+/// `"default-runtime": "gpushare"`); every other key kept in its order.
+fn docker(path: &Path, setup: &Setup, default_runtime: bool) -> Result<Change, ConfigureError> {
     let before = read(path)?;
     let text = before.as_deref().unwrap_or("");
     let mut v: Value = if text.trim().is_empty() {
@@ -138,6 +139,10 @@ fn docker(path: &Path, setup: &Setup) -> Result<Change, ConfigureError> {
     let want = Value::String(setup.runtime_entry().display().to_string());
     if entry.get("path") != Some(&want) {
         entry.insert("path".into(), want);
+    }
+    let handler = Value::String(HANDLER.into());
+    if default_runtime && root.get("default-runtime") != Some(&handler) {
+        root.insert("default-runtime".into(), handler);
     }
     let after = if before.is_some() && v == serde_json::from_str::<Value>(text).unwrap_or_default()
     {
@@ -669,6 +674,38 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&f).unwrap(), bad);
         let e = plan_text(Engine::Docker, &f, Some("[1]"), &s).unwrap_err();
         assert!(matches!(e, ConfigureError::Shape { .. }), "{e}");
+        assert!(v.get("default-runtime").is_none(), "not asked for");
+    }
+
+    #[test]
+    fn docker_default_runtime_on_request() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("daemon.json");
+        let s = setup(None);
+        let opts = Options {
+            path: Some(f.clone()),
+            default_runtime: true,
+            ..Options::default()
+        };
+        for before in [
+            "{\"features\": {\"cdi\": true}}",
+            "{\"default-runtime\": \"runc\"}",
+        ] {
+            std::fs::write(&f, before).unwrap();
+            for c in plan(Engine::Docker, &s, &opts).unwrap() {
+                super::super::apply(&c).unwrap();
+            }
+            assert!(plan(Engine::Docker, &s, &opts)
+                .unwrap()
+                .iter()
+                .all(|c| !c.changes()));
+            let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+            assert_eq!(v["default-runtime"], "gpushare", "{before}");
+            assert_eq!(
+                v["runtimes"]["gpushare"]["path"],
+                "/opt/gs/bin/gpushare-runtime"
+            );
+        }
     }
 
     #[test]

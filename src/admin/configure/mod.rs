@@ -71,6 +71,10 @@ pub struct Options {
     /// containerd config version for a new file (2: containerd 1.x, 3: containerd 2.x);
     /// `None`: asks `containerd --version`.
     pub containerd_version: Option<i64>,
+    /// Docker: make `gpushare` the daemon's `default-runtime`, so that a share request without
+    /// `--runtime gpushare` is not silently ignored (containers that ask for nothing pass
+    /// straight through gpushare-runtime to runc).
+    pub default_runtime: bool,
 }
 
 /// The files `engine` needs as text, each introduced by a `# ---- PATH` line (`PATH (merge)`:
