@@ -5,6 +5,16 @@ use std::ffi::{CStr, CString};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
+use libc::{
+    CLOSE_RANGE_CLOEXEC, MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH, OPEN_TREE_CLOEXEC,
+    OPEN_TREE_CLONE,
+};
+
+/// Mount attributes (`MOUNT_ATTR_*` of `linux/mount.h`), as `libc` exports them.
+pub use libc::{
+    MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NOSYMFOLLOW,
+    MOUNT_ATTR_RDONLY,
+};
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 
@@ -295,9 +305,7 @@ fn proc_fd_path(fd: libc::c_int, buf: &mut [u8; 32]) -> &CStr {
     CStr::from_bytes_until_nul(&buf[..]).unwrap_or(c"/")
 }
 
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
+const AT_RECURSIVE: libc::c_uint = libc::AT_RECURSIVE as libc::c_uint;
 
 /// `open_tree(2)`; returns the raw descriptor. Makes only the system call.
 fn open_tree_raw(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> nix::Result<libc::c_int> {
@@ -314,14 +322,7 @@ fn set_attrs(
     set: u64,
     clr: u64,
 ) -> nix::Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    let attr = MountAttr {
+    let attr = libc::mount_attr {
         attr_set: set,
         attr_clr: clr,
         propagation: 0,
@@ -334,8 +335,8 @@ fn set_attrs(
             dirfd,
             path.as_ptr(),
             flags,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
         )
     };
     nix::errno::Errno::result(r).map(drop)
@@ -360,9 +361,6 @@ fn writable_copy(path: &CStr, attrs: u64) -> nix::Result<libc::c_int> {
 fn move_mount_raw(tree: libc::c_int, target: &CStr) -> nix::Result<()> {
     move_mount_at(tree, libc::AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)
 }
-
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 
 /// `move_mount(2)` of the detached tree `tree` onto `to_path` relative to `to_dirfd` (with
 /// `MOVE_MOUNT_T_EMPTY_PATH` in `flags`: onto what `to_dirfd` is open on). Makes only the
@@ -398,7 +396,6 @@ fn move_raw(tree: libc::c_int, target: &CStr) -> nix::Result<()> {
 /// Marks every descriptor above 2 close-on-exec, so that a long-lived child holds none of the
 /// pipes its launcher was given (runc waits for a hook's stdout and stderr to close).
 fn close_inherited_on_exec() {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range only changes descriptor flags; an unsupported kernel returns ENOSYS,
     // which leaves the descriptors as they are.
     unsafe {
@@ -410,17 +407,6 @@ fn close_inherited_on_exec() {
         );
     }
 }
-
-/// Mount attribute: read-only (`MOUNT_ATTR_RDONLY`).
-pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
-/// Mount attribute: no set-uid (`MOUNT_ATTR_NOSUID`).
-pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
-/// Mount attribute: no device nodes (`MOUNT_ATTR_NODEV`).
-pub const MOUNT_ATTR_NODEV: u64 = 0x4;
-/// Mount attribute: no execution (`MOUNT_ATTR_NOEXEC`).
-pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
-/// Mount attribute: symlinks are not followed (`MOUNT_ATTR_NOSYMFOLLOW`, Linux 5.14).
-pub const MOUNT_ATTR_NOSYMFOLLOW: u64 = 0x0020_0000;
 
 /// `open_tree(2)` with `OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE`: a detached copy of
 /// the mount tree at `path` (a host path), which can later be attached in another mount
