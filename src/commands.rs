@@ -192,7 +192,7 @@ pub fn status(ctx: &Ctx, json: bool) -> Reply {
 pub fn gc(ctx: &Ctx, json: bool) -> Reply {
     let report = match inventory::open(&ctx.cfg) {
         Ok(inv) => gc::gc(&ctx.cfg, inv.as_ref()),
-        Err(e) => gc::gc(&ctx.cfg, &Unavailable(chain(&e))),
+        Err(e) => gc::gc(&ctx.cfg, &Unavailable::new(e)),
     };
     for a in &report.actions {
         tracing::info!("gc: {a}");

@@ -51,6 +51,9 @@ pub enum InventoryError {
     },
     #[error("NVML unavailable: {0}")]
     Unavailable(String),
+    /// Every call of an inventory made after NVML failed to load: the load's own error.
+    #[error("NVML was not loaded")]
+    NotLoaded(#[source] std::sync::Arc<InventoryError>),
     #[error("the GPUs NVML lists differ from those saved in {path}, which was dropped; retry")]
     Changed { path: String },
     #[error("NVML reports a GPU UUID {0:?} that is not a safe name")]
