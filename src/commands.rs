@@ -174,7 +174,7 @@ pub fn refused_by_precreate(stdin: impl Read, init_log: impl FnOnce()) -> Option
         .take(crate::decide::input::MAX_STATE_BYTES + 1)
         .read_to_end(&mut input);
     tracing::error!(target: crate::logging::EXIT_TARGET, container = %container_id(&input), gpus = %requested_gpus(&input), "refused: {message}");
-    Some(Error::Other(message))
+    Some(Error::RefusedAtPrecreate(message))
 }
 
 /// `status`: exit 1 when the state dir cannot be read.

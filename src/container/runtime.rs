@@ -44,6 +44,11 @@ pub enum RuntimeError {
     NoNext(Vec<String>),
     #[error("[runtime] next leads back to gpushare-runtime ({0}); set it to the real runtime, e.g. \"runc\"")]
     Loop(String),
+    #[error("cannot find the bundle: no --bundle and no working directory")]
+    Bundle {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot write {path}")]
     Write {
         path: PathBuf,
@@ -258,9 +263,8 @@ pub fn edit_bundle(
     };
     let path = bundle.join("config.json");
     let mode = std::fs::metadata(&path).map_or(0o644, |m| m.mode() & 0o7777);
-    crate::host::state::write_atomic(&path, &edited, mode).map_err(|source| {
-        Error::Other(crate::vocab::chain(&RuntimeError::Write { path, source }))
-    })?;
+    crate::host::state::write_atomic(&path, &edited, mode)
+        .map_err(|source| RuntimeError::Write { path, source })?;
     Ok(true)
 }
 
@@ -268,8 +272,7 @@ pub fn edit_bundle(
 fn bundle_dir(args: &Args) -> Result<PathBuf, Error> {
     let bundle = match &args.bundle {
         Some(b) => b.clone(),
-        None => std::env::current_dir()
-            .map_err(|e| Error::Other(format!("cannot find the bundle: {e}")))?,
+        None => std::env::current_dir().map_err(|source| RuntimeError::Bundle { source })?,
     };
     Ok(std::path::absolute(&bundle).unwrap_or(bundle))
 }
@@ -313,18 +316,15 @@ pub fn edit_exec_process(argv: &[OsString], args: &Args, next: &Path) -> Result<
     else {
         return Ok(false);
     };
-    let other = |e: RuntimeError| Error::Other(crate::vocab::chain(&e));
     let read = std::fs::File::open(file)
         .and_then(|f| crate::vocab::read::read_capped(f, crate::decide::input::MAX_CONFIG_BYTES))
-        .map_err(|source| {
-            other(RuntimeError::ReadProcess {
-                path: file.clone(),
-                source,
-            })
+        .map_err(|source| RuntimeError::ReadProcess {
+            path: file.clone(),
+            source,
         })?;
     let mut process: serde_json::Value = read
         .and_then(|b| serde_json::from_slice(&b).ok())
-        .ok_or_else(|| other(RuntimeError::BadProcess(file.clone())))?;
+        .ok_or_else(|| RuntimeError::BadProcess(file.clone()))?;
     let before = process.clone();
     spec_edit::apply_to_process(&mut process, &edit)?;
     if process == before {
@@ -332,11 +332,9 @@ pub fn edit_exec_process(argv: &[OsString], args: &Args, next: &Path) -> Result<
     }
     let mode = std::fs::metadata(file).map_or(0o600, |m| m.mode() & 0o7777);
     let bytes = serde_json::to_vec(&process).expect("JSON value serialises");
-    crate::host::state::write_atomic(file, &bytes, mode).map_err(|source| {
-        other(RuntimeError::Write {
-            path: file.clone(),
-            source,
-        })
+    crate::host::state::write_atomic(file, &bytes, mode).map_err(|source| RuntimeError::Write {
+        path: file.clone(),
+        source,
     })?;
     Ok(true)
 }

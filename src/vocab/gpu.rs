@@ -60,6 +60,14 @@ pub enum InventoryError {
     BadUuid(String),
 }
 
+impl InventoryError {
+    /// Whether the same request may succeed if made again: the saved GPU list was stale and
+    /// has been dropped.
+    pub fn is_retry(&self) -> bool {
+        matches!(self, InventoryError::Changed { .. })
+    }
+}
+
 /// What the hook needs to know about, and do to, the GPUs.
 pub trait Inventory {
     /// All GPUs, in index order.
