@@ -33,7 +33,10 @@ struct Container {
     spec: SpecView,
 }
 
-fn container_from(state: &oci_spec::runtime::State, bytes: &[u8]) -> Result<Container, Error> {
+fn container_from(
+    state: &crate::decide::oci_state::State,
+    bytes: &[u8],
+) -> Result<Container, Error> {
     let mut spec = input::parse_spec(bytes, &state.bundle().join("config.json"))?;
     if let Some(extra) = state.annotations() {
         for (k, v) in extra {
