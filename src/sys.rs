@@ -408,19 +408,41 @@ fn close_inherited_on_exec() {
     }
 }
 
+/// A system call that failed: its name, the flags it was given and the errno (what libpathrs'
+/// errors carry). The path it was given is named by the caller's error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{call}(flags {flags:#x}) failed")]
+pub struct SyscallError {
+    pub call: &'static str,
+    pub flags: u64,
+    #[source]
+    pub errno: nix::errno::Errno,
+}
+
+impl SyscallError {
+    /// Whether the same call may succeed if made again (interrupted, or a transient shortage).
+    pub fn is_retry(&self) -> bool {
+        matches!(
+            self.errno,
+            nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN
+        )
+    }
+}
+
 /// `open_tree(2)` with `OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE`: a detached copy of
 /// the mount tree at `path` (a host path), which can later be attached in another mount
 /// namespace with [`move_mount_onto`]. `attrs` (`MOUNT_ATTR_*`) are set on the copy.
 ///
 /// # Errors
-/// The system call's errno.
-pub fn clone_tree(path: &std::ffi::CStr, attrs: u64) -> nix::Result<std::os::fd::OwnedFd> {
+/// [`SyscallError`]: `open_tree` or `mount_setattr`, its flags and errno.
+pub fn clone_tree(path: &std::ffi::CStr, attrs: u64) -> Result<std::os::fd::OwnedFd, SyscallError> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    let fd = open_tree_raw(
-        libc::AT_FDCWD,
-        path,
-        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE,
-    )?;
+    let flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE;
+    let fd = open_tree_raw(libc::AT_FDCWD, path, flags).map_err(|errno| SyscallError {
+        call: "open_tree",
+        flags: u64::from(flags),
+        errno,
+    })?;
     // SAFETY: open_tree returned a new descriptor that nothing else owns.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     if attrs != 0 {
@@ -430,7 +452,12 @@ pub fn clone_tree(path: &std::ffi::CStr, attrs: u64) -> nix::Result<std::os::fd:
             libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
             attrs,
             0,
-        )?;
+        )
+        .map_err(|errno| SyscallError {
+            call: "mount_setattr",
+            flags: attrs,
+            errno,
+        })?;
     }
     Ok(fd)
 }
@@ -466,4 +493,27 @@ pub fn umount_fd_detach(fd: std::os::fd::BorrowedFd<'_>) -> nix::Result<()> {
     // SAFETY: `path` is a NUL-terminated C string that lives across the call.
     let r = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
     nix::errno::Errno::result(r).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_clone_names_the_call_its_flags_and_errno() {
+        let e = clone_tree(c"/nonexistent/gpushare-clone-source", 0).unwrap_err();
+        assert_eq!(e.call, "open_tree");
+        assert_eq!(e.errno, nix::errno::Errno::ENOENT);
+        assert_eq!(
+            e.flags,
+            u64::from(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+        );
+        assert!(e.to_string().starts_with("open_tree(flags 0x"), "{e}");
+        assert!(!e.is_retry());
+        let again = SyscallError {
+            errno: nix::errno::Errno::EINTR,
+            ..e
+        };
+        assert!(again.is_retry());
+    }
 }
