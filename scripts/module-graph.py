@@ -2,7 +2,12 @@
 """Checks the module graph of src/: no import circles between files, and no arrow from a lower
 layer to a higher one. Prints the layers and every offending edge; exits 1 if there is one.
 
-Usage: scripts/module-graph.py [--dot]   (--dot prints the file graph in Graphviz form)
+Reads `crate::` paths (`crate::{a, b::{c, d}}` groups expanded) and `super::` paths (repeated
+ones climb further); `#[cfg(test)]` items, wherever they sit, and test-module files are not
+part of the graph.
+
+Usage: scripts/module-graph.py [--dot | --self-test]   (--dot prints the file graph in Graphviz
+form; --self-test checks the parser on the forms above)
 """
 import pathlib
 import re
@@ -47,38 +52,186 @@ def resolve(mod, known):
     return None
 
 
+def strip_comments(text):
+    """Removes // and /* */ comments (doc links included are not arrows), leaving strings."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            out.append(text[i : j + 1])
+            i = j + 1
+        elif text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            i = n if j < 0 else j + 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def item_end(text, i):
+    """The index just past the item starting at `i`: its `;` or its matching `}`."""
+    depth, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        elif c == ";" and depth == 0:
+            return i + 1
+        i += 1
+    return n
+
+
+TEST_ATTR = re.compile(r"#\[cfg\(test\)\]")
+
+
+def production(text):
+    """`text` without its `#[cfg(test)]` items (a test module anywhere in the file, production
+    code after it kept), and the names of test modules declared in other files (`mod x;`)."""
+    out, test_mods, i = [], set(), 0
+    for m in TEST_ATTR.finditer(text):
+        if m.start() < i:
+            continue
+        out.append(text[i : m.start()])
+        j = m.end()
+        # Further attributes of the same item.
+        while True:
+            k = re.match(r"\s*#\[[^\]]*\]", text[j:])
+            if not k:
+                break
+            j += k.end()
+        decl = re.match(r"\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+([a-z_][a-z0-9_]*)\s*;", text[j:])
+        if decl:
+            test_mods.add(decl.group(1))
+        i = item_end(text, j)
+    out.append(text[i:])
+    return "".join(out), test_mods
+
+
+def expand(prefix, body):
+    """The paths of a `use` tree body `a, b::c, d::{e, f}` under `prefix`."""
+    parts, depth, cur = [], 0, ""
+    for c in body:
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        if c == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += c
+    parts.append(cur)
+    out = []
+    for p in parts:
+        p = re.sub(r"\s+", "", p)
+        if not p or p == "self":
+            out.append(prefix)
+            continue
+        p = p.split("as")[0] if "::" not in p else p
+        g = re.match(r"^((?:[a-z_][a-z0-9_]*::)*)\{(.*)\}$", p, re.S)
+        if g:
+            out.extend(expand(prefix + "::" + g.group(1).rstrip(":"), g.group(2)) if g.group(1) else expand(prefix, g.group(2)))
+        else:
+            out.append(prefix + "::" + re.sub(r"(?i)as[a-z_0-9]+$", "", p) if prefix else p)
+    return [o.replace("::::", "::").strip(":") for o in out]
+
+
+def paths_after(text, head):
+    """Every path `head::…` or `head::{…}` in `text`, groups expanded, without `head`."""
+    out = []
+    for m in re.finditer(r"\b" + head + r"::", text):
+        rest = text[m.end() :]
+        if rest.startswith("{"):
+            end = item_end("{" + rest[1:], 0)
+            out.extend(expand("", rest[1 : end - 1]))
+            continue
+        pm = re.match(r"[a-z_][a-z0-9_]*(?:::[a-z_][a-z0-9_]*)*(?:::\{)?", rest)
+        if not pm:
+            continue
+        path = pm.group(0)
+        if path.endswith("::{"):
+            start = pm.end() - 1
+            end = start + item_end(rest[start:], 0)
+            out.extend(expand(path[:-3], rest[start + 1 : end - 1]))
+        else:
+            out.append(path)
+    return out
+
+
 def edges():
     files = [p for p in ROOT.rglob("*.rs") if "bin" not in p.relative_to(ROOT).parts]
     mods = {module_of(p): p for p in files}
-    known = set(mods)
-    out = {}
+    texts, test_files = {}, set()
     for mod, path in mods.items():
-        text = path.read_text()
-        # Only non-test code: cut at the first `#[cfg(test)]`.
-        text = text.split("#[cfg(test)]")[0]
-        # Comments (doc links included) are not arrows.
-        text = re.sub(r"//[^\n]*", "", text)
+        text, test_mods = production(strip_comments(path.read_text()))
+        texts[mod] = text
+        parent = mod if path.name in ("mod.rs", "lib.rs") else mod.rsplit("::", 1)[0] if "::" in mod else ""
+        for t in test_mods:
+            test_files.add(f"{parent}::{t}" if parent else t)
+    # Files that are test modules (`#[cfg(test)] mod tests;`), and their children, are no part
+    # of the production graph.
+    prod = {m for m in mods if not any(m == t or m.startswith(t + "::") for t in test_files)}
+    known = set(prod)
+    out = {}
+    for mod in sorted(prod):
+        text = texts[mod]
         targets = set()
-        for m in re.finditer(r"crate::([a-z_][a-z0-9_]*(?:::[a-z_][a-z0-9_]*)*)", text):
-            t = resolve(m.group(1), known)
+        for p in paths_after(text, "crate"):
+            t = resolve(p, known)
             if t:
                 targets.add(t)
-        for m in re.finditer(r"\buse super::(?:\{([^}]*)\}|([a-z_][a-z0-9_]*))", text):
-            base = mod.rsplit("::", 1)[0] if "::" in mod else ""
-            if path.name == "mod.rs":
-                base = mod
-                base = base.rsplit("::", 1)[0] if "::" in base else ""
-            names = (m.group(1) or m.group(2) or "").replace("\n", " ").split(",")
+        # `super::` (repeated: `super::super::`) is relative to the module's parent.
+        here = mod.split("::") if mod else []
+        for m in re.finditer(r"\b((?:super::)+)", text):
+            ups = m.group(1).count("super::")
+            base = here[: max(len(here) - ups, 0)]
+            rest = text[m.end() :]
+            if rest.startswith("{"):
+                end = item_end(rest, 0)
+                names = expand("", rest[1 : end - 1])
+            else:
+                pm = re.match(r"[a-z_][a-z0-9_]*(?:::[a-z_][a-z0-9_]*)*", rest)
+                names = [pm.group(0)] if pm else [""]
             for n in names:
-                n = n.strip().split("::")[0].split(" ")[0]
-                t = resolve(f"{base}::{n}" if base else n, known) or resolve(base, known)
+                full = "::".join(base + ([n] if n else []))
+                t = resolve(full, known) or resolve("::".join(base), known)
                 if t:
                     targets.add(t)
-        # Items of a parent module through `super::` name the parent too.
         targets.discard(mod)
         # A module's own children are not arrows up or circles.
         out[mod] = {t for t in targets if not t.startswith(mod + "::") and t != ""}
     return out
+
+
+def self_test():
+    """The parser on the forms it must read; exits non-zero when one is misread."""
+    text = strip_comments(
+        "use crate::{a, b::c, d::{e, f as g}};\n"
+        "// crate::comment\n"
+        "#[cfg(test)]\nmod tests { use crate::testonly; fn f() { crate::inner(); } }\n"
+        "fn after() { crate::late::x(); }\n"
+        "#[cfg(test)]\nmod more;\n"
+        "use super::super::up;\n"
+    )
+    prod, test_mods = production(text)
+    got = sorted(paths_after(prod, "crate"))
+    want = ["a", "b::c", "d::e", "d::f", "late::x"]
+    assert got == want, (got, want)
+    assert "testonly" not in prod and "comment" not in prod, prod
+    assert test_mods == {"more"}, test_mods
+    assert "super::super::up" in prod
+    print("self-test ok")
 
 
 def cycles(graph):
@@ -114,6 +267,9 @@ def cycles(graph):
 
 
 def main():
+    if "--self-test" in sys.argv:
+        self_test()
+        return 0
     graph = edges()
     if "--dot" in sys.argv:
         print("digraph src {")

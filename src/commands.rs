@@ -179,7 +179,7 @@ pub fn refused_by_precreate(stdin: impl Read, init_log: impl FnOnce()) -> Option
         .take(crate::decide::input::MAX_STATE_BYTES + 1)
         .read_to_end(&mut input);
     tracing::error!(target: crate::logging::EXIT_TARGET, container = %container_id(&input), gpus = %requested_gpus(&input), "refused: {message}");
-    Some(Error::Other(message))
+    Some(Error::RefusedAtPrecreate(message))
 }
 
 /// `status`: exit 1 when the state dir cannot be read.
@@ -197,7 +197,7 @@ pub fn status(ctx: &Ctx, json: bool) -> Reply {
 pub fn gc(ctx: &Ctx, json: bool) -> Reply {
     let report = match inventory::open(&ctx.cfg) {
         Ok(inv) => gc::gc(&ctx.cfg, inv.as_ref()),
-        Err(e) => gc::gc(&ctx.cfg, &Unavailable(chain(&e))),
+        Err(e) => gc::gc(&ctx.cfg, &Unavailable::new(e)),
     };
     for a in &report.actions {
         tracing::info!("gc: {a}");

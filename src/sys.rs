@@ -5,6 +5,16 @@ use std::ffi::{CStr, CString};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
+use libc::{
+    CLOSE_RANGE_CLOEXEC, MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH, OPEN_TREE_CLOEXEC,
+    OPEN_TREE_CLONE,
+};
+
+/// Mount attributes (`MOUNT_ATTR_*` of `linux/mount.h`), as `libc` exports them.
+pub use libc::{
+    MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NOSYMFOLLOW,
+    MOUNT_ATTR_RDONLY,
+};
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 
@@ -144,9 +154,7 @@ fn proc_fd_path(fd: libc::c_int, buf: &mut [u8; 32]) -> &CStr {
     CStr::from_bytes_until_nul(&buf[..]).unwrap_or(c"/")
 }
 
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const OPEN_TREE_CLOEXEC: libc::c_uint = libc::O_CLOEXEC as libc::c_uint;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
+const AT_RECURSIVE: libc::c_uint = libc::AT_RECURSIVE as libc::c_uint;
 
 /// `open_tree(2)`; returns the raw descriptor. Makes only the system call.
 fn open_tree_raw(dirfd: libc::c_int, path: &CStr, flags: libc::c_uint) -> nix::Result<libc::c_int> {
@@ -163,14 +171,7 @@ fn set_attrs(
     set: u64,
     clr: u64,
 ) -> nix::Result<()> {
-    #[repr(C)]
-    struct MountAttr {
-        attr_set: u64,
-        attr_clr: u64,
-        propagation: u64,
-        userns_fd: u64,
-    }
-    let attr = MountAttr {
+    let attr = libc::mount_attr {
         attr_set: set,
         attr_clr: clr,
         propagation: 0,
@@ -183,8 +184,8 @@ fn set_attrs(
             dirfd,
             path.as_ptr(),
             flags,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
         )
     };
     nix::errno::Errno::result(r).map(drop)
@@ -209,9 +210,6 @@ fn writable_copy(path: &CStr, attrs: u64) -> nix::Result<libc::c_int> {
 fn move_mount_raw(tree: libc::c_int, target: &CStr) -> nix::Result<()> {
     move_mount_at(tree, libc::AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)
 }
-
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 
 /// `move_mount(2)` of the detached tree `tree` onto `to_path` relative to `to_dirfd` (with
 /// `MOVE_MOUNT_T_EMPTY_PATH` in `flags`: onto what `to_dirfd` is open on). Makes only the
@@ -247,7 +245,6 @@ fn move_raw(tree: libc::c_int, target: &CStr) -> nix::Result<()> {
 /// Marks every descriptor above 2 close-on-exec, so that a long-lived child holds none of the
 /// pipes its launcher was given (runc waits for a hook's stdout and stderr to close).
 fn close_inherited_on_exec() {
-    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range only changes descriptor flags; an unsupported kernel returns ENOSYS,
     // which leaves the descriptors as they are.
     unsafe {
@@ -260,30 +257,41 @@ fn close_inherited_on_exec() {
     }
 }
 
-/// Mount attribute: read-only (`MOUNT_ATTR_RDONLY`).
-pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
-/// Mount attribute: no set-uid (`MOUNT_ATTR_NOSUID`).
-pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
-/// Mount attribute: no device nodes (`MOUNT_ATTR_NODEV`).
-pub const MOUNT_ATTR_NODEV: u64 = 0x4;
-/// Mount attribute: no execution (`MOUNT_ATTR_NOEXEC`).
-pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
-/// Mount attribute: symlinks are not followed (`MOUNT_ATTR_NOSYMFOLLOW`, Linux 5.14).
-pub const MOUNT_ATTR_NOSYMFOLLOW: u64 = 0x0020_0000;
+/// A system call that failed: its name, the flags it was given and the errno (what libpathrs'
+/// errors carry). The path it was given is named by the caller's error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{call}(flags {flags:#x}) failed")]
+pub struct SyscallError {
+    pub call: &'static str,
+    pub flags: u64,
+    #[source]
+    pub errno: nix::errno::Errno,
+}
+
+impl SyscallError {
+    /// Whether the same call may succeed if made again (interrupted, or a transient shortage).
+    pub fn is_retry(&self) -> bool {
+        matches!(
+            self.errno,
+            nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN
+        )
+    }
+}
 
 /// `open_tree(2)` with `OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE`: a detached copy of
 /// the mount tree at `path` (a host path), which can later be attached in another mount
 /// namespace with [`move_mount_onto`]. `attrs` (`MOUNT_ATTR_*`) are set on the copy.
 ///
 /// # Errors
-/// The system call's errno.
-pub fn clone_tree(path: &std::ffi::CStr, attrs: u64) -> nix::Result<std::os::fd::OwnedFd> {
+/// [`SyscallError`]: `open_tree` or `mount_setattr`, its flags and errno.
+pub fn clone_tree(path: &std::ffi::CStr, attrs: u64) -> Result<std::os::fd::OwnedFd, SyscallError> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    let fd = open_tree_raw(
-        libc::AT_FDCWD,
-        path,
-        OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE,
-    )?;
+    let flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE;
+    let fd = open_tree_raw(libc::AT_FDCWD, path, flags).map_err(|errno| SyscallError {
+        call: "open_tree",
+        flags: u64::from(flags),
+        errno,
+    })?;
     // SAFETY: open_tree returned a new descriptor that nothing else owns.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
     if attrs != 0 {
@@ -293,7 +301,12 @@ pub fn clone_tree(path: &std::ffi::CStr, attrs: u64) -> nix::Result<std::os::fd:
             libc::AT_EMPTY_PATH as libc::c_uint | AT_RECURSIVE,
             attrs,
             0,
-        )?;
+        )
+        .map_err(|errno| SyscallError {
+            call: "mount_setattr",
+            flags: attrs,
+            errno,
+        })?;
     }
     Ok(fd)
 }
@@ -434,4 +447,27 @@ fn drop_privileges(keep: u64) -> nix::Result<()> {
     // SAFETY: prctl with integer arguments only.
     let r = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     nix::errno::Errno::result(r).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_clone_names_the_call_its_flags_and_errno() {
+        let e = clone_tree(c"/nonexistent/gpushare-clone-source", 0).unwrap_err();
+        assert_eq!(e.call, "open_tree");
+        assert_eq!(e.errno, nix::errno::Errno::ENOENT);
+        assert_eq!(
+            e.flags,
+            u64::from(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)
+        );
+        assert!(e.to_string().starts_with("open_tree(flags 0x"), "{e}");
+        assert!(!e.is_retry());
+        let again = SyscallError {
+            errno: nix::errno::Errno::EINTR,
+            ..e
+        };
+        assert!(again.is_retry());
+    }
 }

@@ -6,8 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use gpushare::config::Config;
-use gpushare::container::inject::Binding;
-use gpushare::container::spec_edit::{self, Edit, HookCall};
+use gpushare::container::spec_edit::{self, Edit};
 use gpushare::decide::input::{self, InputError};
 use gpushare::decide::{devices, request};
 use gpushare::vocab::quantity;
@@ -142,27 +141,6 @@ pub fn state_record(data: &[u8]) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn edit() -> Edit {
-    Edit {
-        env: vec![
-            ("CUDA_MPS_PIPE_DIRECTORY".into(), "/tmp/nvidia-mps".into()),
-            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "30".into()),
-        ],
-        preload: Some("/usr/local/gpushare/l.so".into()),
-        mounts: vec![Binding {
-            source: "/run/gpushare/mps/GPU-0/pipe".into(),
-            target: "/tmp/nvidia-mps".into(),
-            dir: true,
-            readonly: false,
-        }],
-        owned: Some("/run/gpushare".into()),
-        hook: Some(HookCall {
-            path: "/usr/bin/gpushare-hook".into(),
-            env: vec!["PATH=/bin".into(), "GPUSHARE_RESERVATION=pending-00".into()],
-        }),
-    }
-}
-
 /// Members of `before` other than `touched` are in `after`, unchanged.
 fn kept(before: &Value, after: &Value, touched: &[&str], what: &str) {
     let (Some(b), Some(a)) = (before.as_object(), after.as_object()) else {
@@ -182,7 +160,7 @@ pub fn spec_edit(data: &[u8]) {
     let _ = input::deep_scope(data, || -> Result<(), InputError> {
         let before = input::parse_config(data, p)?;
         let mut after = before.clone();
-        if spec_edit::apply(&mut after, &edit()).is_err() {
+        if spec_edit::apply(&mut after, &Edit::example()).is_err() {
             return Ok(());
         }
         let text = serde_json::to_vec(&after).expect("an edited spec serialises");
@@ -207,7 +185,7 @@ pub fn spec_edit(data: &[u8]) {
             }
         }
         let mut twice = after.clone();
-        spec_edit::apply(&mut twice, &edit()).expect("a second edit applies");
+        spec_edit::apply(&mut twice, &Edit::example()).expect("a second edit applies");
         assert_eq!(twice, after, "the edit is not idempotent");
         Ok(())
     });

@@ -26,8 +26,66 @@ pub enum Error {
     Inject(#[from] crate::container::inject::InjectError),
     #[error(transparent)]
     SpecEdit(#[from] crate::container::spec_edit::SpecEditError),
+    #[error(transparent)]
+    Runtime(#[from] crate::container::runtime::error::RuntimeError),
     #[error("gpushare-hook lacks CAP_SYS_ADMIN, needed to {0}; run it as root from the container runtime")]
     NoSysAdmin(&'static str),
+    /// A refusal the precreate hook made and handed on to createRuntime in its env (podman
+    /// drops precreate's stderr): only its text crosses the process boundary.
     #[error("{0}")]
-    Other(String),
+    RefusedAtPrecreate(String),
+}
+
+/// What a caller can do about an [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The same request may succeed if made again (what was saved about the GPUs was stale
+    /// and has been dropped).
+    Retry,
+    /// Anything else: the message says what to change.
+    Fail,
+}
+
+impl Error {
+    /// Whether to retry, judged on the error's variants, never on its text.
+    pub fn kind(&self) -> ErrorKind {
+        let inventory = match self {
+            Error::Inventory(e)
+            | Error::Decide(crate::decide::front::DecideError::Inventory(e))
+            | Error::Acquire(AcquireError::Inventory(e)) => Some(e),
+            _ => None,
+        };
+        match inventory {
+            Some(e) if e.is_retry() => ErrorKind::Retry,
+            _ => ErrorKind::Fail,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_gpu_list_is_a_retry_wherever_it_surfaces_and_nothing_else_is() {
+        let changed = || InventoryError::Changed {
+            path: "inventory.json".into(),
+        };
+        for (what, e) in [
+            ("inventory", Error::Inventory(changed())),
+            ("decide", Error::Decide(changed().into())),
+            ("acquire", Error::Acquire(changed().into())),
+        ] {
+            assert_eq!(e.kind(), ErrorKind::Retry, "{what}");
+        }
+        for (what, e) in [
+            (
+                "other inventory error",
+                Error::Inventory(InventoryError::BadUuid("x".into())),
+            ),
+            ("no CAP_SYS_ADMIN", Error::NoSysAdmin("mount")),
+        ] {
+            assert_eq!(e.kind(), ErrorKind::Fail, "{what}");
+        }
+    }
 }

@@ -33,7 +33,10 @@ struct Container {
     spec: SpecView,
 }
 
-fn container_from(state: &oci_spec::runtime::State, bytes: &[u8]) -> Result<Container, Error> {
+fn container_from(
+    state: &crate::decide::oci_state::State,
+    bytes: &[u8],
+) -> Result<Container, Error> {
     let mut spec = input::parse_spec(bytes, &state.bundle().join("config.json"))?;
     if let Some(extra) = state.annotations() {
         for (k, v) in extra {
@@ -152,20 +155,20 @@ pub fn poststop(
         Ok(i) => i,
         Err(e) => {
             // Without NVML compute modes cannot be restored, but records still must be.
-            return Ok(release_without_nvml(cfg, state.id(), &e));
+            return Ok(release_without_nvml(cfg, state.id(), e));
         }
     };
     let host = Host::new(cfg, inventory.as_ref());
     Ok(host.release(state.id()))
 }
 
-fn release_without_nvml(cfg: &Config, id: &str, why: &InventoryError) -> Vec<String> {
-    let inv = crate::host::inventory::Unavailable(crate::vocab::chain(why));
+fn release_without_nvml(cfg: &Config, id: &str, why: InventoryError) -> Vec<String> {
+    let inv = crate::host::inventory::Unavailable::new(why);
     let host = Host::new(cfg, &inv);
     let mut w = host.release(id);
     w.push(format!(
         "NVML unavailable, compute modes not restored: {}",
-        crate::vocab::chain(why)
+        crate::vocab::chain(inv.why())
     ));
     w
 }

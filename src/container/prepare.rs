@@ -241,7 +241,11 @@ fn mark_parsed(
         "args": ["gpushare-hook", "createRuntime"],
         "env": env,
     });
-    let not_object = || Error::Other("precreate input is not a JSON object".into());
+    let not_object = || {
+        Error::from(crate::container::spec_edit::SpecEditError::Shape(
+            "the document",
+        ))
+    };
     let root = v.as_object_mut().ok_or_else(not_object)?;
     let hooks = root
         .entry("hooks")

@@ -42,6 +42,35 @@ pub struct Edit {
     pub hook: Option<HookCall>,
 }
 
+impl Edit {
+    /// A full edit (MPS env, a preload, a pipe mount, the state dir, a hook call with a
+    /// reservation): the one fixture of this module's tests and of the spec-edit fuzz target.
+    #[doc(hidden)]
+    pub fn example() -> Self {
+        Self {
+            env: vec![
+                ("CUDA_MPS_PIPE_DIRECTORY".into(), "/tmp/nvidia-mps".into()),
+                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "30".into()),
+            ],
+            preload: Some("/usr/local/gpushare/l.so".into()),
+            mounts: vec![Binding {
+                source: "/run/gpushare/mps/GPU-0/pipe".into(),
+                target: "/tmp/nvidia-mps".into(),
+                dir: true,
+                readonly: false,
+            }],
+            owned: Some("/run/gpushare".into()),
+            hook: Some(HookCall {
+                path: "/usr/bin/gpushare-hook".into(),
+                env: vec![
+                    "PATH=/usr/bin:/bin".into(),
+                    "GPUSHARE_RESERVATION=pending-00".into(),
+                ],
+            }),
+        }
+    }
+}
+
 fn object<'a>(
     parent: &'a mut Map<String, Value>,
     key: &str,
@@ -327,24 +356,7 @@ mod tests {
     use super::*;
 
     fn edit() -> Edit {
-        Edit {
-            env: vec![
-                ("CUDA_MPS_PIPE_DIRECTORY".into(), "/tmp/nvidia-mps".into()),
-                ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "30".into()),
-            ],
-            preload: Some("/usr/local/gpushare/l.so".into()),
-            mounts: vec![Binding {
-                source: "/run/gpushare/mps/GPU-0/pipe".into(),
-                target: "/tmp/nvidia-mps".into(),
-                dir: true,
-                readonly: false,
-            }],
-            hook: Some(HookCall {
-                path: "/usr/bin/gpushare-hook".into(),
-                env: vec!["PATH=/usr/bin:/bin".into()],
-            }),
-            owned: None,
-        }
+        Edit::example()
     }
 
     #[test]
@@ -376,7 +388,7 @@ mod tests {
         assert_eq!(v["hooks"]["prestart"], json!([{"path":"/x"}]));
         assert_eq!(
             v["hooks"]["createRuntime"],
-            json!([{"path":"/usr/bin/gpushare-hook","args":["gpushare-hook","createRuntime"],"env":["PATH=/usr/bin:/bin"]}])
+            json!([{"path":"/usr/bin/gpushare-hook","args":["gpushare-hook","createRuntime"],"env":["PATH=/usr/bin:/bin","GPUSHARE_RESERVATION=pending-00"]}])
         );
         assert_eq!(v["hooks"]["poststop"][0]["args"][1], "poststop");
         // The same bundle edited for another container: the stale mount is replaced.

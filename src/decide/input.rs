@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use oci_spec::runtime::State;
+use crate::decide::oci_state::State;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use thiserror::Error;

@@ -5,6 +5,7 @@ pub mod devices;
 pub mod domain;
 pub mod front;
 pub mod input;
+pub mod oci_state;
 pub mod plan;
 pub mod profile;
 pub mod request;

@@ -56,14 +56,23 @@ pub fn decide(
     let mut given = devices::assigned(devices::visible(&spec.process.env), &devs, inventory)?;
     given.sort_by_key(|g| g.index);
     let chosen = devices::select(&given, req.devices.as_deref(), req.mode, inventory)?;
+    // The CUDA ordinal is the GPU's place among those the container was given; a chosen GPU
+    // outside them is refused (never ordinal 0, which names another GPU).
     let gpus = chosen
         .into_iter()
-        .map(|g| PlannedGpu {
-            ordinal: given.iter().position(|a| a.index == g.index).unwrap_or(0) as u32,
-            index: g.index,
-            uuid: g.uuid,
+        .map(|g| {
+            let ordinal = given
+                .iter()
+                .position(|a| a.index == g.index)
+                .ok_or_else(|| DeviceError::NotAssigned(g.index.to_string()))?;
+            Ok(PlannedGpu {
+                ordinal: u32::try_from(ordinal)
+                    .map_err(|_| DeviceError::NotAssigned(g.index.to_string()))?,
+                index: g.index,
+                uuid: g.uuid,
+            })
         })
-        .collect();
+        .collect::<Result<_, DeviceError>>()?;
     Ok(Plan {
         container: container.to_owned(),
         mode: req.mode,

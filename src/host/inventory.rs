@@ -114,20 +114,54 @@ impl Inventory for NvmlInventory {
     }
 }
 
-/// An inventory for when NVML cannot be loaded: every call fails with the reason. Lets a
-/// release still clean records up.
-pub struct Unavailable(pub String);
+/// An inventory for when NVML cannot be loaded: every call fails with
+/// [`InventoryError::NotLoaded`], whose source is the load's own error. Lets a release still
+/// clean records up.
+pub struct Unavailable(std::sync::Arc<InventoryError>);
+
+impl Unavailable {
+    pub fn new(why: InventoryError) -> Self {
+        Self(std::sync::Arc::new(why))
+    }
+
+    /// Why NVML could not be loaded.
+    pub fn why(&self) -> &InventoryError {
+        &self.0
+    }
+
+    fn err(&self) -> InventoryError {
+        InventoryError::NotLoaded(self.0.clone())
+    }
+}
 
 impl Inventory for Unavailable {
     fn gpus(&self) -> Result<Vec<Gpu>, InventoryError> {
-        Err(InventoryError::Unavailable(self.0.clone()))
+        Err(self.err())
     }
 
     fn compute_mode(&self, _index: u32) -> Result<ComputeMode, InventoryError> {
-        Err(InventoryError::Unavailable(self.0.clone()))
+        Err(self.err())
     }
 
     fn set_compute_mode(&self, _index: u32, _mode: ComputeMode) -> Result<(), InventoryError> {
-        Err(InventoryError::Unavailable(self.0.clone()))
+        Err(self.err())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unavailable_keeps_the_load_error_as_the_source_of_every_call() {
+        let inv = Unavailable::new(InventoryError::BadUuid("../x".into()));
+        let e = inv.gpus().unwrap_err();
+        assert!(matches!(e, InventoryError::NotLoaded(_)), "{e:?}");
+        let source = std::error::Error::source(&e).expect("a source");
+        assert_eq!(
+            source.to_string(),
+            InventoryError::BadUuid("../x".into()).to_string()
+        );
+        assert!(matches!(inv.why(), InventoryError::BadUuid(_)));
     }
 }

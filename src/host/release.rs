@@ -10,6 +10,26 @@ use crate::host::state::{now_seconds, StateError};
 use crate::host::state::{Client, Daemon, Domain, Record};
 use crate::vocab::{ComputeMode, Mode};
 
+/// Why gc could not rebuild an unreadable record (it then leaves it, and its daemons, alone).
+#[derive(Debug, thiserror::Error)]
+pub enum RebuildError {
+    #[error("cannot take the GPU's lock")]
+    Lock(#[source] StateError),
+    #[error("cannot list the GPUs to learn its index")]
+    Inventory(#[source] crate::vocab::InventoryError),
+    #[error("GPU {0} is not among the GPUs NVML lists")]
+    NoSuchGpu(String),
+    #[error("cannot move {from} aside to {to}")]
+    Rename {
+        from: std::path::PathBuf,
+        to: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot save the rebuilt record")]
+    Save(#[source] StateError),
+}
+
 /// What `gc` did, and what it could not do (then it exits 1).
 #[derive(Debug, Default)]
 pub struct GcOutcome {
@@ -203,8 +223,9 @@ impl Host<'_> {
                     Ok(line) => report.push(line),
                     Err(why) => {
                         problems.push(format!(
-                            "{uuid}: record unreadable ({}), left alone with its daemons: {why}",
-                            crate::vocab::chain(&e)
+                            "{uuid}: record unreadable ({}), left alone with its daemons: {}",
+                            crate::vocab::chain(&e),
+                            crate::vocab::chain(&why)
                         ));
                         unreadable.insert(uuid);
                     }
@@ -256,28 +277,35 @@ impl Host<'_> {
     /// becomes a domain with that daemon and its current defaults as limits, and every
     /// container that has its pipe directory mounted becomes a client (`rebuilt-<pid>`, dropped
     /// when that process ends). Nothing that runs is stopped.
-    fn quarantine_and_rebuild(&self, uuid: &str, why: &StateError) -> Result<String, String> {
-        let chain = |e: &dyn std::error::Error| crate::vocab::chain(e);
+    fn quarantine_and_rebuild(&self, uuid: &str, why: &StateError) -> Result<String, RebuildError> {
         let _lock = self
             .state
             .lock(uuid, self.lock_timeout(), "gc (rebuild)")
-            .map_err(|e| chain(&e))?;
+            .map_err(RebuildError::Lock)?;
         // Read again under the lock: someone may have fixed it meanwhile.
         if let Ok(Some(_)) = self.state.load(uuid) {
             return Ok(format!("{uuid}: record readable again, nothing to rebuild"));
         }
+        // The GPU's index first: without it nothing is moved (a record under index 0 would
+        // name another GPU).
+        let index = self
+            .inventory
+            .gpus()
+            .map_err(RebuildError::Inventory)?
+            .into_iter()
+            .find(|g| g.uuid == uuid)
+            .map(|g| g.index)
+            .ok_or_else(|| RebuildError::NoSuchGpu(uuid.to_owned()))?;
         let path = self.state.record_path(uuid);
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let aside = path.with_extension(format!("json.quarantined-{stamp}"));
-        std::fs::rename(&path, &aside).map_err(|e| chain(&e))?;
-        let index = self
-            .inventory
-            .gpus()
-            .ok()
-            .and_then(|g| g.into_iter().find(|g| g.uuid == uuid).map(|g| g.index))
-            .unwrap_or(0);
+        std::fs::rename(&path, &aside).map_err(|source| RebuildError::Rename {
+            from: path.clone(),
+            to: aside.clone(),
+            source,
+        })?;
         let mut rec = Record::new(uuid, index);
         let (mut daemons, mut clients) = (0, 0);
         if let (Ok(rd), Ok(control)) = (std::fs::read_dir(self.state.mps_root()), self.control()) {
@@ -323,10 +351,10 @@ impl Host<'_> {
                 }
             }
         }
-        self.state.save(&rec).map_err(|e| chain(&e))?;
+        self.state.save(&rec).map_err(RebuildError::Save)?;
         Ok(format!(
             "{uuid}: record unreadable ({}); moved to {} and rebuilt from {daemons} running daemon(s) and {clients} container(s) that have them mounted",
-            chain(why),
+            crate::vocab::chain(why),
             aside.display()
         ))
     }

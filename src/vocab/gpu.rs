@@ -51,10 +51,21 @@ pub enum InventoryError {
     },
     #[error("NVML unavailable: {0}")]
     Unavailable(String),
+    /// Every call of an inventory made after NVML failed to load: the load's own error.
+    #[error("NVML was not loaded")]
+    NotLoaded(#[source] std::sync::Arc<InventoryError>),
     #[error("the GPUs NVML lists differ from those saved in {path}, which was dropped; retry")]
     Changed { path: String },
     #[error("NVML reports a GPU UUID {0:?} that is not a safe name")]
     BadUuid(String),
+}
+
+impl InventoryError {
+    /// Whether the same request may succeed if made again: the saved GPU list was stale and
+    /// has been dropped.
+    pub fn is_retry(&self) -> bool {
+        matches!(self, InventoryError::Changed { .. })
+    }
 }
 
 /// What the hook needs to know about, and do to, the GPUs.

@@ -65,8 +65,10 @@ pub enum InjectError {
     Source {
         path: PathBuf,
         #[source]
-        source: Errno,
+        source: crate::sys::SyscallError,
     },
+    #[error("bind mount source {0} holds a NUL byte")]
+    NulInSource(PathBuf),
     #[error("container process {pid} is in gpushare's own mount namespace, so its mounts would land on the host; run it with a mount namespace of its own (a runtime gives one before createRuntime)")]
     HostNamespace { pid: i32 },
     #[error("cannot enter the mount namespace of container process {pid}")]
@@ -206,11 +208,8 @@ pub fn into_container(pid: i32, rootfs: &Path, list: &[Binding]) -> Result<(), I
     })?;
     let mut prepared: Vec<(OwnedFd, Target)> = Vec::with_capacity(list.len());
     for b in list {
-        let src =
-            CString::new(b.source.as_os_str().as_bytes()).map_err(|_| InjectError::Source {
-                path: b.source.clone(),
-                source: Errno::EINVAL,
-            })?;
+        let src = CString::new(b.source.as_os_str().as_bytes())
+            .map_err(|_| InjectError::NulInSource(b.source.clone()))?;
         let mut attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
         if b.readonly {
             attrs |= sys::MOUNT_ATTR_RDONLY;
