@@ -71,6 +71,9 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
         ))),
         Outcome::Done(plan) => {
             tracing::info!(container = %plan.container, mode = %plan.mode, gpus = ?plan.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), memory = ?plan.memory.map(crate::vocab::size::human), cores = plan.cores, "acquired");
+            let uuids: Vec<&str> = plan.gpus.iter().map(|g| g.uuid.as_str()).collect();
+            let state = crate::host::state::StateDir::new(&ctx.cfg.state_dir);
+            crate::host::reaper::ensure(&state, &ctx.source, &uuids);
             Ok(Reply::default())
         }
     }
@@ -201,6 +204,30 @@ pub fn gc(ctx: &Ctx, json: bool) -> Reply {
         stdout: render(&report, json).into_bytes(),
         code: u8::from(report.failed()),
     }
+}
+
+/// `reap UUID`: the reaper of one GPU (see [`crate::host::reaper`]); returns when no client of
+/// the GPU is left to watch.
+///
+/// # Errors
+/// [`crate::host::reaper::ReaperError`] when its lock or watch cannot be set up, or the GPU is
+/// not a safe name.
+pub fn reap(ctx: &Ctx, uuid: &str) -> Result<Reply, crate::host::reaper::ReaperError> {
+    if !crate::vocab::is_safe_name(uuid) {
+        return Err(crate::host::reaper::ReaperError::BadGpu(uuid.to_owned()));
+    }
+    let inv = inventory::open(&ctx.cfg);
+    let unavailable;
+    let inventory: &dyn crate::vocab::Inventory = match &inv {
+        Ok(i) => i.as_ref(),
+        Err(e) => {
+            unavailable = Unavailable(chain(e));
+            &unavailable
+        }
+    };
+    let host = crate::host::acquire::Host::new(&ctx.cfg, inventory);
+    crate::host::reaper::run(&host, uuid)?;
+    Ok(Reply::default())
 }
 
 /// `configure <engine>`: exit 0 whether or not anything changed.

@@ -481,3 +481,34 @@ pub fn umount_fd_detach(fd: std::os::fd::BorrowedFd<'_>) -> nix::Result<()> {
     let r = unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
     nix::errno::Errno::result(r).map(drop)
 }
+
+/// Arranges for `cmd` to start in a session of its own with every inherited descriptor above
+/// stderr closed on exec: a helper that outlives the hook which starts it (the reaper) holds
+/// none of the runtime's pipes. The caller sets stdio.
+pub fn detached(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only makes two raw system
+    // calls (setsid, close_range); it allocates nothing and takes no locks, so it is
+    // async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()?;
+            close_inherited_on_exec();
+            Ok(())
+        });
+    }
+}
+
+/// `pidfd_open(2)`: a descriptor for the process `pid` that becomes readable when it exits.
+/// Which process that is must be checked after opening (pid reuse): see `ProcId::is_alive`.
+///
+/// # Errors
+/// The errno (`ESRCH`: no such process).
+pub fn pidfd_open(pid: i32) -> nix::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory is
+    // passed.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    let fd = nix::errno::Errno::result(r)?;
+    // SAFETY: `fd` is a descriptor the kernel just created for us and nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
