@@ -216,17 +216,13 @@ pub fn reap(ctx: &Ctx, uuid: &str) -> Result<Reply, crate::host::reaper::ReaperE
     if !crate::vocab::is_safe_name(uuid) {
         return Err(crate::host::reaper::ReaperError::BadGpu(uuid.to_owned()));
     }
-    let inv = inventory::open(&ctx.cfg);
-    let unavailable;
-    let inventory: &dyn crate::vocab::Inventory = match &inv {
-        Ok(i) => i.as_ref(),
-        Err(e) => {
-            unavailable = Unavailable(chain(e));
-            &unavailable
+    let open = || -> Box<dyn crate::vocab::Inventory> {
+        match inventory::open(&ctx.cfg) {
+            Ok(i) => i,
+            Err(e) => Box::new(Unavailable(chain(&e))),
         }
     };
-    let host = crate::host::acquire::Host::new(&ctx.cfg, inventory);
-    crate::host::reaper::run(&host, uuid)?;
+    crate::host::reaper::run(&ctx.cfg, uuid, &open)?;
     Ok(Reply::default())
 }
 

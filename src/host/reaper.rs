@@ -23,10 +23,11 @@ use nix::fcntl::{Flock, FlockArg};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
-use crate::config::Source;
+use crate::config::{Config, Source};
 use crate::host::acquire::Host;
 use crate::host::procinfo::ProcId;
-use crate::host::state::{Record, StateDir};
+use crate::host::state::{Record, StateDir, StateError};
+use crate::vocab::Inventory;
 
 /// How long the reaper waits without any event before it looks at the record again.
 const RESCAN: Duration = Duration::from_secs(30);
@@ -169,14 +170,21 @@ fn wait(fds: &[OwnedFd], inotify: &Inotify, timeout: Duration) {
 }
 
 /// The reaper of GPU `uuid` (`gpushare-hook reap`). Returns at once when another reaper runs.
+/// NVML is opened (`open_inventory`) only for a release step and closed after it, so that a
+/// waiting reaper holds no GPU device open.
 ///
 /// # Errors
 /// [`ReaperError`] when its lock or the watch on the state directory cannot be set up.
-pub fn run(host: &Host, uuid: &str) -> Result<(), ReaperError> {
-    let Some(mut mine) = try_lock(&host.state, uuid)? else {
+pub fn run(
+    cfg: &Config,
+    uuid: &str,
+    open_inventory: &dyn Fn() -> Box<dyn Inventory>,
+) -> Result<(), ReaperError> {
+    let state = StateDir::new(&cfg.state_dir);
+    let Some(mut mine) = try_lock(&state, uuid)? else {
         return Ok(());
     };
-    let gpus = host.state.gpus_dir();
+    let gpus = state.gpus_dir();
     let inotify =
         Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(|source| {
             ReaperError::Watch {
@@ -197,10 +205,10 @@ pub fn run(host: &Host, uuid: &str) -> Result<(), ReaperError> {
             source,
         })?;
     loop {
-        if !host.state.root().exists() {
+        if !state.root().exists() {
             return Ok(());
         }
-        let clients = match host.state.load(uuid) {
+        let clients = match state.load(uuid) {
             Ok(rec) => rec.as_ref().map(watched).unwrap_or_default(),
             Err(e) => {
                 tracing::warn!(uuid, error = %crate::vocab::chain(&e), "reaper: record unreadable; waiting");
@@ -209,7 +217,7 @@ pub fn run(host: &Host, uuid: &str) -> Result<(), ReaperError> {
             }
         };
         if clients.is_empty() {
-            match done(host, uuid, mine) {
+            match done(cfg, &state, uuid, mine) {
                 None => return Ok(()),
                 Some(kept) => {
                     mine = kept;
@@ -219,12 +227,11 @@ pub fn run(host: &Host, uuid: &str) -> Result<(), ReaperError> {
         }
         match look(&clients) {
             Look::Wait(fds) => wait(&fds, &inotify, RESCAN),
-            Look::Exited => match host.release_exited(uuid) {
+            Look::Exited => match release(cfg, uuid, open_inventory) {
                 Ok(lines) => {
                     for l in lines {
                         tracing::info!(uuid, "reaper: {l}");
                     }
-                    host.flush();
                 }
                 Err(e) => {
                     tracing::warn!(uuid, error = %crate::vocab::chain(&e), "reaper: release failed; retrying");
@@ -235,20 +242,34 @@ pub fn run(host: &Host, uuid: &str) -> Result<(), ReaperError> {
     }
 }
 
+/// One release step with NVML open for it (the compute mode may have to be put back).
+fn release(
+    cfg: &Config,
+    uuid: &str,
+    open_inventory: &dyn Fn() -> Box<dyn Inventory>,
+) -> Result<Vec<String>, StateError> {
+    let inventory = open_inventory();
+    let host = Host::new(cfg, inventory.as_ref());
+    let lines = host.release_exited(uuid)?;
+    host.flush();
+    Ok(lines)
+}
+
 /// Under the GPU's lock: when the record still holds no client to watch, gives the reaper lock
 /// back (so that the next acquire starts a new reaper) and returns `None`: the reaper is done.
 /// Otherwise (an acquire came in, or the GPU's lock cannot be had now) returns the lock to keep.
-fn done(host: &Host, uuid: &str, mine: Flock<File>) -> Option<Flock<File>> {
-    let gpu_lock = match host.state.lock(uuid, host.lock_timeout(), "reaper") {
+fn done(cfg: &Config, state: &StateDir, uuid: &str, mine: Flock<File>) -> Option<Flock<File>> {
+    let timeout = Duration::from_secs(cfg.lock_timeout_seconds);
+    let gpu_lock = match state.lock(uuid, timeout, "reaper") {
         Ok(l) => l,
         // The state dir is gone: nothing left to watch.
-        Err(_) if !host.state.root().exists() => return None,
+        Err(_) if !state.root().exists() => return None,
         Err(e) => {
             tracing::warn!(uuid, error = %crate::vocab::chain(&e), "reaper: cannot take the GPU's lock; retrying");
             return Some(mine);
         }
     };
-    let empty = match host.state.load(uuid) {
+    let empty = match state.load(uuid) {
         Ok(rec) => rec.as_ref().map(watched).unwrap_or_default().is_empty(),
         Err(_) => false,
     };
