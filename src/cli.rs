@@ -61,6 +61,10 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Release the clients of GPU UUID as their processes exit (started by the createRuntime
+    /// hook; exits when the GPU has no client left to watch).
+    #[command(hide = true)]
+    Reap { uuid: String },
     /// Wire gpushare into an engine: merge into its files (atomic, with a backup), say what to
     /// restart. A second run changes nothing.
     Configure {

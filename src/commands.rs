@@ -76,6 +76,9 @@ pub fn create_runtime(
         ))),
         Outcome::Done(plan) => {
             tracing::info!(container = %plan.container, mode = %plan.mode, gpus = ?plan.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), memory = ?plan.memory.map(crate::vocab::size::human), cores = plan.cores, "acquired");
+            let uuids: Vec<&str> = plan.gpus.iter().map(|g| g.uuid.as_str()).collect();
+            let state = crate::host::state::StateDir::new(&ctx.cfg.state_dir);
+            crate::host::reaper::ensure(&state, &ctx.source, &uuids);
             Ok(Reply::default())
         }
     }
@@ -206,6 +209,26 @@ pub fn gc(ctx: &Ctx, json: bool) -> Reply {
         stdout: render(&report, json).into_bytes(),
         code: u8::from(report.failed()),
     }
+}
+
+/// `reap UUID`: the reaper of one GPU (see [`crate::host::reaper`]); returns when no client of
+/// the GPU is left to watch.
+///
+/// # Errors
+/// [`crate::host::reaper::ReaperError`] when its lock or watch cannot be set up, or the GPU is
+/// not a safe name.
+pub fn reap(ctx: &Ctx, uuid: &str) -> Result<Reply, crate::host::reaper::ReaperError> {
+    if !crate::vocab::is_safe_name(uuid) {
+        return Err(crate::host::reaper::ReaperError::BadGpu(uuid.to_owned()));
+    }
+    let open = || -> Box<dyn crate::vocab::Inventory> {
+        match inventory::open(&ctx.cfg) {
+            Ok(i) => i,
+            Err(e) => Box::new(Unavailable(chain(&e))),
+        }
+    };
+    crate::host::reaper::run(&ctx.cfg, uuid, &open)?;
+    Ok(Reply::default())
 }
 
 /// `configure <engine>`: exit 0 whether or not anything changed.

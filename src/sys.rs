@@ -449,6 +449,22 @@ fn drop_privileges(keep: u64) -> nix::Result<()> {
     nix::errno::Errno::result(r).map(drop)
 }
 
+/// Arranges for `cmd` to start in a session of its own with every inherited descriptor above
+/// stderr closed on exec: a helper that outlives the hook which starts it (the reaper) holds
+/// none of the runtime's pipes. The caller sets stdio.
+pub fn detached(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only makes two raw system
+    // calls (setsid, close_range); it allocates nothing and takes no locks, so it is
+    // async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()?;
+            close_inherited_on_exec();
+            Ok(())
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -166,8 +166,8 @@ fn stale_clients_are_dropped_and_dead_daemons_restarted() {
         &["createRuntime"],
         &Sandbox::state_json("gone", gone.pid(), &b),
     ));
-    gone.kill();
-    // The daemon dies too.
+    // The daemon dies, then the container (the other way round, the reaper would stop the
+    // daemon of the domain its last client left).
     let d = daemons_under(&sb.state_dir());
     assert_eq!(d.len(), 1);
     let _ = std::process::Command::new("kill")
@@ -183,6 +183,7 @@ fn stale_clients_are_dropped_and_dead_daemons_restarted() {
         daemons_under(&sb.state_dir()).is_empty(),
         "daemon did not die"
     );
+    gone.kill();
 
     ok(&sb.hook(
         &["createRuntime"],

@@ -766,13 +766,15 @@ fn sigkilled_releases_with_domains_then_gc_leave_the_other_domain_running() {
             &["createRuntime"],
             &Sandbox::state_json("gone", gone.pid(), &gone_b),
         ));
-        gone.kill();
+        // The poststop is killed while the container's process still runs (else the reaper
+        // would have released it first and the poststop would find nothing to do).
         let out = sb.hook_env(
             &["poststop"],
             &Sandbox::state_json("gone", 0, &gone_b),
             &[("GPUSHARE_FAILPOINT", point)],
         );
         common::assert_killed_at(&out, point);
+        gone.kill();
         ok(&sb.hook(&["gc"], ""));
         let st = sb.status();
         let ds = domains(&st);

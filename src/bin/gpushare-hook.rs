@@ -53,6 +53,7 @@ fn main() -> ExitCode {
         Cmd::Precreate => commands::precreate(&ctx, stdin).map_err(Into::into),
         Cmd::Status { json } => Ok(commands::status(&ctx, json)),
         Cmd::Gc { json } => Ok(commands::gc(&ctx, json)),
+        Cmd::Reap { uuid } => commands::reap(&ctx, &uuid).map_err(Into::into),
         Cmd::Configure {
             engine,
             path,

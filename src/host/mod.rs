@@ -8,6 +8,7 @@ pub mod mps;
 pub mod multiuser;
 pub mod pending;
 pub mod procinfo;
+pub mod reaper;
 pub mod release;
 pub mod sandbox;
 pub mod snapshot;

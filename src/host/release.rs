@@ -69,6 +69,15 @@ impl Host<'_> {
         warnings
     }
 
+    /// One release step for the reaper: under the GPU's lock, drops clients whose process is
+    /// gone and stops the daemons of domains nobody uses any more, as poststop would.
+    ///
+    /// # Errors
+    /// [`StateError`] when the lock or the record cannot be had.
+    pub(crate) fn release_exited(&self, uuid: &str) -> Result<Vec<String>, StateError> {
+        self.release_one(uuid, None, false)
+    }
+
     /// Under the GPU's lock: drop `container` (if any) and stale clients; stop the daemons of
     /// domains nobody uses any more; with `heal` (gc), restart a dead daemon that still has
     /// clients and put back a compute mode no daemon explains. Returns what it did.

@@ -1,0 +1,282 @@
+//! The reaper: a share ends when its container's process ends, not when the engine gets round to
+//! the poststop hook (CRI-O runs it at RemoveContainer, podman and Docker at removal of a
+//! stopped container, and some engines never when they die with it).
+//!
+//! After an acquire, [`ensure`] starts `gpushare-hook reap GPU` for each GPU of the plan unless
+//! one already runs. The reaper holds `<state>/reapers/<GPU>.lock` (flock, released by the
+//! kernel when it dies), waits on pidfds of the clients recorded on that GPU (pid plus start
+//! time, so a reused pid is never taken for the client) and on the record changing (inotify),
+//! and when a client's process has exited it runs one release step under the GPU's lock, as
+//! poststop would: the client is dropped, a domain nobody uses has its daemon stopped and the
+//! compute mode put back. It signals nothing itself; daemons are stopped only by that release
+//! step. It exits, under the GPU's lock so that no acquire can slip in unseen, once the record
+//! holds no client with a process. Killed, it loses nothing: the next acquire starts another,
+//! and `gc` still drops clients whose process is gone.
+
+use std::fs::File;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+use crate::config::{Config, Source};
+use crate::host::acquire::Host;
+use crate::host::procinfo::ProcId;
+use crate::host::state::{Record, StateDir, StateError};
+use crate::vocab::Inventory;
+
+/// How long the reaper waits without any event before it looks at the record again.
+const RESCAN: Duration = Duration::from_secs(30);
+/// After a release step that failed, how long before the next try.
+const RETRY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReaperError {
+    #[error("reaper lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("not a GPU name: {0:?}")]
+    BadGpu(String),
+    #[error("cannot watch {path} for changes: {source}")]
+    Watch { path: PathBuf, source: nix::Error },
+}
+
+/// The lock a GPU's reaper holds while it runs.
+pub fn lock_path(state: &StateDir, uuid: &str) -> PathBuf {
+    state.root().join("reapers").join(format!("{uuid}.lock"))
+}
+
+/// The clients of `rec` whose process can be waited on.
+pub fn watched(rec: &Record) -> Vec<ProcId> {
+    rec.clients.values().filter_map(|c| c.process).collect()
+}
+
+/// Takes the reaper lock of `uuid` without waiting: `None` when another process holds it.
+fn try_lock(state: &StateDir, uuid: &str) -> Result<Option<Flock<File>>, ReaperError> {
+    let path = lock_path(state, uuid);
+    let err = |source| ReaperError::Lock {
+        path: path.clone(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(dir)
+            .map_err(err)?;
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(err)?;
+    match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
+        Ok(l) => Ok(Some(l)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(err(e.into())),
+    }
+}
+
+/// Whether a reaper runs for `uuid` (someone holds its lock).
+pub fn running(state: &StateDir, uuid: &str) -> bool {
+    matches!(try_lock(state, uuid), Ok(None))
+}
+
+/// Starts a reaper for each of `uuids` that has none, as `gpushare-hook reap UUID` with this
+/// policy file, detached from the caller (own session, no inherited descriptors, out of the
+/// caller's cgroups as the MPS daemon is). Failures are logged: the share works without it, and
+/// `gc` or the next acquire catches up.
+pub fn ensure(state: &StateDir, source: &Source, uuids: &[&str]) {
+    for uuid in uuids {
+        if running(state, uuid) {
+            continue;
+        }
+        match spawn(source, uuid) {
+            Ok(pid) => tracing::debug!(uuid, pid, "reaper started"),
+            Err(e) => {
+                tracing::warn!(uuid, error = %e, "cannot start the reaper; exited containers are released at poststop or by gc")
+            }
+        }
+    }
+}
+
+fn spawn(source: &Source, uuid: &str) -> std::io::Result<i32> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    match source {
+        Source::Flag(p) | Source::Env(p) => {
+            cmd.arg("--config").arg(p);
+        }
+        Source::Default => {}
+    }
+    cmd.arg("reap")
+        .arg(uuid)
+        // A test's failpoint is for the hook it was given to.
+        .env_remove("GPUSHARE_FAILPOINT")
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    crate::sys::detached(&mut cmd);
+    let child = cmd.spawn()?;
+    let pid = child.id() as i32;
+    crate::host::mps::leave_cgroups(pid);
+    // Not waited for: it outlives the hook and is reparented.
+    Ok(pid)
+}
+
+/// What one look at the clients found.
+enum Look {
+    /// Every watched client lives: wait on these.
+    Wait(Vec<OwnedFd>),
+    /// A client's process has exited (or its pid is someone else's now).
+    Exited,
+}
+
+fn look(clients: &[ProcId]) -> Look {
+    let mut fds = Vec::with_capacity(clients.len());
+    for p in clients {
+        match crate::sys::pidfd_open(p.pid) {
+            // Checked after opening: the descriptor is then the recorded process's.
+            Ok(fd) if p.is_alive() => fds.push(fd),
+            _ => return Look::Exited,
+        }
+    }
+    Look::Wait(fds)
+}
+
+/// Waits until one of `fds` or `inotify` is readable, or `timeout`; drains `inotify`.
+fn wait(fds: &[OwnedFd], inotify: &Inotify, timeout: Duration) {
+    let mut polls: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN))
+        .collect();
+    polls.push(PollFd::new(inotify.as_fd(), PollFlags::POLLIN));
+    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+    let _ = nix::poll::poll(&mut polls, PollTimeout::from(ms));
+    while inotify.read_events().is_ok_and(|e| !e.is_empty()) {}
+}
+
+/// The reaper of GPU `uuid` (`gpushare-hook reap`). Returns at once when another reaper runs.
+/// NVML is opened (`open_inventory`) only for a release step and closed after it, so that a
+/// waiting reaper holds no GPU device open.
+///
+/// # Errors
+/// [`ReaperError`] when its lock or the watch on the state directory cannot be set up.
+pub fn run(
+    cfg: &Config,
+    uuid: &str,
+    open_inventory: &dyn Fn() -> Box<dyn Inventory>,
+) -> Result<(), ReaperError> {
+    let state = StateDir::new(&cfg.state_dir);
+    let Some(mut mine) = try_lock(&state, uuid)? else {
+        return Ok(());
+    };
+    let gpus = state.gpus_dir();
+    let inotify =
+        Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(|source| {
+            ReaperError::Watch {
+                path: gpus.clone(),
+                source,
+            }
+        })?;
+    inotify
+        .add_watch(
+            &gpus,
+            AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_CLOSE_WRITE
+                | AddWatchFlags::IN_DELETE
+                | AddWatchFlags::IN_DELETE_SELF,
+        )
+        .map_err(|source| ReaperError::Watch {
+            path: gpus.clone(),
+            source,
+        })?;
+    loop {
+        if !state.root().exists() {
+            return Ok(());
+        }
+        let clients = match state.load(uuid) {
+            Ok(rec) => rec.as_ref().map(watched).unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(uuid, error = %crate::vocab::chain(&e), "reaper: record unreadable; waiting");
+                wait(&[], &inotify, RESCAN);
+                continue;
+            }
+        };
+        if clients.is_empty() {
+            match done(cfg, &state, uuid, mine) {
+                None => return Ok(()),
+                Some(kept) => {
+                    mine = kept;
+                    continue;
+                }
+            }
+        }
+        match look(&clients) {
+            Look::Wait(fds) => wait(&fds, &inotify, RESCAN),
+            Look::Exited => match release(cfg, uuid, open_inventory) {
+                Ok(lines) => {
+                    for l in lines {
+                        tracing::info!(uuid, "reaper: {l}");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(uuid, error = %crate::vocab::chain(&e), "reaper: release failed; retrying");
+                    wait(&[], &inotify, RETRY);
+                }
+            },
+        }
+    }
+}
+
+/// One release step with NVML open for it (the compute mode may have to be put back).
+fn release(
+    cfg: &Config,
+    uuid: &str,
+    open_inventory: &dyn Fn() -> Box<dyn Inventory>,
+) -> Result<Vec<String>, StateError> {
+    let inventory = open_inventory();
+    let host = Host::new(cfg, inventory.as_ref());
+    let lines = host.release_exited(uuid)?;
+    host.flush();
+    Ok(lines)
+}
+
+/// Under the GPU's lock: when the record still holds no client to watch, gives the reaper lock
+/// back (so that the next acquire starts a new reaper) and returns `None`: the reaper is done.
+/// Otherwise (an acquire came in, or the GPU's lock cannot be had now) returns the lock to keep.
+fn done(cfg: &Config, state: &StateDir, uuid: &str, mine: Flock<File>) -> Option<Flock<File>> {
+    let timeout = Duration::from_secs(cfg.lock_timeout_seconds);
+    let gpu_lock = match state.lock(uuid, timeout, "reaper") {
+        Ok(l) => l,
+        // The state dir is gone: nothing left to watch.
+        Err(_) if !state.root().exists() => return None,
+        Err(e) => {
+            tracing::warn!(uuid, error = %crate::vocab::chain(&e), "reaper: cannot take the GPU's lock; retrying");
+            return Some(mine);
+        }
+    };
+    let empty = match state.load(uuid) {
+        Ok(rec) => rec.as_ref().map(watched).unwrap_or_default().is_empty(),
+        Err(_) => false,
+    };
+    if !empty {
+        return Some(mine);
+    }
+    drop(mine);
+    drop(gpu_lock);
+    None
+}

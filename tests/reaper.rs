@@ -1,0 +1,257 @@
+//! A share ends when its container's process ends, even when the engine runs poststop only at
+//! removal (CRI-O runs `runc delete`, and the poststop hooks, at RemoveContainer): a runc
+//! container that has exited but is not deleted is released by the reaper within seconds.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{daemons_under, runc, runc_bundle, Cleanup, Sandbox};
+use serde_json::{json, Value};
+
+struct Ctr {
+    id: String,
+    bundle: PathBuf,
+    /// Touching `go/go` here makes the container's process exit.
+    go: PathBuf,
+}
+
+impl Drop for Ctr {
+    fn drop(&mut self) {
+        let _ = runc(&["delete", "--force", &self.id], &self.bundle);
+    }
+}
+
+/// A runc container with gpushare's hooks in its config.json, whose process runs until `go/go`
+/// appears.
+fn start(sb: &Sandbox, name: &str, annotations: Value) -> Ctr {
+    let hook = common::hook_bin().display().to_string();
+    let env: Vec<String> = sb.env().iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let go = sb.path().join(format!("{name}-go"));
+    std::fs::create_dir_all(&go).unwrap();
+    let bundle = runc_bundle(&sb.path().join(name), |v| {
+        v["process"]["args"] = json!(["sh", "-c", "while [ ! -e /go/go ]; do sleep 0.05; done"]);
+        v["process"]["env"] = json!(["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"]);
+        v["annotations"] = annotations;
+        v["mounts"].as_array_mut().unwrap().push(json!({
+            "destination": "/go", "type": "bind", "source": go, "options": ["rbind", "rw"]
+        }));
+        v["hooks"] = json!({
+            "createRuntime": [{"path": hook, "args": ["gpushare-hook", "createRuntime"], "env": env}],
+            "poststop": [{"path": hook, "args": ["gpushare-hook", "poststop"], "env": env}],
+        });
+    });
+    let id = format!("gpushare-reaper-{}-{name}", std::process::id());
+    let c = Ctr { id, bundle, go };
+    for step in ["create", "start"] {
+        let out = runc(&[step, &c.id], &c.bundle);
+        assert!(
+            out.status.success(),
+            "runc {step}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    c
+}
+
+fn runc_status(c: &Ctr) -> String {
+    let out = runc(&["state", &c.id], &c.bundle);
+    serde_json::from_slice::<Value>(&out.stdout)
+        .map(|v| v["status"].as_str().unwrap_or("").to_owned())
+        .unwrap_or_default()
+}
+
+fn clients(st: &Value) -> Vec<String> {
+    st["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["clients"].as_array().cloned().unwrap_or_default())
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Reapers started for this sandbox (`gpushare-hook --config <sandbox>/config.toml reap …`).
+fn reapers(sb: &Sandbox) -> Vec<i32> {
+    let cfg = sb.config_path().display().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.contains(") Z ") {
+            continue;
+        }
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        if args.contains(&&b"reap"[..]) && args.contains(&cfg.as_bytes()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Waits for `cond` until `secs` pass; panics with `what` and the last status.
+fn wait_for(sb: &Sandbox, secs: u64, what: &str, cond: impl Fn(&Value) -> bool) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let st = sb.status();
+        if cond(&st) {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(secs),
+            "{what} not within {secs}s; status: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Kills the reapers of this sandbox (test clean-up: they were started by the hooks this test
+/// ran).
+struct KillReapers<'a>(&'a Sandbox);
+
+impl Drop for KillReapers<'_> {
+    fn drop(&mut self) {
+        for pid in reapers(self.0) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+fn wait_stopped(c: &Ctr) {
+    let t0 = Instant::now();
+    while runc_status(c) != "stopped" {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "container {} did not stop: {}",
+            c.id,
+            runc_status(c)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn finish(c: &Ctr) {
+    std::fs::write(c.go.join("go"), "").unwrap();
+    wait_stopped(c);
+}
+
+#[test]
+fn an_exited_container_that_is_not_deleted_loses_its_share_and_its_daemon() {
+    if !common::require(
+        "reaper with runc + MPS",
+        &["runc", "busybox", "nvidia-cuda-mps-control"],
+    ) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let _k = KillReapers(&sb);
+    let a = start(&sb, "mps-a", json!({"gpu.share": "mps"}));
+    let b = start(&sb, "mps-b", json!({"gpu.share": "mps"}));
+
+    // Positive control: both listed, the daemon runs, one reaper watches the GPU.
+    let st = sb.status();
+    assert_eq!(clients(&st), [a.id.clone(), b.id.clone()], "{st}");
+    assert_eq!(daemons_under(&sb.state_dir()).len(), 1);
+    let t0 = Instant::now();
+    while reapers(&sb).len() != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "reapers: {:?}",
+            reapers(&sb)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // a's process ends; runc keeps it (stopped, not deleted: no poststop has run).
+    finish(&a);
+    let took = wait_for(&sb, 10, "a released", |st| clients(st) == [b.id.clone()]);
+    assert_eq!(runc_status(&a), "stopped", "a is not deleted");
+    assert_eq!(
+        daemons_under(&sb.state_dir()).len(),
+        1,
+        "the daemon stays for b"
+    );
+    eprintln!("a released {took:?} after runc saw it stop");
+
+    // b's ends too: the daemon goes, and then the reaper.
+    finish(&b);
+    wait_for(&sb, 10, "b released", |st| clients(st).is_empty());
+    let t0 = Instant::now();
+    while !daemons_under(&sb.state_dir()).is_empty() || !reapers(&sb).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "daemons {:?}, reapers {:?} after the last client ended",
+            daemons_under(&sb.state_dir()),
+            reapers(&sb)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(runc_status(&b), "stopped", "b is not deleted");
+    // The poststop of the later delete finds nothing left to do and does not fail.
+    for c in [&a, &b] {
+        let out = runc(&["delete", &c.id], &c.bundle);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn a_killed_reaper_loses_nothing() {
+    if !common::require("reaper with runc", &["runc", "busybox"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let _k = KillReapers(&sb);
+    let share = json!({"gpu.share": "timeslice"});
+    let a = start(&sb, "killed-a", share.clone());
+    let t0 = Instant::now();
+    let pid = loop {
+        if let [p] = reapers(&sb)[..] {
+            break p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "no reaper started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Killed (it was started by the hook this test ran): a's exit now goes unseen by it.
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status();
+    while Path::new(&format!("/proc/{pid}/stat")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "reaper {pid} survived kill -9"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    finish(&a);
+    assert_eq!(
+        clients(&sb.status()),
+        std::slice::from_ref(&a.id),
+        "positive control: nobody released a"
+    );
+    // The next acquire starts a new reaper, which releases a.
+    let b = start(&sb, "killed-b", share);
+    wait_for(&sb, 10, "a released after the next acquire", |st| {
+        clients(st) == [b.id.clone()]
+    });
+    finish(&b);
+    wait_for(&sb, 10, "b released", |st| clients(st).is_empty());
+    // And gc, had no acquire come, drops what is left: here nothing.
+    let out = sb.hook(&["gc"], "");
+    assert!(out.status.success());
+}
