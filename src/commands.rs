@@ -224,7 +224,7 @@ pub fn reap(ctx: &Ctx, uuid: &str) -> Result<Reply, crate::host::reaper::ReaperE
     let open = || -> Box<dyn crate::vocab::Inventory> {
         match inventory::open(&ctx.cfg) {
             Ok(i) => i,
-            Err(e) => Box::new(Unavailable(chain(&e))),
+            Err(e) => Box::new(Unavailable::new(e)),
         }
     };
     crate::host::reaper::run(&ctx.cfg, uuid, &open)?;
