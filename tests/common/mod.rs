@@ -403,14 +403,22 @@ impl Drop for Cleanup {
     }
 }
 
-/// Gives the rootfs `dir` a C library: copies of this machine's glibc loader and `libc.so.6`,
-/// where images keep them, so that `limit` mode's check of the image's libc finds glibc.
+/// Gives the rootfs `dir` a C library: copies of this machine's glibc loader, `libc.so.6`,
+/// `libpthread.so.0` and `libdl.so.2`, where images keep them, so that `limit` mode's check of the image's libc finds glibc.
 pub fn glibc_rootfs(dir: &Path) {
     for (host, inside) in [
         ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
         (
             "/lib/x86_64-linux-gnu/libc.so.6",
             "lib/x86_64-linux-gnu/libc.so.6",
+        ),
+        (
+            "/lib/x86_64-linux-gnu/libpthread.so.0",
+            "lib/x86_64-linux-gnu/libpthread.so.0",
+        ),
+        (
+            "/lib/x86_64-linux-gnu/libdl.so.2",
+            "lib/x86_64-linux-gnu/libdl.so.2",
         ),
     ] {
         let to = dir.join(inside);

@@ -100,6 +100,12 @@ rm -f "$T/b2/rootfs/lib/x86_64-linux-gnu/libgcc_s.so.1"
 run_limit "$T/b2" "${NAME}old2" sh -c "$INSIDE" || true
 check_capped "$T/b2" "glibc 2.31 without libgcc_s"
 
+echo "== Debian 11 (glibc 2.31) without libpthread.so.0 and libdl.so.2 (trimmed), limit"
+old_rootfs "$T/b5/rootfs"
+rm -f "$T/b5/rootfs/lib/x86_64-linux-gnu/"{libpthread.so.0,libdl.so.2}
+if run_limit "$T/b5" "${NAME}old5" busybox echo ran; then fail "trimmed glibc: the container ran"; fi
+check_refused "$T/b5" "${NAME}old5" "trimmed glibc" "without libpthread.so.0 and libdl.so.2"
+
 echo "== no C library (a static busybox only), limit"
 mkdir -p "$T/b3/rootfs/bin" "$T/b3/rootfs/etc"
 cp /bin/busybox "$T/b3/rootfs/bin/busybox"

@@ -35,6 +35,10 @@ pub const LIBC_PATHS: [&str; 6] = [
     "/lib/libc.so.6",
     "/usr/lib/libc.so.6",
 ];
+/// glibc's own libraries the limiter needs besides `libc.so.6` (linked for glibc 2.17, where
+/// `dlopen` lives in libdl and `pthread_create` in libpthread; every glibc since ships them,
+/// since 2.34 as stubs). Looked for in the directories of [`LIBC_PATHS`].
+pub const GLIBC_COMPANIONS: [&str; 2] = ["libpthread.so.0", "libdl.so.2"];
 /// Largest `libc.so.6` read (glibc's is about 2 MiB).
 const MAX_LIBC: u64 = 32 * 1024 * 1024;
 
@@ -61,6 +65,8 @@ pub struct Found {
     pub libc: Option<(String, Option<GlibcVersion>)>,
     /// [`MUSL_LOADER`] is a regular file.
     pub musl_loader: bool,
+    /// Those of [`GLIBC_COMPANIONS`] found in none of the library directories.
+    pub missing: Vec<&'static str>,
 }
 
 /// Why the limiter cannot serve an image.
@@ -76,6 +82,12 @@ pub enum LibcError {
     NotGlibc { libc: String },
     #[error("the image's C library is glibc {version} ({libc}), older than glibc {BASELINE} which gpushare's limiter needs: use an image with glibc {BASELINE} or newer, or gpu.share=timeslice or mps for this one")]
     Old { libc: String, version: GlibcVersion },
+    #[error("the image's C library is glibc {version} ({libc}) without {}, which glibc ships and gpushare's limiter needs: restore them in the image (package libc6 or glibc), or use gpu.share=timeslice or mps for this one", missing.join(" and "))]
+    Incomplete {
+        libc: String,
+        version: GlibcVersion,
+        missing: Vec<&'static str>,
+    },
     #[error(
         "cannot read {path} in the image to check its C library: fix or remove it in the image"
     )]
@@ -93,7 +105,17 @@ pub enum LibcError {
 /// [`LibcError`] naming the image's C library.
 pub fn judge(found: &Found) -> Result<GlibcVersion, LibcError> {
     match (&found.libc, found.glibc_loader) {
-        (Some((libc, Some(version))), true) if *version >= BASELINE => Ok(*version),
+        (Some((libc, Some(version))), true) if *version >= BASELINE => {
+            if found.missing.is_empty() {
+                Ok(*version)
+            } else {
+                Err(LibcError::Incomplete {
+                    libc: libc.clone(),
+                    version: *version,
+                    missing: found.missing.clone(),
+                })
+            }
+        }
         (Some((libc, Some(version))), true) => Err(LibcError::Old {
             libc: libc.clone(),
             version: *version,
@@ -123,6 +145,7 @@ pub fn inspect(rootfs_dir: &Path) -> Result<Found, LibcError> {
         glibc_loader: present(GLIBC_LOADER)?,
         musl_loader: present(MUSL_LOADER)?,
         libc: None,
+        missing: Vec::new(),
     };
     for path in LIBC_PATHS {
         if !present(path)? {
@@ -131,8 +154,22 @@ pub fn inspect(rootfs_dir: &Path) -> Result<Found, LibcError> {
         let Some(bytes) = read(path, MAX_LIBC)? else {
             continue;
         };
-        found.libc = Some((path.to_owned(), newest_defined(&bytes)));
+        found.libc = Some((path.to_owned(), glibc_release(&bytes)));
         break;
+    }
+    for lib in GLIBC_COMPANIONS {
+        let mut seen = false;
+        for path in LIBC_PATHS {
+            let candidate = format!("{}{lib}", path.trim_end_matches("libc.so.6"));
+            seen = rootfs::image_file_exists(rootfs_dir, &candidate)
+                .map_err(|source| LibcError::Read { path: lib, source })?;
+            if seen {
+                break;
+            }
+        }
+        if !seen {
+            found.missing.push(lib);
+        }
     }
     Ok(found)
 }
@@ -152,7 +189,34 @@ pub fn check(rootfs_dir: &Path) -> Result<GlibcVersion, LibcError> {
 /// # Errors
 /// The read error.
 pub fn glibc_version_of(path: &Path) -> std::io::Result<Option<GlibcVersion>> {
-    Ok(newest_defined(&std::fs::read(path)?))
+    Ok(glibc_release(&std::fs::read(path)?))
+}
+
+/// The glibc release of a `libc.so.6` image: the one its banner names (`… stable release version
+/// 2.31.`), else the newest `GLIBC_x.y` version it defines (a release that added no symbols,
+/// such as 2.31, defines none of its own); `None` when it defines no `GLIBC_` version at all.
+pub fn glibc_release(elf: &[u8]) -> Option<GlibcVersion> {
+    let defined = newest_defined(elf)?;
+    Some(
+        banner_release(elf)
+            .filter(|b| *b >= defined)
+            .unwrap_or(defined),
+    )
+}
+
+/// The release named by glibc's banner string in `bytes` (`release version 2.31`).
+fn banner_release(bytes: &[u8]) -> Option<GlibcVersion> {
+    const PAT: &[u8] = b"release version ";
+    let at = bytes.windows(PAT.len()).position(|w| w == PAT)? + PAT.len();
+    let tail = &bytes[at..bytes.len().min(at + 16)];
+    let end = tail
+        .iter()
+        .position(|c| !(c.is_ascii_digit() || *c == b'.'))
+        .unwrap_or(tail.len());
+    let text = std::str::from_utf8(&tail[..end])
+        .ok()?
+        .trim_end_matches('.');
+    parse_version(&format!("GLIBC_{text}"))
 }
 
 /// The newest `GLIBC_x.y` version an ELF shared object defines (its `.gnu.version_d`).
@@ -224,6 +288,7 @@ mod tests {
             glibc_loader: true,
             libc: glibc(lib, Some((2, 31))),
             musl_loader: false,
+            missing: Vec::new(),
         };
         assert_eq!(judge(&ok).unwrap().to_string(), "2.31");
         let at_baseline = Found {
@@ -245,10 +310,18 @@ mod tests {
                     glibc_loader: false,
                     libc: None,
                     musl_loader: true,
+                    missing: Vec::new(),
                 },
                 &["musl", MUSL_LOADER, "glibc-based image"],
             ),
             (Found::default(), &["no C library", "glibc 2.17 or newer"]),
+            (
+                Found {
+                    missing: vec!["libpthread.so.0", "libdl.so.2"],
+                    ..ok.clone()
+                },
+                &["glibc 2.31", LIB, "without libpthread.so.0 and libdl.so.2"],
+            ),
             (
                 Found {
                     glibc_loader: false,
@@ -269,6 +342,7 @@ mod tests {
                     glibc_loader: false,
                     libc: glibc("/usr/lib/libc.so.6", None),
                     musl_loader: true,
+                    missing: Vec::new(),
                 },
                 &["musl"],
             ),
@@ -294,7 +368,11 @@ mod tests {
         symlink("x", root.join("lib64/ld-linux-x86-64.so.2")).unwrap();
         symlink(format!("/{host}/libc.so.6"), root.join("lib64/libc.so.6")).unwrap();
         let found = inspect(root).unwrap();
-        assert_eq!(found, Found::default(), "nothing of the host's was read");
+        let nothing = Found {
+            missing: GLIBC_COMPANIONS.to_vec(),
+            ..Found::default()
+        };
+        assert_eq!(found, nothing, "nothing of the host's was read");
         assert!(matches!(judge(&found), Err(LibcError::NoLibc)));
         // A libc.so.6 that is not an ELF file defines no version: not glibc.
         std::fs::remove_file(root.join("lib64/libc.so.6")).unwrap();
@@ -308,6 +386,21 @@ mod tests {
         // A directory on libc's path is skipped, not read.
         std::fs::create_dir_all(root.join("lib/x86_64-linux-gnu/libc.so.6")).unwrap();
         assert_eq!(inspect(root).unwrap().libc, glibc("/lib64/libc.so.6", None));
+    }
+
+    #[test]
+    fn the_banner_names_the_release() {
+        let v = |s: &[u8]| banner_release(s).map(|v| v.to_string());
+        assert_eq!(
+            v(b"GNU C Library (Debian GLIBC 2.31-13+deb11u11) stable release version 2.31.\n"),
+            Some("2.31".into())
+        );
+        assert_eq!(
+            v(b"x release version 2.17, by Roland McGrath"),
+            Some("2.17".into())
+        );
+        assert_eq!(v(b"release version x"), None);
+        assert_eq!(v(b"no banner"), None);
     }
 
     #[test]
