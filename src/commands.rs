@@ -244,9 +244,9 @@ pub fn doctor(ctx: &Ctx, json: bool) -> Reply {
 }
 
 /// `doctor` when the policy file cannot be loaded: that check fails (with the parser's
-/// diagnostic), the rest run with the defaults.
-pub fn doctor_without_policy(source: &Source, err: &ConfigError, json: bool) -> Reply {
-    let checks = doctor::run(&Config::default(), doctor::config_failed(source, err));
+/// diagnostic), the rest run with what could be read of it and the defaults for the rest.
+pub fn doctor_without_policy(ctx: &Ctx, err: &ConfigError, json: bool) -> Reply {
+    let checks = doctor::run(&ctx.cfg, doctor::config_failed(&ctx.source, err));
     Reply {
         stdout: render(&checks, json).into_bytes(),
         code: u8::from(checks.failed()),

@@ -329,6 +329,51 @@ impl Config {
     }
 }
 
+/// What can be kept of a policy file that does not load: every key (and every key of every
+/// table) that is valid on its own and with the keys kept before it; the defaults for the
+/// rest. For the commands that must still run on a broken policy (`status`, `gc`, `poststop`,
+/// `doctor`): they read the state where the file says it is.
+pub fn salvage(source: &Source) -> Config {
+    let Ok(text) = read_capped(source.path()) else {
+        return Config::default();
+    };
+    let Ok(doc) = text.parse::<toml::Table>() else {
+        return Config::default();
+    };
+    let fits = |t: &toml::Table| {
+        toml::Value::Table(t.clone())
+            .try_into::<Config>()
+            .is_ok_and(|c| c.validate(source.path()).is_ok())
+    };
+    let mut kept = toml::Table::new();
+    for (k, v) in doc {
+        let mut whole = kept.clone();
+        whole.insert(k.clone(), v.clone());
+        if fits(&whole) {
+            kept = whole;
+            continue;
+        }
+        let toml::Value::Table(inner) = v else {
+            continue;
+        };
+        kept.insert(k.clone(), toml::Value::Table(toml::Table::new()));
+        if !fits(&kept) {
+            kept.remove(&k);
+            continue;
+        }
+        for (ik, iv) in inner {
+            let mut one = kept.clone();
+            if let Some(toml::Value::Table(t)) = one.get_mut(&k) {
+                t.insert(ik, iv);
+            }
+            if fits(&one) {
+                kept = one;
+            }
+        }
+    }
+    toml::Value::Table(kept).try_into().unwrap_or_default()
+}
+
 /// The parse error with its position as line and column (1-based) and the parser's diagnostic.
 fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
     let (line, column) = e.span().map_or((1, 1), |s| {
@@ -504,6 +549,33 @@ hook = "/usr/bin/gpushare-hook"
         assert!(
             d.lines().count() >= 3 && d.contains("[polcy]") && d.contains('^'),
             "{d}"
+        );
+    }
+
+    #[test]
+    fn salvage_keeps_every_key_that_is_valid_on_its_own() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "state_dir = \"/run/x\"\nbogus = 1\n[policy]\ndefault_cores = 40\nmodes = [\"turbo\"]\n[polcy]\n[nvml]\nlibrary = \"/l.so\"\n",
+        )
+        .unwrap();
+        let src = Source::Flag(f.clone());
+        assert!(
+            Config::load_from(&src).is_err(),
+            "positive control: it does not load"
+        );
+        let c = salvage(&src);
+        assert_eq!(c.state_dir, Path::new("/run/x"));
+        assert_eq!(c.nvml.library, "/l.so");
+        assert_eq!(c.policy.default_cores, 40);
+        assert_eq!(c.policy.modes, PolicyConfig::default().modes);
+        std::fs::write(&f, "state_dir = [").unwrap();
+        assert_eq!(
+            salvage(&src),
+            Config::default(),
+            "not TOML at all: the defaults"
         );
     }
 

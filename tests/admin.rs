@@ -256,7 +256,7 @@ fn broken_policy_precreate_passes_plain_containers_and_marks_requests() {
         "{env}"
     );
     // Other commands fail with the parser's position and its own diagnostic.
-    let out = sb.hook(&["status"], "");
+    let out = sb.hook(&["configure", "docker", "--print"], "");
     assert_eq!(out.status.code(), Some(1));
     let e = text(&out.stderr);
     let first = e.lines().next().unwrap();

@@ -85,27 +85,57 @@ fn main() -> ExitCode {
 /// The policy file cannot be loaded. Its log path is unknown, so the error goes to the default
 /// log file (and stderr). precreate still passes containers that ask for nothing (it runs for
 /// every podman container), and carries the error to the createRuntime hook of those that ask;
-/// doctor reports it; every other command fails with it.
+/// doctor reports it; status, gc and poststop run on what can be read of it (see
+/// [`gpushare::config::salvage`]); every other command fails with it.
 fn without_policy(
     cmd: Cmd,
     source: &Source,
     e: &ConfigError,
     stdin: impl std::io::Read,
 ) -> ExitCode {
-    logging::init(Some(&Config::default().log_file));
+    let salvaged = gpushare::config::salvage(source);
+    logging::init(Some(&salvaged.log_file));
     if let Some(d) = e.diagnostic() {
         tracing::error!(target: logging::EXIT_TARGET, "{d}");
     }
+    let ctx = Ctx {
+        cfg: salvaged,
+        source: source.clone(),
+    };
     let result = match cmd {
         Cmd::Precreate => commands::precreate_without_policy(e, stdin),
-        Cmd::Doctor { json } => Ok(commands::doctor_without_policy(source, e, json)),
+        Cmd::Doctor { json } => Ok(commands::doctor_without_policy(&ctx, e, json)),
+        // Live shares must stay visible and releasable: the state where the file says it is,
+        // the defaults for what cannot be read, and a warning.
+        Cmd::Status { json } => {
+            warn_salvaged(e, "status");
+            Ok(commands::status(&ctx, json))
+        }
+        Cmd::Gc { json } => {
+            warn_salvaged(e, "gc");
+            Ok(commands::gc(&ctx, json))
+        }
+        Cmd::Poststop => {
+            tracing::warn!("{} (poststop releases with what it could read of it and the defaults for the rest)", vocab::chain(e));
+            commands::poststop(&ctx, stdin)
+        }
         // Runtimes show a hook's stderr: one line there; the diagnostic is in the log.
-        Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } | Cmd::Poststop => return fail(e),
+        Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } => return fail(e),
         _ => return fail_config(e),
     };
     match result {
         Ok(reply) => print(&reply),
         Err(e) => fail(&e),
+    }
+}
+
+/// The warning of a command that runs on what could be read of a broken policy file.
+fn warn_salvaged(e: &ConfigError, cmd: &str) {
+    let line = vocab::chain(e);
+    tracing::warn!(target: logging::EXIT_TARGET, "{line} ({cmd} uses what it could read of it and the defaults for the rest)");
+    eprintln!("gpushare-hook: warning: {line}; {cmd} uses what it could read of it and the defaults for the rest");
+    if let Some(d) = e.diagnostic() {
+        eprintln!("{d}");
     }
 }
 
