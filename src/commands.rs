@@ -229,7 +229,16 @@ pub fn configure(
     }
     let report = configure::run(engine, &setup, opts)?;
     if !opts.dry_run && report.changed() {
-        tracing::info!(engine = engine.name(), "configured");
+        let what = if opts.remove {
+            "removed gpushare from"
+        } else {
+            "configured"
+        };
+        tracing::info!(
+            "{what} {}: wrote {}",
+            engine.name(),
+            report.written().join(", ")
+        );
     }
     Ok(Reply::text(render(&report, json)))
 }

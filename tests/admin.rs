@@ -209,6 +209,7 @@ fn configure_containerd_v3_and_help() {
             fs,
             "--containerd-version",
             "3",
+            "--allow-missing",
         ],
         "",
     );

@@ -121,7 +121,8 @@ for p in "$OUT"/*.path; do
         # Merged into the engine's main config by `gpushare-hook configure --path`, where this
         # gpushare has it; else kept next to the policy for the admin to merge.
         if "$SRC/bin/gpushare-hook" configure --help 2>/dev/null | grep -q -- '--path'; then
-            "$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$USE_POLICY" --policy-at "$POLICY" --path "$R$path" >/dev/null ||
+            # --allow-missing: the entries name the node's paths, which this container sees under $R.
+            "$SRC/bin/gpushare-hook" configure "$ENGINE" --config "$USE_POLICY" --policy-at "$POLICY" --path "$R$path" --allow-missing >/dev/null ||
                 die "gpushare-hook configure $ENGINE --path $path failed (above)"
             say "merged the gpushare runtime handler into $path"
         else

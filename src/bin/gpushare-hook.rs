@@ -62,6 +62,8 @@ fn main() -> ExitCode {
             containerd_version,
             policy_at,
             print,
+            remove,
+            allow_missing,
             json,
         } => {
             let opts = configure::Options {
@@ -70,6 +72,8 @@ fn main() -> ExitCode {
                 hooks_dir,
                 order,
                 containerd_version,
+                remove,
+                allow_missing,
             };
             commands::configure(&ctx, engine, &opts, policy_at, print, json).map_err(Into::into)
         }
