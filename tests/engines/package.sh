@@ -5,7 +5,8 @@
 # package ships what configure writes) and `configure docker`, run podman (system containers.conf
 # drop-in, installed hooks) and a private dockerd (the daemon.json configure wrote) through the
 # installed binaries, reinstall (the policy edit survives), try to remove while a container uses
-# a share (refused), then purge and check nothing is left. The rpm's file list is checked.
+# a share and while a podman container runs on --runtime gpushare (both refused, the package
+# stays working), then purge (which undoes `configure docker`) and check nothing is left. The rpm's file list is checked.
 # Always purges the package and restores the files it touched, even when it fails.
 source "$(dirname "$0")/lib.sh"
 need dpkg dpkg-deb podman dockerd docker runc jq readelf rpm cargo-deb cargo-generate-rpm
@@ -127,10 +128,39 @@ ok "removal refused while a container uses a share: $(grep -m1 'client' "$T/rm.o
 podman_ rm -f -t 0 "${NAME}busy" >/dev/null
 wait_until 15 daemon_gone || fail "daemon still running after the busy container"
 
+echo "== removal while a podman container runs on --runtime gpushare (no share) is refused"
+# prerm's podman must see this test's private storage: the same roots, through storage.conf.
+printf '[storage]\ndriver = "%s"\ngraphroot = "%s"\nrunroot = "%s"\n' \
+    "$(podman_ info --format '{{.Store.GraphDriverName}}')" "$T/storage" "$T/runroot" >"$T/storage.conf"
+podman_ --runtime gpushare run -d --name "${NAME}rt" $PODMAN_ULIMITS --rootfs "$T/rootfs" sleep 120 >/dev/null ||
+    fail "podman --runtime gpushare run"
+CONTAINERS_STORAGE_CONF=$T/storage.conf dpkg -r gpushare >"$T/rm2.out" 2>&1 && fail "dpkg -r went ahead while a podman container runs on --runtime gpushare"
+grep -q "podman container ${NAME}rt (.*) runs with --runtime gpushare" "$T/rm2.out" || { cat "$T/rm2.out"; fail "the refusal does not name the podman container"; }
+dpkg -s gpushare 2>/dev/null | grep -Eq '^Status: (install|deinstall) ok installed$' || fail "package not intact after a refused removal"
+/usr/bin/gpushare-hook version | has '^gpushare-hook ' || fail "gpushare-hook does not run after a refused removal"
+grep -q 'still installed and working' "$T/rm2.out" || { cat "$T/rm2.out"; fail "the refusal does not say the package stays"; }
+podman_ --runtime gpushare stop -t 1 "${NAME}rt" >/dev/null 2>"$T/stop.err" || { cat "$T/stop.err"; fail "podman stop after a refused removal"; }
+[ "$(podman_ inspect --format '{{.State.Status}}' "${NAME}rt")" = exited ] || fail "the container did not stop"
+podman_ rm "${NAME}rt" >/dev/null || fail "podman rm"
+ok "removal refused while a podman container runs on gpushare; the package still works: podman stop went through it"
+
+echo "== purge undoes configure docker (the default daemon.json)"
+[ -e /etc/docker/daemon.json ] && cp -a /etc/docker/daemon.json "$T/daemon.json.saved"
+restore_daemon_json() { rm -f /etc/docker/daemon.json /etc/docker/daemon.json.bak-*; if [ -e "$T/daemon.json.saved" ]; then cp -a "$T/daemon.json.saved" /etc/docker/daemon.json; fi; }
+on_exit restore_daemon_json
+mkdir -p /etc/docker
+echo '{"log-level": "warn"}' >/etc/docker/daemon.json
+/usr/bin/gpushare-hook configure docker >"$T/cd2" || { cat "$T/cd2"; fail "configure docker (default path)"; }
+[ "$(jq -r '.runtimes.gpushare.path' /etc/docker/daemon.json)" = /usr/bin/gpushare-runtime ] || fail "daemon.json has no gpushare runtime"
+
 echo "== purge leaves nothing behind"
 touch "$LOG"
 dpkg --purge gpushare >"$T/purge.out" 2>&1 || { cat "$T/purge.out"; fail "dpkg --purge"; }
 dpkg -s gpushare >/dev/null 2>&1 && fail "package still known to dpkg"
+grep -q "^written /etc/docker/daemon.json (backup" "$T/purge.out" || { cat "$T/purge.out"; fail "purge does not say it undid configure docker"; }
+[ "$(jq -c . /etc/docker/daemon.json)" = '{"log-level":"warn"}' ] || { cat /etc/docker/daemon.json; fail "purge left the gpushare runtime in daemon.json"; }
+[ -e /var/lib/gpushare ] && fail "/var/lib/gpushare left after purge"
+ok "purge ran configure docker --remove: daemon.json is as it was before configure"
 while read -r p; do
     [ -d "$T/deb$p" ] && continue
     [ -e "$p" ] && fail "$p left after purge"
