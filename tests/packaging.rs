@@ -181,11 +181,17 @@ JSON"#,
     for line in [
         "podman container web (111111111111, running) runs with --runtime gpushare",
         "Docker container d0c4e5 runs with --runtime gpushare",
-        &format!("CRI pod podgpu ({}) runs on the gpushare handler", sock.display()),
+        &format!(
+            "CRI pod podgpu ({}) runs on the gpushare handler",
+            sock.display()
+        ),
     ] {
         assert!(e.contains(line), "{line}: {e}");
     }
-    assert!(!e.contains(" db ") && !e.contains("podrunc"), "only gpushare's: {e}");
+    assert!(
+        !e.contains(" db ") && !e.contains("podrunc"),
+        "only gpushare's: {e}"
+    );
     assert!(e.contains("The package stays installed and working"), "{e}");
 
     // Nothing on gpushare: the guard lets it go (where no installed gpushare-hook would be copied).
