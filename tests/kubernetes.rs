@@ -818,4 +818,8 @@ fn the_crio_drop_in_adds_to_the_nodes_hooks_dirs_instead_of_replacing_them() {
         text2.contains("\"/site/hooks.d\"") && !text2.contains("/opt/vendor"),
         "{text2}"
     );
+    // Uninstall takes the drop-in away whole.
+    let out = install(&src, &root, &[("ACTION", "uninstall")]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!root.join("etc/crio/crio.conf.d/10-gpushare.conf").exists());
 }
