@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::vocab::domain::is_group_name;
@@ -48,7 +48,7 @@ pub enum ConfigError {
 }
 
 /// The whole policy, with every default filled in.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub state_dir: PathBuf,
@@ -62,14 +62,14 @@ pub struct Config {
     pub runtime: RuntimeConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NvmlConfig {
     /// Soname or path of the NVML library; tests point it at the simulated driver.
     pub library: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MpsConfig {
     /// `nvidia-cuda-mps-control`, by name on PATH or by path.
@@ -88,7 +88,7 @@ pub struct MpsConfig {
 }
 
 /// `[mps.groups.<name>]`: an admin-defined isolation domain and its enforced limits.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GroupConfig {
     /// Active thread percentage the group's daemon enforces (default: `[policy] default_cores`).
@@ -98,21 +98,21 @@ pub struct GroupConfig {
     pub memory: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitConfig {
     /// The interception library mounted into `limit` containers.
     pub library: PathBuf,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TimesliceConfig {
     /// `nvidia-smi`, by name on PATH or by path; used for `--set-timeslice`.
     pub smi: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
     pub modes: Vec<Mode>,
@@ -123,7 +123,7 @@ pub struct PolicyConfig {
     pub default_cores: u8,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RuntimeConfig {
     /// `gpushare-runtime` execs the first of these that is found.

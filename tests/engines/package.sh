@@ -41,6 +41,7 @@ dpkg-deb -c "$DEB" >"$T/contents"
 grep -E '^d' "$T/contents" | grep -Ev '^drwxr-xr-x (root/root|0/0) ' && fail "a directory without mode 0755 root/root"
 grep -E ' \./usr/bin/gpushare-(hook|runtime)$' "$T/contents" | grep -Ev '^-rwxr-xr-x (root/root|0/0) ' && fail "a binary without mode 0755 root/root"
 for f in usr/share/man/man1/gpushare-hook.1.gz usr/share/man/man1/gpushare-hook-configure.1.gz \
+    usr/share/man/man1/gpushare-runtime.1.gz usr/share/man/man5/gpushare-config.5.gz \
     usr/share/bash-completion/completions/gpushare-hook usr/share/zsh/vendor-completions/_gpushare-hook \
     usr/share/fish/vendor_completions.d/gpushare-hook.fish usr/share/doc/gpushare/copyright \
     usr/lib/tmpfiles.d/gpushare.conf usr/lib/gpushare/libgpushare_limiter.so; do
@@ -58,6 +59,8 @@ dpkg -i "$DEB" >"$T/dpkg.out" 2>&1 || { cat "$T/dpkg.out"; fail "dpkg -i"; }
 /usr/bin/gpushare-hook version | has '^gpushare-hook ' || fail "installed gpushare-hook does not run"
 [ "$(stat -c %a /run/gpushare)" = 700 ] || fail "/run/gpushare is not 0700"
 man -w gpushare-hook-configure >/dev/null 2>&1 || fail "man gpushare-hook-configure not found"
+man -w gpushare-runtime >/dev/null 2>&1 || fail "man gpushare-runtime not found"
+man -w 5 gpushare-config >/dev/null 2>&1 || fail "man 5 gpushare-config not found"
 ok "installed: binaries run, state dir 0700, man pages found"
 
 echo "== edit the policy: the TEST-ONLY simulated driver, this test's state dir"
@@ -188,7 +191,7 @@ cat >"$T/rpm.want" <<LIST
 /usr/share/containers/oci/hooks.d/gpushare-poststop.json
 /usr/share/doc/gpushare/config.toml.example
 /usr/share/fish/vendor_completions.d/gpushare-hook.fish
-$(ls "$PT/release/gen/man" | sed 's#^#/usr/share/man/man1/#')
+$(cd "$PT/release/gen/man" && for f in *.gz; do s=${f%.gz}; echo "/usr/share/man/man${s##*.}/$f"; done)
 /usr/share/zsh/site-functions/_gpushare-hook
 LIST
 sort -o "$T/rpm.want" "$T/rpm.want"
