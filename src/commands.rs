@@ -52,7 +52,9 @@ fn read_state_input(stdin: impl Read) -> Result<Vec<u8>, Error> {
 /// # Errors
 /// [`Error`] for bad input, a refused request or a failed acquire (which undid itself).
 pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Reply, Error> {
-    let input = read_state_input(stdin)?;
+    let input = read_state_input(stdin).inspect_err(|e| {
+        tracing::error!(target: crate::logging::EXIT_TARGET, "refused: {}", chain(e));
+    })?;
     let open = || inventory::open_for_planning(&ctx.cfg);
     let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, &open) {
         Ok(o) => o,
@@ -70,7 +72,11 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
             serde_json::to_string_pretty(&plan).expect("plan serialises")
         ))),
         Outcome::Done(plan) => {
-            tracing::info!(container = %plan.container, mode = %plan.mode, gpus = ?plan.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), memory = ?plan.memory.map(crate::vocab::size::human), cores = plan.cores, "acquired");
+            let gpus: Vec<String> = plan.gpus.iter().map(|g| g.index.to_string()).collect();
+            let memory = plan
+                .memory
+                .map_or_else(|| "-".to_owned(), crate::vocab::size::human);
+            tracing::info!(container = %plan.container, mode = %plan.mode, gpus = %gpus.join(","), memory = %memory, cores = plan.cores, "acquired");
             Ok(Reply::default())
         }
     }
@@ -128,7 +134,8 @@ pub fn precreate(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
     let out = match prepare::precreate(bytes, &ctx.cfg, ctx.source.to_hand_on(), &open)? {
         Precreated::Config(c) => c,
         Precreated::Refused { config, message } => {
-            tracing::error!("precreate: refused: {message} (the createRuntime hook reports it)");
+            // Logged once, with the container, by the createRuntime hook that reports it.
+            tracing::debug!("precreate: refused: {message}");
             config
         }
     };
@@ -156,7 +163,7 @@ pub fn precreate_without_policy(err: &ConfigError, stdin: impl Read) -> Result<R
     let hook =
         std::env::current_exe().unwrap_or_else(|_| crate::config::RuntimeConfig::default().hook);
     let out = prepare::mark_refused(&bytes, &hook, None, &message)?;
-    tracing::error!("precreate: refused: {message} (the createRuntime hook reports it)");
+    tracing::debug!("precreate: refused: {message} (the createRuntime hook reports it)");
     Ok(Reply {
         stdout: out,
         code: 0,

@@ -480,7 +480,7 @@ fn doctor_fails_a_dead_daemon_with_live_clients_and_the_log_tells_the_story() {
     for want in [
         "acquired",
         "container=c1",
-        "memory=Some(\"4.0 GiB\")",
+        "memory=4.0 GiB",
         "MPS daemon started on GPU 0",
         "released",
         "MPS daemon stopped on GPU 0",

@@ -35,7 +35,8 @@ fn main() -> ExitCode {
                 .map_or_else(|_| Config::default().log_file, |c| c.log_file.clone());
             logging::init(Some(&log));
         }) {
-            return fail(&e);
+            // Logged with its container by refused_by_precreate: once.
+            return fail_unlogged(&e);
         }
     }
     let stdin = std::io::stdin().lock();
@@ -45,6 +46,11 @@ fn main() -> ExitCode {
     };
     logging::init(Some(&cfg.log_file));
     let ctx = Ctx { cfg, source };
+    // createRuntime logs its own refusal, with the container: the final line is not logged again.
+    let logs_itself = matches!(
+        cli.command,
+        Cmd::CreateRuntime { .. } | Cmd::Prestart { .. }
+    );
     let result: Result<Reply> = match cli.command {
         Cmd::CreateRuntime { dry_run } | Cmd::Prestart { dry_run } => {
             commands::create_runtime(&ctx, stdin, dry_run).map_err(Into::into)
@@ -82,8 +88,15 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(reply) => print(&reply),
+        Err(e) if logs_itself => fail_unlogged(e.as_ref()),
         Err(e) => fail(e.as_ref()),
     }
+}
+
+/// Prints the one-line error (already logged), exits 1.
+fn fail_unlogged(e: &dyn StdError) -> ExitCode {
+    eprintln!("gpushare-hook: {}", vocab::chain(e));
+    ExitCode::from(1)
 }
 
 /// The policy file cannot be loaded. Its log path is unknown, so the error goes to the default
