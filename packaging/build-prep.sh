@@ -9,4 +9,4 @@ cd "$REPO"
 cargo build --release --workspace --exclude gpushare-simdriver --exclude xtask
 rm -rf "$TARGET/release/gen"
 cargo run --release -q -p xtask -- docs "$TARGET/release/gen" >/dev/null
-gzip -9n "$TARGET"/release/gen/man/*.1
+gzip -9n "$TARGET"/release/gen/man/*.1 "$TARGET"/release/gen/man/*.5

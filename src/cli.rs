@@ -102,6 +102,14 @@ pub enum Cmd {
         /// merge into) instead of writing them.
         #[arg(long, conflicts_with = "dry_run")]
         print: bool,
+        /// Undo what `configure` wrote for the engine (atomic, with a backup; a second run
+        /// changes nothing). Other entries are left alone.
+        #[arg(long, conflicts_with = "print")]
+        remove: bool,
+        /// Write the entries even though gpushare-runtime or the hook is not at the path they
+        /// name (an installer preparing a node).
+        #[arg(long)]
+        allow_missing: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,

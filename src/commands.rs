@@ -57,7 +57,9 @@ pub fn create_runtime(
     dry_run: bool,
     profile: Option<&str>,
 ) -> Result<Reply, Error> {
-    let input = read_state_input(stdin)?;
+    let input = read_state_input(stdin).inspect_err(|e| {
+        tracing::error!(target: crate::logging::EXIT_TARGET, "refused: {}", chain(e));
+    })?;
     let open = || inventory::open_for_planning(&ctx.cfg);
     let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, profile, &open) {
         Ok(o) => o,
@@ -75,7 +77,11 @@ pub fn create_runtime(
             serde_json::to_string_pretty(&plan).expect("plan serialises")
         ))),
         Outcome::Done(plan) => {
-            tracing::info!(container = %plan.container, mode = %plan.mode, gpus = ?plan.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), memory = ?plan.memory.map(crate::vocab::size::human), cores = plan.cores, "acquired");
+            let gpus: Vec<String> = plan.gpus.iter().map(|g| g.index.to_string()).collect();
+            let memory = plan
+                .memory
+                .map_or_else(|| "-".to_owned(), crate::vocab::size::human);
+            tracing::info!(container = %plan.container, mode = %plan.mode, gpus = %gpus.join(","), memory = %memory, cores = plan.cores, "acquired");
             let uuids: Vec<&str> = plan.gpus.iter().map(|g| g.uuid.as_str()).collect();
             let state = crate::host::state::StateDir::new(&ctx.cfg.state_dir);
             crate::host::reaper::ensure(&state, &ctx.source, &uuids);
@@ -136,7 +142,8 @@ pub fn precreate(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
     let out = match prepare::precreate(bytes, &ctx.cfg, ctx.source.to_hand_on(), &open)? {
         Precreated::Config(c) => c,
         Precreated::Refused { config, message } => {
-            tracing::error!("precreate: refused: {message} (the createRuntime hook reports it)");
+            // Logged once, with the container, by the createRuntime hook that reports it.
+            tracing::debug!("precreate: refused: {message}");
             config
         }
     };
@@ -164,7 +171,7 @@ pub fn precreate_without_policy(err: &ConfigError, stdin: impl Read) -> Result<R
     let hook =
         std::env::current_exe().unwrap_or_else(|_| crate::config::RuntimeConfig::default().hook);
     let out = prepare::mark_refused(&bytes, &hook, None, &message)?;
-    tracing::error!("precreate: refused: {message} (the createRuntime hook reports it)");
+    tracing::debug!("precreate: refused: {message} (the createRuntime hook reports it)");
     Ok(Reply {
         stdout: out,
         code: 0,
@@ -271,7 +278,16 @@ pub fn configure(
         });
     }
     if !opts.dry_run && report.changed() {
-        tracing::info!(engine = engine.name(), "configured");
+        let what = if opts.remove {
+            "removed gpushare from"
+        } else {
+            "configured"
+        };
+        tracing::info!(
+            "{what} {}: wrote {}",
+            engine.name(),
+            report.written().join(", ")
+        );
     }
     Ok(Reply::text(render(&report, json)))
 }
@@ -305,9 +321,9 @@ pub fn doctor(ctx: &Ctx, json: bool) -> Reply {
 }
 
 /// `doctor` when the policy file cannot be loaded: that check fails (with the parser's
-/// diagnostic), the rest run with the defaults.
-pub fn doctor_without_policy(source: &Source, err: &ConfigError, json: bool) -> Reply {
-    let checks = doctor::run(&Config::default(), doctor::config_failed(source, err));
+/// diagnostic), the rest run with what could be read of it and the defaults for the rest.
+pub fn doctor_without_policy(ctx: &Ctx, err: &ConfigError, json: bool) -> Reply {
+    let checks = doctor::run(&ctx.cfg, doctor::config_failed(&ctx.source, err));
     Reply {
         stdout: render(&checks, json).into_bytes(),
         code: u8::from(checks.failed()),

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::vocab::domain::is_group_name;
@@ -48,7 +48,7 @@ pub enum ConfigError {
 }
 
 /// The whole policy, with every default filled in.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     pub state_dir: PathBuf,
@@ -64,14 +64,14 @@ pub struct Config {
     pub profiles: BTreeMap<String, ProfileConfig>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NvmlConfig {
     /// Soname or path of the NVML library; tests point it at the simulated driver.
     pub library: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MpsConfig {
     /// `nvidia-cuda-mps-control`, by name on PATH or by path.
@@ -103,7 +103,7 @@ impl MpsConfig {
 }
 
 /// `[mps.groups.<name>]`: an admin-defined isolation domain and its enforced limits.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct GroupConfig {
     /// Active thread percentage the group's daemon enforces (default: `[policy] default_cores`).
@@ -115,7 +115,7 @@ pub struct GroupConfig {
 
 /// `[profiles.<name>]`: a named share request (a Kubernetes-style fixed size). Each key means
 /// what the annotation of the same name means; `mode` is required.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileConfig {
     pub mode: Mode,
@@ -132,21 +132,21 @@ pub struct ProfileConfig {
 /// Profile names that are the modes themselves (CDI devices `mps`, `timeslice`, `limit`).
 pub const BUILTIN_PROFILES: [&str; 3] = ["mps", "timeslice", "limit"];
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimitConfig {
     /// The interception library mounted into `limit` containers.
     pub library: PathBuf,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TimesliceConfig {
     /// `nvidia-smi`, by name on PATH or by path; used for `--set-timeslice`.
     pub smi: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
     pub modes: Vec<Mode>,
@@ -157,7 +157,7 @@ pub struct PolicyConfig {
     pub default_cores: u8,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RuntimeConfig {
     /// `gpushare-runtime` execs the first of these that is found.
@@ -417,6 +417,51 @@ fn validate_profile(name: &str, p: &ProfileConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// What can be kept of a policy file that does not load: every key (and every key of every
+/// table) that is valid on its own and with the keys kept before it; the defaults for the
+/// rest. For the commands that must still run on a broken policy (`status`, `gc`, `poststop`,
+/// `doctor`): they read the state where the file says it is.
+pub fn salvage(source: &Source) -> Config {
+    let Ok(text) = read_capped(source.path()) else {
+        return Config::default();
+    };
+    let Ok(doc) = text.parse::<toml::Table>() else {
+        return Config::default();
+    };
+    let fits = |t: &toml::Table| {
+        toml::Value::Table(t.clone())
+            .try_into::<Config>()
+            .is_ok_and(|c| c.validate(source.path()).is_ok())
+    };
+    let mut kept = toml::Table::new();
+    for (k, v) in doc {
+        let mut whole = kept.clone();
+        whole.insert(k.clone(), v.clone());
+        if fits(&whole) {
+            kept = whole;
+            continue;
+        }
+        let toml::Value::Table(inner) = v else {
+            continue;
+        };
+        kept.insert(k.clone(), toml::Value::Table(toml::Table::new()));
+        if !fits(&kept) {
+            kept.remove(&k);
+            continue;
+        }
+        for (ik, iv) in inner {
+            let mut one = kept.clone();
+            if let Some(toml::Value::Table(t)) = one.get_mut(&k) {
+                t.insert(ik, iv);
+            }
+            if fits(&one) {
+                kept = one;
+            }
+        }
+    }
+    toml::Value::Table(kept).try_into().unwrap_or_default()
+}
+
 /// The parse error with its position as line and column (1-based) and the parser's diagnostic.
 fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
     let (line, column) = e.span().map_or((1, 1), |s| {
@@ -653,6 +698,33 @@ hook = "/usr/bin/gpushare-hook"
         assert!(
             d.lines().count() >= 3 && d.contains("[polcy]") && d.contains('^'),
             "{d}"
+        );
+    }
+
+    #[test]
+    fn salvage_keeps_every_key_that_is_valid_on_its_own() {
+        let t = tempfile::tempdir().unwrap();
+        let f = t.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "state_dir = \"/run/x\"\nbogus = 1\n[policy]\ndefault_cores = 40\nmodes = [\"turbo\"]\n[polcy]\n[nvml]\nlibrary = \"/l.so\"\n",
+        )
+        .unwrap();
+        let src = Source::Flag(f.clone());
+        assert!(
+            Config::load_from(&src).is_err(),
+            "positive control: it does not load"
+        );
+        let c = salvage(&src);
+        assert_eq!(c.state_dir, Path::new("/run/x"));
+        assert_eq!(c.nvml.library, "/l.so");
+        assert_eq!(c.policy.default_cores, 40);
+        assert_eq!(c.policy.modes, PolicyConfig::default().modes);
+        std::fs::write(&f, "state_dir = [").unwrap();
+        assert_eq!(
+            salvage(&src),
+            Config::default(),
+            "not TOML at all: the defaults"
         );
     }
 

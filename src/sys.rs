@@ -465,6 +465,46 @@ pub fn detached(cmd: &mut Command) {
     }
 }
 
+/// Loads the shared library at `path` (`RTLD_NOW | RTLD_LOCAL`: every dependency and
+/// undefined symbol resolved, nothing made visible to this process) and returns which of
+/// `symbols` it does not define, then unloads it. `Err`: `dlerror`'s text.
+///
+/// # Errors
+/// The library cannot be loaded.
+pub fn missing_symbols(path: &std::path::Path, symbols: &[&CStr]) -> Result<Vec<String>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| format!("{} has a NUL byte", path.display()))?;
+    let last_error = || {
+        // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call
+        // on this thread; it is copied at once.
+        let e = unsafe { libc::dlerror() };
+        if e.is_null() {
+            "dlopen failed".to_owned()
+        } else {
+            // SAFETY: checked non-NULL above; NUL-terminated per dlerror's contract.
+            unsafe { CStr::from_ptr(e) }.to_string_lossy().into_owned()
+        }
+    };
+    // SAFETY: `c` is a NUL-terminated path that lives across the call; RTLD_LOCAL keeps the
+    // library's symbols (its `dlsym` included) out of this process's global scope.
+    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(last_error());
+    }
+    let missing = symbols
+        .iter()
+        .filter(|s| {
+            // SAFETY: `handle` is the live handle from dlopen above; `s` is NUL-terminated.
+            unsafe { libc::dlsym(handle, s.as_ptr()) }.is_null()
+        })
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    // SAFETY: `handle` came from dlopen and is closed once; no symbol from it is kept.
+    unsafe { libc::dlclose(handle) };
+    Ok(missing)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

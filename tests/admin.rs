@@ -229,6 +229,7 @@ fn configure_containerd_v3_and_help() {
             fs,
             "--containerd-version",
             "3",
+            "--allow-missing",
         ],
         "",
     );
@@ -276,7 +277,7 @@ fn broken_policy_precreate_passes_plain_containers_and_marks_requests() {
         "{env}"
     );
     // Other commands fail with the parser's position and its own diagnostic.
-    let out = sb.hook(&["status"], "");
+    let out = sb.hook(&["configure", "docker", "--print"], "");
     assert_eq!(out.status.code(), Some(1));
     let e = text(&out.stderr);
     let first = e.lines().next().unwrap();
@@ -499,7 +500,7 @@ fn doctor_fails_a_dead_daemon_with_live_clients_and_the_log_tells_the_story() {
     for want in [
         "acquired",
         "container=c1",
-        "memory=Some(\"4.0 GiB\")",
+        "memory=4.0 GiB",
         "MPS daemon started on GPU 0",
         "released",
         "MPS daemon stopped on GPU 0",

@@ -47,7 +47,25 @@ fn image_src(dir: &Path) -> PathBuf {
     src
 }
 
+/// Where a scratch node keeps its glibc (Debian's multiarch layout).
+const NODE_LIBC: &str = "lib/x86_64-linux-gnu/libc.so.6";
+
+/// A node's libc.so.6 as far as the installer reads it: glibc's banner, with its version.
+fn plant_libc(root: &Path, version: &str) {
+    let p = root.join(NODE_LIBC);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(
+        &p,
+        format!("\x7fELF\0\0GNU C Library (Debian GLIBC {version}-9) stable release version {version}.\nCopyright (C) 2024 Free Software Foundation, Inc.\0"),
+    )
+    .unwrap();
+}
+
+/// Runs the installer on `root` (a node with glibc 2.36 unless it already has a libc).
 fn install(src: &Path, root: &Path, env: &[(&str, &str)]) -> Output {
+    if root.is_dir() && !root.join(NODE_LIBC).exists() {
+        plant_libc(root, "2.36");
+    }
     Command::new("sh")
         .arg(repo("packaging/kubernetes/install.sh"))
         .env("SRC", src)
@@ -72,6 +90,9 @@ fn tree(root: &Path) -> BTreeMap<String, (u32, Vec<u8>)> {
                 walk(root, &p, out);
             } else {
                 let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                if rel == NODE_LIBC {
+                    continue;
+                }
                 out.insert(
                     rel,
                     (m.permissions().mode() & 0o7777, std::fs::read(&p).unwrap()),
@@ -326,8 +347,9 @@ fn installer_restarts_the_runtime_through_the_nodes_systemd_when_asked() {
         assert!(text(&out).contains("not restarting containerd"));
     }
 
-    // A restart that fails fails the install, saying so.
+    // A restart that fails fails the install, saying so (something changed: a binary was gone).
     std::fs::write(bin.join("nsenter"), "#!/bin/sh\nexit 3\n").unwrap();
+    std::fs::remove_file(root.join("usr/local/bin/gpushare-runtime")).unwrap();
     let out = install(&src, &root, &[("RESTART", "true"), ("PATH", &path)]);
     assert!(!out.status.success());
     assert!(
@@ -460,7 +482,7 @@ fn skip(why: &str) {
 }
 
 fn manifests() -> Vec<PathBuf> {
-    let mut out = vec![repo("packaging/containerd/runtimeclass.yaml")];
+    let mut out = Vec::new();
     for dir in ["packaging/kubernetes", "packaging/kubernetes/examples"] {
         for e in std::fs::read_dir(repo(dir)).unwrap() {
             let p = e.unwrap().path();
@@ -484,7 +506,7 @@ fn validate(python: &Path, files: &[PathBuf]) -> Output {
 #[test]
 fn manifests_validate_offline_against_kubernetes_schemas() {
     let files = manifests();
-    assert!(files.len() >= 7, "{files:?}");
+    assert!(files.len() >= 6, "{files:?}");
     // The annotations the examples use are the contract's.
     let keys = [
         "gpu.share",
@@ -519,7 +541,7 @@ fn manifests_validate_offline_against_kubernetes_schemas() {
     let said = text(&out);
     print!("{said}");
     assert!(out.status.success(), "manifests do not validate:\n{said}");
-    assert_eq!(said.matches(" passed for resource ").count(), 8, "{said}");
+    assert_eq!(said.matches(" passed for resource ").count(), 7, "{said}");
 
     // The validator does refuse: a misspelt field and a wrong type.
     let t = tempfile::tempdir().unwrap();
@@ -529,7 +551,13 @@ fn manifests_validate_offline_against_kubernetes_schemas() {
             "misspelt field",
             ds.replace("      nodeSelector:", "      nodeSelectr:"),
         ),
-        ("wrong type", ds.replace("hostPID: true", "hostPID: maybe")),
+        (
+            "wrong type",
+            ds.replace(
+                "priorityClassName: system-node-critical",
+                "priorityClassName: [1]",
+            ),
+        ),
     ] {
         assert_ne!(bad, ds, "{what}: the replacement applies");
         let f = t.path().join("bad.yaml");
@@ -537,4 +565,262 @@ fn manifests_validate_offline_against_kubernetes_schemas() {
         let out = validate(&py, &[f]);
         assert!(!out.status.success(), "{what} validated:\n{}", text(&out));
     }
+}
+
+/// A fake `nsenter` on PATH recording its arguments to `log`; returns the PATH to use.
+fn fake_nsenter(dir: &Path, log: &Path) -> String {
+    let bin = dir.join("fakebin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(
+        bin.join("nsenter"),
+        format!("#!/bin/sh\necho \"$*\" >>{}\n", log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(bin.join("nsenter"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+fn installer_refuses_a_node_whose_glibc_is_too_old_before_copying() {
+    let t = tempfile::tempdir().unwrap();
+    let src = image_src(t.path());
+    let root = t.path().join("node");
+    std::fs::create_dir_all(root.join("etc/crio")).unwrap();
+    plant_libc(&root, "2.12");
+    let before = tree(&root);
+    let out = install(&src, &root, &[]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "gpushare-install: the node's glibc is 2.12 (/lib/x86_64-linux-gnu/libc.so.6); gpushare's binaries need glibc 2.17 or newer; nothing was installed\n"
+    );
+    assert_eq!(tree(&root), before, "nothing written");
+    // Positive control: the same node passes with a lower minimum.
+    let out = install(&src, &root, &[("MIN_GLIBC", "2.12")]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("node glibc 2.12 (needs 2.12 or newer)"));
+
+    // A node without any glibc (musl, or an unusual layout) is refused as well.
+    let bare = t.path().join("bare");
+    std::fs::create_dir_all(bare.join("etc/crio")).unwrap();
+    let out = Command::new("sh")
+        .arg(repo("packaging/kubernetes/install.sh"))
+        .env("SRC", &src)
+        .env("HOST_ROOT", &bare)
+        .env_remove("ENGINE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .starts_with("gpushare-install: no glibc found on the node"),
+        "{}",
+        text(&out)
+    );
+    assert!(!bare.join("usr").exists(), "nothing written");
+}
+
+#[test]
+fn installer_uninstall_removes_what_it_wrote_and_restarts_only_when_something_changed() {
+    let t = tempfile::tempdir().unwrap();
+    let src = image_src(t.path());
+    let log = t.path().join("nsenter.args");
+    let path = fake_nsenter(t.path(), &log);
+    let restarts = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    for (engine, main, original) in [
+        (
+            "crio",
+            "etc/crio/crio.conf",
+            "[crio.runtime]\nlog_level = \"info\"\n",
+        ),
+        ("containerd", "etc/containerd/config.toml", "version = 2\n"),
+    ] {
+        let root = t.path().join(format!("node-{engine}"));
+        std::fs::create_dir_all(root.join(main).parent().unwrap()).unwrap();
+        std::fs::write(root.join(main), original).unwrap();
+        let empty = tree(&root);
+        let env = [("RESTART", "true"), ("PATH", path.as_str())];
+
+        let n = restarts();
+        let out = install(&src, &root, &env);
+        assert!(out.status.success(), "{engine}: {}", text(&out));
+        assert_eq!(restarts(), n + 1, "{engine}: restarted after the install");
+        let installed = tree(&root);
+        assert!(installed.contains_key("usr/local/bin/gpushare-runtime"));
+
+        // Reinstall: nothing changed, so no restart.
+        let out = install(&src, &root, &env);
+        assert!(out.status.success(), "{engine}: {}", text(&out));
+        assert_eq!(
+            restarts(),
+            n + 1,
+            "{engine}: no restart when nothing changed"
+        );
+        assert!(
+            text(&out).contains("nothing changed on the node; "),
+            "{engine}: {}",
+            text(&out)
+        );
+
+        // Uninstall: everything the install wrote is gone (backups of edited files stay).
+        let out = install(
+            &src,
+            &root,
+            &[
+                ("ACTION", "uninstall"),
+                ("RESTART", "true"),
+                ("PATH", &path),
+            ],
+        );
+        assert!(out.status.success(), "{engine}: {}", text(&out));
+        assert_eq!(restarts(), n + 2, "{engine}: restarted after the uninstall");
+        let left: BTreeMap<_, _> = tree(&root)
+            .into_iter()
+            .filter(|(k, _)| !k.contains(".bak-"))
+            .collect();
+        assert_eq!(left, empty, "{engine}: {}", text(&out));
+        assert!(
+            text(&out).contains("removed /usr/local/bin/gpushare-hook"),
+            "{engine}: {}",
+            text(&out)
+        );
+        // Again: nothing to do, no restart.
+        let out = install(
+            &src,
+            &root,
+            &[
+                ("ACTION", "uninstall"),
+                ("RESTART", "true"),
+                ("PATH", &path),
+            ],
+        );
+        assert!(out.status.success(), "{engine}: {}", text(&out));
+        assert_eq!(
+            restarts(),
+            n + 2,
+            "{engine}: no restart when nothing changed"
+        );
+
+        // Install after uninstall: the same files as the first time.
+        let out = install(&src, &root, &[]);
+        assert!(out.status.success(), "{engine}: {}", text(&out));
+        let again: BTreeMap<_, _> = tree(&root)
+            .into_iter()
+            .filter(|(k, _)| !k.contains(".bak-"))
+            .collect();
+        let first: BTreeMap<_, _> = installed
+            .into_iter()
+            .filter(|(k, _)| !k.contains(".bak-"))
+            .collect();
+        assert_eq!(
+            again.keys().collect::<Vec<_>>(),
+            first.keys().collect::<Vec<_>>(),
+            "{engine}"
+        );
+
+        // An admin-edited policy survives the uninstall, and the output says so.
+        let policy = root.join("etc/gpushare/config.toml");
+        std::fs::write(&policy, "[policy]\nmax_cores = 50\ndefault_cores = 50\n").unwrap();
+        let out = install(&src, &root, &[("ACTION", "uninstall")]);
+        assert!(out.status.success(), "{engine}: {}", text(&out));
+        assert!(policy.exists(), "{engine}");
+        assert!(
+            text(&out).contains("kept /etc/gpushare/config.toml"),
+            "{engine}"
+        );
+    }
+}
+
+#[test]
+fn the_daemonset_asks_for_host_pid_only_with_restart() {
+    let ds = std::fs::read_to_string(repo("packaging/kubernetes/daemonset.yaml")).unwrap();
+    assert!(
+        !ds.lines().any(|l| l.trim() == "hostPID: true"),
+        "hostPID is on by default"
+    );
+    assert!(
+        ds.contains("# hostPID: true"),
+        "the way to turn it on is shown"
+    );
+    assert!(ds.contains("value: \"false\""), "RESTART is off by default");
+    assert!(ds.contains("name: ACTION"), "the uninstall mode is there");
+    // One RuntimeClass in the repository.
+    let classes: Vec<_> = [
+        "packaging",
+        "packaging/kubernetes",
+        "packaging/containerd",
+        "packaging/crio",
+    ]
+    .iter()
+    .flat_map(|d| std::fs::read_dir(repo(d)).into_iter().flatten().flatten())
+    .filter(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains("kind: RuntimeClass")))
+    .map(|e| e.path())
+    .collect();
+    assert_eq!(classes.len(), 1, "{classes:?}");
+}
+
+#[test]
+fn the_crio_drop_in_adds_to_the_nodes_hooks_dirs_instead_of_replacing_them() {
+    let t = tempfile::tempdir().unwrap();
+    let src = image_src(t.path());
+    let root = t.path().join("node");
+    std::fs::create_dir_all(root.join("etc/crio/crio.conf.d")).unwrap();
+    // As CRI-O's own crio.conf has it: commented defaults, then the admin's list.
+    std::fs::write(
+        root.join("etc/crio/crio.conf"),
+        "[crio.runtime]\n# hooks_dir = [\n#   \"/usr/share/containers/oci/hooks.d\",\n# ]\nhooks_dir = [\n  \"/etc/containers/oci/hooks.d\",\n  \"/opt/vendor/hooks.d\",\n]\n",
+    )
+    .unwrap();
+    let out = install(&src, &root, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let d: toml::Table =
+        std::fs::read_to_string(root.join("etc/crio/crio.conf.d/10-gpushare.conf"))
+            .unwrap()
+            .parse()
+            .unwrap();
+    let dirs: Vec<&str> = d["crio"]["runtime"]["hooks_dir"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        dirs,
+        [
+            "/etc/containers/oci/hooks.d",
+            "/opt/vendor/hooks.d",
+            "/usr/share/containers/oci/hooks.d"
+        ]
+    );
+    assert!(
+        d["crio"]["runtime"]["runtimes"]["gpushare"]["runtime_path"].is_str(),
+        "{d:?}"
+    );
+    // A later drop-in of the node's wins over crio.conf.
+    std::fs::write(
+        root.join("etc/crio/crio.conf.d/01-site.conf"),
+        "[crio.runtime]\nhooks_dir = [\"/site/hooks.d\"]\n",
+    )
+    .unwrap();
+    let out = install(&src, &root, &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let text2 =
+        std::fs::read_to_string(root.join("etc/crio/crio.conf.d/10-gpushare.conf")).unwrap();
+    assert!(
+        text2.contains("\"/site/hooks.d\"") && !text2.contains("/opt/vendor"),
+        "{text2}"
+    );
+    // Uninstall takes the drop-in away whole.
+    let out = install(&src, &root, &[("ACTION", "uninstall")]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!root.join("etc/crio/crio.conf.d/10-gpushare.conf").exists());
 }

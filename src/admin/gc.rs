@@ -1,6 +1,9 @@
 //! `gpushare-hook gc`: drop clients whose process is gone, stop unused daemons, remove
 //! leftovers (see [`Host::gc`]).
 
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
 use serde::Serialize;
 
 use crate::config::Config;
@@ -50,10 +53,85 @@ pub fn gc(cfg: &Config, inventory: &dyn Inventory) -> GcReport {
             ..GcReport::default()
         };
     }
+    let before = paths(&cfg.state_dir);
     let o = Host::new(cfg, inventory).gc();
+    let after = paths(&cfg.state_dir);
+    let mut actions = o.actions;
+    actions.extend(unreported(&before, &after, &actions));
     GcReport {
-        actions: o.actions,
+        actions,
         problems: o.problems,
         error: None,
+    }
+}
+
+/// Every path under `dir` but lock files (made on first use, never removed by gc).
+fn paths(dir: &Path) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "lock") {
+                continue;
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(p.clone());
+            }
+            out.insert(p);
+        }
+    }
+    out
+}
+
+/// `removed PATH` for each path gone between `before` and `after` that no action line names
+/// (only the topmost of a removed tree), so that the report says everything gc removed.
+fn unreported(
+    before: &BTreeSet<PathBuf>,
+    after: &BTreeSet<PathBuf>,
+    actions: &[String],
+) -> Vec<String> {
+    let gone = |p: &Path| before.contains(p) && !after.contains(p);
+    let named = |p: &Path| {
+        actions.iter().any(|a| {
+            a.split_whitespace()
+                .map(|w| w.trim_matches(|c: char| matches!(c, ':' | ',' | '(' | ')' | ';')))
+                .any(|w| Path::new(w) == p)
+        })
+    };
+    before
+        .iter()
+        .filter(|p| gone(p))
+        .filter(|p| !p.parent().is_some_and(gone))
+        .filter(|p| !named(p))
+        .map(|p| format!("removed {}", p.display()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_gc_removed_without_saying_is_reported_topmost_only() {
+        let set = |v: &[&str]| v.iter().map(PathBuf::from).collect::<BTreeSet<_>>();
+        let before = set(&[
+            "/s/mps",
+            "/s/mps/d1",
+            "/s/mps/d1/pipe",
+            "/s/containers",
+            "/s/containers/c1",
+            "/s/gpus",
+        ]);
+        let after = set(&["/s/gpus"]);
+        let actions = vec!["removed /s/containers/c1 of a container that is gone".to_owned()];
+        assert_eq!(
+            unreported(&before, &after, &actions),
+            ["removed /s/containers", "removed /s/mps"]
+        );
+        assert!(unreported(&before, &before, &[]).is_empty());
     }
 }

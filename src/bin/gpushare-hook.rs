@@ -35,7 +35,8 @@ fn main() -> ExitCode {
                 .map_or_else(|_| Config::default().log_file, |c| c.log_file.clone());
             logging::init(Some(&log));
         }) {
-            return fail(&e);
+            // Logged with its container by refused_by_precreate: once.
+            return fail_unlogged(&e);
         }
     }
     let stdin = std::io::stdin().lock();
@@ -45,6 +46,11 @@ fn main() -> ExitCode {
     };
     logging::init(Some(&cfg.log_file));
     let ctx = Ctx { cfg, source };
+    // createRuntime logs its own refusal, with the container: the final line is not logged again.
+    let logs_itself = matches!(
+        cli.command,
+        Cmd::CreateRuntime { .. } | Cmd::Prestart { .. }
+    );
     let result: Result<Reply> = match cli.command {
         Cmd::CreateRuntime { dry_run, profile } | Cmd::Prestart { dry_run, profile } => {
             commands::create_runtime(&ctx, stdin, dry_run, profile.as_deref()).map_err(Into::into)
@@ -64,6 +70,8 @@ fn main() -> ExitCode {
             default_runtime,
             policy_at,
             print,
+            remove,
+            allow_missing,
             json,
         } => {
             let opts = configure::Options {
@@ -73,6 +81,9 @@ fn main() -> ExitCode {
                 order,
                 containerd_version,
                 default_runtime,
+
+                remove,
+                allow_missing,
             };
             commands::configure(&ctx, engine, &opts, policy_at, print, json).map_err(Into::into)
         }
@@ -89,34 +100,71 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(reply) => print(&reply),
+        Err(e) if logs_itself => fail_unlogged(e.as_ref()),
         Err(e) => fail(e.as_ref()),
     }
+}
+
+/// Prints the one-line error (already logged), exits 1.
+fn fail_unlogged(e: &dyn StdError) -> ExitCode {
+    eprintln!("gpushare-hook: {}", vocab::chain(e));
+    ExitCode::from(1)
 }
 
 /// The policy file cannot be loaded. Its log path is unknown, so the error goes to the default
 /// log file (and stderr). precreate still passes containers that ask for nothing (it runs for
 /// every podman container), and carries the error to the createRuntime hook of those that ask;
-/// doctor reports it; every other command fails with it.
+/// doctor reports it; status, gc and poststop run on what can be read of it (see
+/// [`gpushare::config::salvage`]); every other command fails with it.
 fn without_policy(
     cmd: Cmd,
     source: &Source,
     e: &ConfigError,
     stdin: impl std::io::Read,
 ) -> ExitCode {
-    logging::init(Some(&Config::default().log_file));
+    let salvaged = gpushare::config::salvage(source);
+    logging::init(Some(&salvaged.log_file));
     if let Some(d) = e.diagnostic() {
         tracing::error!(target: logging::EXIT_TARGET, "{d}");
     }
+    let ctx = Ctx {
+        cfg: salvaged,
+        source: source.clone(),
+    };
     let result = match cmd {
         Cmd::Precreate => commands::precreate_without_policy(e, stdin),
-        Cmd::Doctor { json } => Ok(commands::doctor_without_policy(source, e, json)),
+        Cmd::Doctor { json } => Ok(commands::doctor_without_policy(&ctx, e, json)),
+        // Live shares must stay visible and releasable: the state where the file says it is,
+        // the defaults for what cannot be read, and a warning.
+        Cmd::Status { json } => {
+            warn_salvaged(e, "status");
+            Ok(commands::status(&ctx, json))
+        }
+        Cmd::Gc { json } => {
+            warn_salvaged(e, "gc");
+            Ok(commands::gc(&ctx, json))
+        }
+        Cmd::Poststop => {
+            tracing::warn!("{} (poststop releases with what it could read of it and the defaults for the rest)", vocab::chain(e));
+            commands::poststop(&ctx, stdin)
+        }
         // Runtimes show a hook's stderr: one line there; the diagnostic is in the log.
-        Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } | Cmd::Poststop => return fail(e),
+        Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } => return fail(e),
         _ => return fail_config(e),
     };
     match result {
         Ok(reply) => print(&reply),
         Err(e) => fail(&e),
+    }
+}
+
+/// The warning of a command that runs on what could be read of a broken policy file.
+fn warn_salvaged(e: &ConfigError, cmd: &str) {
+    let line = vocab::chain(e);
+    tracing::warn!(target: logging::EXIT_TARGET, "{line} ({cmd} uses what it could read of it and the defaults for the rest)");
+    eprintln!("gpushare-hook: warning: {line}; {cmd} uses what it could read of it and the defaults for the rest");
+    if let Some(d) = e.diagnostic() {
+        eprintln!("{d}");
     }
 }
 

@@ -28,6 +28,12 @@ wait_until 20 ctr_ version >/dev/null 2>&1 || { tail -20 "$C/log"; skip "contain
 on_exit "ctr_ tasks kill -s KILL ${NAME}m; ctr_ containers rm ${NAME}m ${NAME}l"
 ctr_ image import --index-name gpushare/busybox:test "$T/image.tar" >/dev/null || fail "image import"
 
+echo "== doctor asks the running containerd: this one runs without its CRI plugin"
+env CONTAINERD_ADDRESS="$C/sock" "$GS_HOOK" doctor --json >"$T/doctor.json" 2>/dev/null || true
+jq -e '.[] | select(.name == "containerd daemon" and .verdict == "fail" and (.detail | test("without a CRI plugin")))' "$T/doctor.json" >/dev/null ||
+    { jq '.[] | select(.name == "containerd daemon")' "$T/doctor.json"; fail "doctor does not see that containerd runs without CRI"; }
+ok "doctor: $(jq -r '.[] | select(.name == "containerd daemon") | .detail' "$T/doctor.json")"
+
 echo "== ctr run --runc-binary gpushare-runtime --annotation gpu.share=mps"
 mark_shm_when_ready
 ctr_ run --rm --runc-binary "$RUNTIME" --annotation gpu.share=mps --env NVIDIA_VISIBLE_DEVICES=0 \

@@ -205,6 +205,46 @@ done
 [ "$n" = 1 ] || fail "expected one MPS daemon for two pods, found $n"
 ok "two mps pods, one daemon"
 released "$CA" && fail "pod mps-a's container is not a client of the GPU before its pod is removed"
+
+echo "== doctor and the package's removal guard ask this containerd (crictl answering through the CRI)"
+# A stand-in for crictl: \`info\` and \`pods -o json\` printed as crictl prints them (the Status
+# RPC's verbose info map merged into one object; ListPodSandbox as indented camelCase JSON),
+# answered by this containerd through the CRI client.
+mkdir -p "$T/crictl-bin"
+cat >"$T/crictl-bin/crictl" <<EOF2
+#!/bin/sh
+while [ "\$#" -gt 0 ]; do case "\$1" in --runtime-endpoint) shift; sock=\${1#unix://} ;; info|pods) cmd=\$1 ;; esac; shift; done
+exec "$PYTHON" - "\$sock" "\$cmd" <<'PY'
+import json, os, sys
+sys.path.insert(0, os.environ["CRI_GEN"])
+sock, cmd = sys.argv[1], sys.argv[2]
+import grpc, api_pb2, api_pb2_grpc
+from google.protobuf import json_format
+rt = api_pb2_grpc.RuntimeServiceStub(grpc.insecure_channel("unix://" + sock))
+if cmd == "info":
+    r = rt.Status(api_pb2.StatusRequest(verbose=True), timeout=30)
+    out = {"status": json.loads(json_format.MessageToJson(r.status))}
+    for k, v in r.info.items():
+        try:
+            out[k] = json.loads(v)
+        except ValueError:
+            out[k] = v  # crictl keeps a value that is not JSON as a string
+else:
+    out = json.loads(json_format.MessageToJson(rt.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=30)))
+print(json.dumps(out, indent=2))
+PY
+EOF2
+chmod +x "$T/crictl-bin/crictl"
+env PATH="$T/crictl-bin:$PATH" CONTAINERD_ADDRESS="$C/sock" "$GS_HOOK" doctor --json >"$T/doctor.json" 2>/dev/null || true
+jq -e '.[] | select(.name == "containerd daemon" and .verdict == "ok" and (.detail | test("containerd has loaded handler \"gpushare\"")))' "$T/doctor.json" >/dev/null ||
+    { jq '.[] | select(.name == "containerd daemon")' "$T/doctor.json"; fail "doctor does not see the running containerd's gpushare handler"; }
+ok "doctor: $(jq -r '.[] | select(.name == "containerd daemon") | .detail' "$T/doctor.json")"
+env PATH="$T/crictl-bin:$PATH" GPUSHARE_CRI_SOCKETS="$C/sock" TMPDIR="$T" sh "$GS_REPO/packaging/deb/maintainer-scripts/prerm" remove >"$T/prerm.out" 2>&1 &&
+    fail "the package's removal guard lets it go while CRI pods run on the gpushare handler"
+for p in "$PA" "$PB"; do
+    grep -q "CRI pod $p ($C/sock) runs on the gpushare handler" "$T/prerm.out" || { cat "$T/prerm.out"; fail "the removal guard does not name pod $p"; }
+done
+ok "removal refused: $(grep -c 'CRI pod' "$T/prerm.out") pods on the gpushare handler named"
 remove_pod "$PA"
 wait_until 10 released "$CA" || { "$HOOK" status; fail "pod mps-a's container was not released within 10s of its pod's removal"; }
 daemon_running || fail "the daemon stopped while pod mps-b still runs"

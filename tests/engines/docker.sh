@@ -36,6 +36,11 @@ docker_() { env PATH="$ENGINE_PATH" "$DOCKER" -H "unix://$D/sock" "$@"; }
 wait_until 60 docker_ version >/dev/null 2>&1 || { tail -20 "$D/log"; skip "dockerd did not come up (log above)"; }
 SERVER=$(docker_ version --format '{{.Server.Version}}')
 echo "engine: dockerd $SERVER (client $(docker_ version --format '{{.Client.Version}}'), containerd $(env PATH="$ENGINE_PATH" containerd --version | awk '{print $3}'))"
+echo "== doctor asks the running dockerd (not daemon.json) whether it loaded gpushare"
+env DOCKER_HOST="unix://$D/sock" PATH="$ENGINE_PATH:$PATH" "$GS_HOOK" doctor --json >"$T/doctor.json" 2>/dev/null || true
+jq -e '.[] | select(.name == "docker daemon" and .verdict == "ok" and (.detail | test("dockerd has loaded runtime \"gpushare\"")))' "$T/doctor.json" >/dev/null ||
+    { jq '.[] | select(.name == "docker daemon")' "$T/doctor.json"; fail "doctor does not see the running dockerd's gpushare runtime"; }
+ok "doctor: $(jq -r '.[] | select(.name == "docker daemon") | .detail' "$T/doctor.json")"
 tar -C "$T/rootfs" -cf "$T/rootfs.tar" .
 docker_ import "$T/rootfs.tar" gpushare-busybox:test >/dev/null || fail "docker import"
 

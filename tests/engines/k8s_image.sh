@@ -21,16 +21,19 @@ done
 tar -C "$B" -cf "$T/base.tar" .
 "${P[@]}" import "$T/base.tar" localhost/gpushare-test-base:1 >/dev/null || fail "podman import of the base"
 
-# The build context: what the Containerfile copies from the repository, and the binaries.
+# The build context laid out as the repository is, with its .containerignore: what the
+# Containerfile copies, and the binaries where a release build leaves them (PREBUILT=target/release).
 X=$T/ctx
-mkdir -p "$X/prebuilt" "$X/packaging/kubernetes"
-cp "$GS_HOOK" "$GS_RUNTIME" "$GS_LIMITER" "$X/prebuilt/"
+mkdir -p "$X/target/release" "$X/target/debug" "$X/packaging/kubernetes"
+cp "$GS_HOOK" "$GS_RUNTIME" "$GS_LIMITER" "$X/target/release/"
+echo "not for the image" >"$X/target/debug/junk"
+cp "$GS_REPO/.containerignore" "$X/"
 cp "$GS_REPO/packaging/config.toml.example" "$X/packaging/"
 cp "$GS_REPO/packaging/kubernetes/install.sh" "$X/packaging/kubernetes/"
-echo "== podman build -f packaging/kubernetes/Containerfile (BUILDER=BASE=local busybox, PREBUILT)"
+echo "== podman build -f packaging/kubernetes/Containerfile (BUILDER=BASE=local busybox, PREBUILT=target/release, the repository's .containerignore)"
 "${P[@]}" build "${RUN_FLAGS[@]}" --pull=never -f "$GS_REPO/packaging/kubernetes/Containerfile" \
     --build-arg BUILDER=localhost/gpushare-test-base:1 --build-arg BASE=localhost/gpushare-test-base:1 \
-    --build-arg PREBUILT=prebuilt -t localhost/gpushare-node:test "$X" >"$T/build.log" 2>&1 ||
+    --build-arg PREBUILT=target/release -t localhost/gpushare-node:test "$X" >"$T/build.log" 2>&1 ||
     { tail -20 "$T/build.log"; fail "podman build"; }
 ok "image built"
 "${P[@]}" run --rm -i "${RUN_FLAGS[@]}" localhost/gpushare-node:test sh -c \
@@ -40,6 +43,12 @@ ok "the image holds the binaries under test"
 for engine in crio containerd; do
     echo "== the image's installer on a scratch $engine node"
     mkdir -p "$T/node-image-$engine/etc/$engine" "$T/node-host-$engine/etc/$engine"
+    # The node's glibc, which the installer checks before copying: this machine's.
+    libc=$(ldd "$GS_HOOK" | grep -o '/[^ ]*/libc\.so\.6' | head -n 1)
+    for n in image host; do
+        mkdir -p "$T/node-$n-$engine$(dirname "$libc")"
+        cp -L "$libc" "$T/node-$n-$engine$libc"
+    done
     "${P[@]}" run --rm "${RUN_FLAGS[@]}" -e HOST_ROOT=/host -v "$T/node-image-$engine:/host" \
         localhost/gpushare-node:test >"$T/out-$engine" 2>&1 || { cat "$T/out-$engine"; fail "the image's installer ($engine)"; }
     grep -q "gpushare-install: done" "$T/out-$engine" || { cat "$T/out-$engine"; fail "installer did not finish"; }

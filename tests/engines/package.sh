@@ -5,7 +5,8 @@
 # package ships what configure writes) and `configure docker`, run podman (system containers.conf
 # drop-in, installed hooks) and a private dockerd (the daemon.json configure wrote) through the
 # installed binaries, reinstall (the policy edit survives), try to remove while a container uses
-# a share (refused), then purge and check nothing is left. The rpm's file list is checked.
+# a share and while a podman container runs on --runtime gpushare (both refused, the package
+# stays working), then purge (which undoes `configure docker`) and check nothing is left. The rpm's file list is checked.
 # Always purges the package and restores the files it touched, even when it fails.
 source "$(dirname "$0")/lib.sh"
 need dpkg dpkg-deb podman dockerd docker runc jq readelf rpm cargo-deb cargo-generate-rpm
@@ -42,6 +43,7 @@ dpkg-deb -c "$DEB" >"$T/contents"
 grep -E '^d' "$T/contents" | grep -Ev '^drwxr-xr-x (root/root|0/0) ' && fail "a directory without mode 0755 root/root"
 grep -E ' \./usr/bin/gpushare-(hook|runtime)$' "$T/contents" | grep -Ev '^-rwxr-xr-x (root/root|0/0) ' && fail "a binary without mode 0755 root/root"
 for f in usr/share/man/man1/gpushare-hook.1.gz usr/share/man/man1/gpushare-hook-configure.1.gz \
+    usr/share/man/man1/gpushare-runtime.1.gz usr/share/man/man5/gpushare-config.5.gz \
     usr/share/bash-completion/completions/gpushare-hook usr/share/zsh/vendor-completions/_gpushare-hook \
     usr/share/fish/vendor_completions.d/gpushare-hook.fish usr/share/doc/gpushare/copyright \
     usr/lib/tmpfiles.d/gpushare.conf usr/lib/gpushare/libgpushare_limiter.so; do
@@ -59,6 +61,8 @@ dpkg -i "$DEB" >"$T/dpkg.out" 2>&1 || { cat "$T/dpkg.out"; fail "dpkg -i"; }
 /usr/bin/gpushare-hook version | has '^gpushare-hook ' || fail "installed gpushare-hook does not run"
 [ "$(stat -c %a /run/gpushare)" = 700 ] || fail "/run/gpushare is not 0700"
 man -w gpushare-hook-configure >/dev/null 2>&1 || fail "man gpushare-hook-configure not found"
+man -w gpushare-runtime >/dev/null 2>&1 || fail "man gpushare-runtime not found"
+man -w 5 gpushare-config >/dev/null 2>&1 || fail "man 5 gpushare-config not found"
 ok "installed: binaries run, state dir 0700, man pages found"
 
 echo "== edit the policy: the TEST-ONLY simulated driver, this test's state dir"
@@ -129,10 +133,39 @@ ok "removal refused while a container uses a share: $(grep -m1 'client' "$T/rm.o
 podman_ rm -f -t 0 "${NAME}busy" >/dev/null
 wait_until 15 daemon_gone || fail "daemon still running after the busy container"
 
+echo "== removal while a podman container runs on --runtime gpushare (no share) is refused"
+# prerm's podman must see this test's private storage: the same roots, through storage.conf.
+printf '[storage]\ndriver = "%s"\ngraphroot = "%s"\nrunroot = "%s"\n' \
+    "$(podman_ info --format '{{.Store.GraphDriverName}}')" "$T/storage" "$T/runroot" >"$T/storage.conf"
+podman_ --runtime gpushare run -d --name "${NAME}rt" $PODMAN_ULIMITS --rootfs "$T/rootfs" sleep 120 >/dev/null ||
+    fail "podman --runtime gpushare run"
+CONTAINERS_STORAGE_CONF=$T/storage.conf dpkg -r gpushare >"$T/rm2.out" 2>&1 && fail "dpkg -r went ahead while a podman container runs on --runtime gpushare"
+grep -q "podman container ${NAME}rt (.*) runs with --runtime gpushare" "$T/rm2.out" || { cat "$T/rm2.out"; fail "the refusal does not name the podman container"; }
+dpkg -s gpushare 2>/dev/null | grep -Eq '^Status: (install|deinstall) ok installed$' || fail "package not intact after a refused removal"
+/usr/bin/gpushare-hook version | has '^gpushare-hook ' || fail "gpushare-hook does not run after a refused removal"
+grep -q 'still installed and working' "$T/rm2.out" || { cat "$T/rm2.out"; fail "the refusal does not say the package stays"; }
+podman_ --runtime gpushare stop -t 1 "${NAME}rt" >/dev/null 2>"$T/stop.err" || { cat "$T/stop.err"; fail "podman stop after a refused removal"; }
+[ "$(podman_ inspect --format '{{.State.Status}}' "${NAME}rt")" = exited ] || fail "the container did not stop"
+podman_ rm "${NAME}rt" >/dev/null || fail "podman rm"
+ok "removal refused while a podman container runs on gpushare; the package still works: podman stop went through it"
+
+echo "== purge undoes configure docker (the default daemon.json)"
+[ -e /etc/docker/daemon.json ] && cp -a /etc/docker/daemon.json "$T/daemon.json.saved"
+restore_daemon_json() { rm -f /etc/docker/daemon.json /etc/docker/daemon.json.bak-*; if [ -e "$T/daemon.json.saved" ]; then cp -a "$T/daemon.json.saved" /etc/docker/daemon.json; fi; }
+on_exit restore_daemon_json
+mkdir -p /etc/docker
+echo '{"log-level": "warn"}' >/etc/docker/daemon.json
+/usr/bin/gpushare-hook configure docker >"$T/cd2" || { cat "$T/cd2"; fail "configure docker (default path)"; }
+[ "$(jq -r '.runtimes.gpushare.path' /etc/docker/daemon.json)" = /usr/bin/gpushare-runtime ] || fail "daemon.json has no gpushare runtime"
+
 echo "== purge leaves nothing behind"
 touch "$LOG"
 dpkg --purge gpushare >"$T/purge.out" 2>&1 || { cat "$T/purge.out"; fail "dpkg --purge"; }
 dpkg -s gpushare >/dev/null 2>&1 && fail "package still known to dpkg"
+grep -q "^written /etc/docker/daemon.json (backup" "$T/purge.out" || { cat "$T/purge.out"; fail "purge does not say it undid configure docker"; }
+[ "$(jq -c . /etc/docker/daemon.json)" = '{"log-level":"warn"}' ] || { cat /etc/docker/daemon.json; fail "purge left the gpushare runtime in daemon.json"; }
+[ -e /var/lib/gpushare ] && fail "/var/lib/gpushare left after purge"
+ok "purge ran configure docker --remove: daemon.json is as it was before configure"
 while read -r p; do
     [ -d "$T/deb$p" ] && continue
     [ -e "$p" ] && fail "$p left after purge"
@@ -162,7 +195,7 @@ cat >"$T/rpm.want" <<LIST
 /usr/share/containers/oci/hooks.d/gpushare-poststop.json
 /usr/share/doc/gpushare/config.toml.example
 /usr/share/fish/vendor_completions.d/gpushare-hook.fish
-$(ls "$PT/release/gen/man" | sed 's#^#/usr/share/man/man1/#')
+$(cd "$PT/release/gen/man" && for f in *.gz; do s=${f%.gz}; echo "/usr/share/man/man${s##*.}/$f"; done)
 /usr/share/zsh/site-functions/_gpushare-hook
 LIST
 sort -o "$T/rpm.want" "$T/rpm.want"

@@ -10,6 +10,8 @@
 //! files as `GPUSHARE_CONFIG` in their env.
 
 mod engines;
+pub mod remove;
+mod replaced;
 mod write;
 
 use std::path::{Path, PathBuf};
@@ -19,7 +21,7 @@ use thiserror::Error;
 
 use crate::config::Config;
 
-pub use write::{apply, backup_path, diff, Outcome};
+pub use write::{apply, apply_edit, backup_path, diff, Outcome};
 
 /// Engines gpushare knows how to configure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -75,6 +77,27 @@ pub struct Options {
     /// `--runtime gpushare` is not silently ignored (containers that ask for nothing pass
     /// straight through gpushare-runtime to runc).
     pub default_runtime: bool,
+
+    /// Undo what `configure` wrote instead.
+    pub remove: bool,
+    /// Write entries for a `gpushare-runtime` (or hook) that does not exist (yet).
+    pub allow_missing: bool,
+}
+
+impl Options {
+    /// The same options with `path` and `hooks_dir` made absolute (against the current
+    /// directory), as the files are written and reported.
+    pub fn absolute(&self) -> Options {
+        let abs = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
+        };
+        Options {
+            path: abs(&self.path),
+            hooks_dir: abs(&self.hooks_dir),
+            ..self.clone()
+        }
+    }
 }
 
 /// The files `engine` needs as text, each introduced by a `# ---- PATH` line (`PATH (merge)`:
@@ -84,6 +107,7 @@ pub struct Options {
 /// # Errors
 /// [`ConfigureError`] as [`plan`].
 pub fn print(engine: Engine, setup: &Setup, opts: &Options) -> Result<String, ConfigureError> {
+    let opts = &opts.absolute();
     let changes = plan(engine, setup, opts)?;
     let scratch = Options {
         path: Some(PathBuf::from("/nonexistent/gpushare-configure/file")),
@@ -189,6 +213,9 @@ pub enum ConfigureError {
     ContainerdV1 { path: PathBuf },
     #[error("{path} has `version = {version}`, a containerd config version gpushare does not know (it writes 2 for containerd 1.x and 3 for 2.x); it was left untouched")]
     ContainerdVersion { path: PathBuf, version: i64 },
+
+    #[error("{path} does not exist, and the engine's entry would run it; install gpushare there, fix [runtime] hook in the policy, or pass --allow-missing to write it anyway")]
+    Missing { path: PathBuf },
     #[error("cannot write {path} (files before it in this run were written)")]
     Write {
         path: PathBuf,
@@ -246,6 +273,10 @@ pub struct ConfigureReport {
     pub files: Vec<FileReport>,
     /// What to restart, and how.
     pub restart: String,
+    /// gpushare entries that held another value: (file, key, old value).
+    pub replaced: Vec<(String, String, String)>,
+    /// `--remove`: what was taken out.
+    pub remove: bool,
 }
 
 impl ConfigureReport {
@@ -253,7 +284,21 @@ impl ConfigureReport {
     pub fn changed(&self) -> bool {
         self.files
             .iter()
-            .any(|f| !matches!(f.outcome, Outcome::Unchanged))
+            .any(|f| !matches!(f.outcome, Outcome::Unchanged | Outcome::Kept { .. }))
+    }
+
+    /// The files written or removed (not those unchanged, kept or only diffed).
+    pub fn written(&self) -> Vec<&str> {
+        self.files
+            .iter()
+            .filter(|f| {
+                matches!(
+                    f.outcome,
+                    Outcome::Created | Outcome::Written { .. } | Outcome::Removed { .. }
+                )
+            })
+            .map(|f| f.path.as_str())
+            .collect()
     }
 }
 
@@ -266,7 +311,15 @@ pub fn run(
     setup: &Setup,
     opts: &Options,
 ) -> Result<ConfigureReport, ConfigureError> {
+    let opts = &opts.absolute();
+    if opts.remove {
+        return run_remove(engine, setup, opts);
+    }
+    if !opts.allow_missing {
+        check_installed(engine, setup, opts)?;
+    }
     let changes = plan(engine, setup, opts)?;
+    let replaced = changes.iter().flat_map(replaced::replaced).collect();
     let files = if opts.dry_run {
         changes
             .iter()
@@ -300,6 +353,60 @@ pub fn run(
         dry_run: opts.dry_run,
         files,
         restart: restart_hint(engine, opts.order).to_owned(),
+        replaced,
+        remove: false,
+    })
+}
+
+/// The binaries the engine's entries will run must exist: `gpushare-runtime` for the engines
+/// that run it, `[runtime] hook` for those that run hooks.
+fn check_installed(engine: Engine, setup: &Setup, opts: &Options) -> Result<(), ConfigureError> {
+    let runs_runtime = match engine {
+        Engine::NvidiaContainerRuntime => opts.order == Order::NvidiaFirst,
+        _ => true,
+    };
+    let runs_hook = matches!(engine, Engine::Podman | Engine::Crio);
+    for (needed, p) in [(runs_runtime, &setup.runtime), (runs_hook, &setup.hook)] {
+        if needed && !p.is_file() {
+            return Err(ConfigureError::Missing { path: p.clone() });
+        }
+    }
+    Ok(())
+}
+
+/// `--remove`: plans the undo and, unless `dry_run`, carries it out.
+fn run_remove(
+    engine: Engine,
+    setup: &Setup,
+    opts: &Options,
+) -> Result<ConfigureReport, ConfigureError> {
+    let edits = remove::plan(engine, setup, opts)?;
+    let mut files = Vec::new();
+    for e in &edits {
+        let outcome = if opts.dry_run {
+            match (write::edit_diff(e), e) {
+                (Some(diff), _) => Outcome::WouldChange { diff },
+                (None, remove::Edit::Keep { why, .. }) => Outcome::Kept { why: why.clone() },
+                (None, _) => Outcome::Unchanged,
+            }
+        } else {
+            apply_edit(e)?
+        };
+        files.push(FileReport {
+            path: e.path().display().to_string(),
+            outcome,
+        });
+    }
+    Ok(ConfigureReport {
+        engine,
+        config: setup.source.clone(),
+        runtime: setup.runtime.display().to_string(),
+        launcher: None,
+        dry_run: opts.dry_run,
+        files,
+        restart: restart_hint(engine, opts.order).to_owned(),
+        replaced: Vec::new(),
+        remove: true,
     })
 }
 
@@ -336,9 +443,26 @@ impl super::report::Report for ConfigureReport {
                     out.push_str(&format!("written {} (backup {backup})\n", f.path));
                 }
                 Outcome::WouldChange { diff } => out.push_str(diff),
+                Outcome::Removed { backup } => {
+                    out.push_str(&format!("removed {} (backup {backup})\n", f.path));
+                }
+                Outcome::Kept { why } => out.push_str(&format!("kept {} ({why})\n", f.path)),
             }
         }
-        if !self.changed() {
+        for (file, key, old) in &self.replaced {
+            let verb = if self.dry_run {
+                "would replace"
+            } else {
+                "replaced"
+            };
+            out.push_str(&format!("{verb} {key} in {file}; it was: {old}\n"));
+        }
+        if self.remove && !self.changed() {
+            out.push_str(&format!(
+                "nothing to remove: {} has no gpushare entries\n",
+                self.engine.name()
+            ));
+        } else if !self.changed() {
             out.push_str(&format!(
                 "nothing to change: {} is already configured\n",
                 self.engine.name()

@@ -20,6 +20,10 @@ pub enum Outcome {
     Written { backup: String },
     /// `--dry-run`: it would change like this.
     WouldChange { diff: String },
+    /// `--remove`: gpushare's own file, deleted; its content is at `backup`.
+    Removed { backup: String },
+    /// `--remove`: left as it is, because `why`.
+    Kept { why: String },
 }
 
 /// Where the previous version of `path` is kept: `<path>.bak-<unix seconds>` (a suffix no
@@ -93,6 +97,46 @@ pub fn apply(c: &Change) -> Result<Outcome, ConfigureError> {
         },
         None => Outcome::Created,
     })
+}
+
+/// Carries out one `--remove` edit: a rewrite as [`apply`], or a deletion after a backup.
+///
+/// # Errors
+/// [`ConfigureError::Write`] when a step fails; the file is then as it was.
+pub fn apply_edit(e: &super::remove::Edit) -> Result<Outcome, ConfigureError> {
+    use super::remove::Edit;
+    match e {
+        Edit::Write(c) => apply(c),
+        Edit::Keep { why, .. } => Ok(Outcome::Kept { why: why.clone() }),
+        Edit::Delete { path, .. } => {
+            let err = |source| ConfigureError::Write {
+                path: path.clone(),
+                source,
+            };
+            let b = backup_path(path);
+            std::fs::copy(path, &b).map_err(err)?;
+            std::fs::remove_file(path).map_err(err)?;
+            Ok(Outcome::Removed {
+                backup: b.display().to_string(),
+            })
+        }
+    }
+}
+
+/// The unified diff of one `--remove` edit.
+pub fn edit_diff(e: &super::remove::Edit) -> Option<String> {
+    use super::remove::Edit;
+    match e {
+        Edit::Write(c) if c.changes() => Some(diff(c)),
+        Edit::Write(_) | Edit::Keep { .. } => None,
+        Edit::Delete { path, before } => Some(
+            similar::TextDiff::from_lines(before.as_str(), "")
+                .unified_diff()
+                .context_radius(3)
+                .header(&path.display().to_string(), "/dev/null")
+                .to_string(),
+        ),
+    }
 }
 
 #[cfg(test)]

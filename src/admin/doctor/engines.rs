@@ -24,8 +24,11 @@ pub(super) fn checks() -> Vec<Check> {
     vec![
         podman(PODMAN_CONFS),
         docker(Path::new(DOCKER_FILE)),
+        super::live::docker(),
         containerd(Path::new(CONTAINERD_FILE)),
+        super::live::containerd(),
         crio(CRIO_CONFS),
+        super::live::crio(),
     ]
 }
 
@@ -78,13 +81,28 @@ fn executable(path: &Path) -> Result<(), String> {
     }
 }
 
+/// The advice for an entry whose policy file does not load: `configure` would refuse it too.
+const POLICY_FIX: &str = "fix that policy file first (`gpushare-hook configure` refuses it too)";
+
+/// `e`, followed by the advice to run `configure` unless the fix is the policy file's.
+fn advise(e: &str, cmd: &str) -> String {
+    if e.ends_with(POLICY_FIX) {
+        e.to_owned()
+    } else {
+        format!("{e}; run `gpushare-hook configure {cmd}`")
+    }
+}
+
 /// The policy file an entry will load: `GPUSHARE_CONFIG` from its env (a hook file) or from
 /// the launcher it runs; else the default. `Err` when that file does not load.
 fn policy_of(env: Option<&str>) -> Result<String, String> {
     let source = Source::pick(None, env.map(std::ffi::OsStr::new));
     match Config::load_from(&source) {
         Ok(_) => Ok(source.to_string()),
-        Err(e) => Err(format!("{source}: {}", crate::vocab::chain(&e))),
+        Err(e) => Err(format!(
+            "{source}: {}; {POLICY_FIX}",
+            crate::vocab::chain(&e)
+        )),
     }
 }
 
@@ -107,14 +125,14 @@ fn runtime_entry(path: &Path) -> Result<String, String> {
     Ok(format!("runs {}, policy {policy}", path.display()))
 }
 
-fn is_ours(path: &str, name: &str) -> bool {
+pub(super) fn is_ours(path: &str, name: &str) -> bool {
     Path::new(path)
         .file_name()
         .is_some_and(|f| f.to_string_lossy().starts_with(name))
 }
 
 fn installed(engine: &str) -> bool {
-    find_binary(engine).is_some()
+    super::live::find_tool(engine).is_some()
 }
 
 fn not_configured(name: &str, engine: &str, cmd: &str, why: &str) -> Check {
@@ -179,9 +197,9 @@ pub fn docker(file: &Path) -> Check {
         Err(e) => check(
             name,
             Verdict::Fail,
-            format!(
-                "docker: runtime {runtime:?} in {}: {e}; run `gpushare-hook configure docker`",
-                file.display()
+            advise(
+                &format!("docker: runtime {runtime:?} in {}: {e}", file.display()),
+                "docker",
             ),
         ),
     }
@@ -257,7 +275,10 @@ pub fn containerd(file: &Path) -> Check {
         Err(e) => check(
             name,
             Verdict::Fail,
-            format!("containerd: runtime {handler:?} in {}: {e}; run `gpushare-hook configure containerd`", file.display()),
+            advise(
+                &format!("containerd: runtime {handler:?} in {}: {e}", file.display()),
+                "containerd",
+            ),
         ),
         Ok(d) if !passes => check(
             name,
@@ -410,13 +431,7 @@ pub fn podman(confs: &[&str]) -> Check {
     }
     let policies = match hook_entries("podman", &hooks) {
         Ok(p) => p,
-        Err(e) => {
-            return check(
-                name,
-                Verdict::Fail,
-                format!("{e}; run `gpushare-hook configure podman`"),
-            )
-        }
+        Err(e) => return check(name, Verdict::Fail, advise(&e, "podman")),
     };
     if !has("poststop") {
         return check(name, Verdict::Fail, "podman: createRuntime hook without the poststop hook: shares are never released; run `gpushare-hook configure podman`");
@@ -435,6 +450,10 @@ pub fn podman(confs: &[&str]) -> Check {
 /// a precreate file, which would make CRI-O drop the whole dir).
 pub fn crio(confs: &[&str]) -> Check {
     let name = "cri-o";
+    if !installed("crio") {
+        // Its default hooks dir is podman's: our podman hooks there are not CRI-O's business.
+        return check(name, Verdict::Ok, "crio not installed");
+    }
     let files = toml_files(confs);
     let runtimes = match last_value(&files, &["crio", "runtime", "runtimes"]) {
         Err(e) => {
@@ -466,7 +485,7 @@ pub fn crio(confs: &[&str]) -> Check {
     match handler {
         Some((k, p)) => match runtime_entry(Path::new(&p)) {
             Ok(d) => check(name, Verdict::Ok, format!("runtime handler {k:?} {d}")),
-            Err(e) => check(name, Verdict::Fail, format!("cri-o: runtime handler {k:?}: {e}; run `gpushare-hook configure crio`")),
+            Err(e) => check(name, Verdict::Fail, advise(&format!("cri-o: runtime handler {k:?}: {e}"), "crio")),
         },
         None if hooks.iter().any(|h| h.0 == "createRuntime") => match hook_entries("cri-o", &hooks) {
             Ok(p) => check(name, Verdict::Warn, format!("cri-o: hooks only (policy {p}): no env injection; run `gpushare-hook configure crio` for the runtime handler")),
@@ -564,5 +583,57 @@ mod tests {
         let c = podman(&[ccs]);
         assert_eq!(c.verdict, Verdict::Fail, "policy file missing: {c:?}");
         assert!(c.detail.contains("/nonexistent/p.toml"), "{c:?}");
+
+        // A policy file that does not load: fix it; `configure` would refuse it too.
+        let broken = t.path().join("broken.toml");
+        std::fs::write(&broken, "[polcy]\n").unwrap();
+        let launcher = t.path().join("gpushare-runtime-broken");
+        std::fs::write(
+            &launcher,
+            format!("#!/bin/sh\nGPUSHARE_CONFIG='{}'\n", broken.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&launcher, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(
+            &daemon,
+            format!(
+                r#"{{"runtimes": {{"gs": {{"path": "{}"}}}}}}"#,
+                launcher.display()
+            ),
+        )
+        .unwrap();
+        let c = docker(&daemon);
+        assert_eq!(c.verdict, Verdict::Fail, "{c:?}");
+        assert!(c.detail.contains("unknown field `polcy`"), "{c:?}");
+        assert!(c.detail.ends_with(POLICY_FIX), "{c:?}");
+        assert!(
+            !c.detail.contains("run `gpushare-hook configure docker`"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn crio_not_installed_is_said_so_whatever_podman_put_in_the_shared_hooks_dir() {
+        if installed("crio") {
+            eprintln!("\n******** SKIPPED: crio is installed here ********\n");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let hooks = t.path().join("hooks.d");
+        std::fs::create_dir(&hooks).unwrap();
+        std::fs::write(
+            hooks.join("gpushare.json"),
+            r#"{"version":"1.0.0","hook":{"path":"/usr/bin/gpushare-hook","args":["gpushare-hook","createRuntime"]},"when":{"annotations":{"^gpu\.share$":".+"}},"stages":["createRuntime"]}"#,
+        )
+        .unwrap();
+        let conf = t.path().join("crio.conf");
+        std::fs::write(
+            &conf,
+            format!("[crio.runtime]\nhooks_dir = [{:?}]\n", hooks),
+        )
+        .unwrap();
+        let c = crio(&[conf.to_str().unwrap()]);
+        assert_eq!(c.verdict, Verdict::Ok, "{c:?}");
+        assert_eq!(c.detail, "crio not installed");
     }
 }

@@ -4,6 +4,8 @@
 //! execute, and each engine's own files, parsed.
 
 mod engines;
+mod live;
+mod probes;
 
 use std::path::Path;
 
@@ -48,7 +50,7 @@ pub fn config_ok(source: &Source) -> Check {
 /// diagnostic; the other checks then run with the defaults.
 pub fn config_failed(source: &Source, e: &ConfigError) -> Check {
     let mut detail = format!(
-        "{}: {} (the other checks use the defaults)",
+        "{}: {} (the other checks use what could be read of it and the defaults for the rest); fix the file, then run `gpushare-hook doctor` again",
         source,
         crate::vocab::chain(e)
     );
@@ -59,7 +61,8 @@ pub fn config_failed(source: &Source, e: &ConfigError) -> Check {
     check("config", Verdict::Fail, detail)
 }
 
-/// Runs every check. Changes nothing.
+/// Runs every check. Changes nothing (probes it creates are removed). For a policy file that
+/// did not load, `cfg` is what could be read of it ([`crate::config::salvage`]).
 pub fn run(cfg: &Config, config: Check) -> Checks {
     let mut out = vec![config];
     let inv = NvmlInventory::open(&cfg.nvml.library);
@@ -68,16 +71,16 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
         Err(e) => out.push(check("nvml", Verdict::Fail, crate::vocab::chain(e))),
     }
     let allowed = |m| cfg.policy.modes.contains(&m);
-    let need_mps = if allowed(crate::vocab::Mode::Mps) {
-        Verdict::Fail
-    } else {
-        Verdict::Warn
+    let need = |m| {
+        if allowed(m) {
+            Verdict::Fail
+        } else {
+            Verdict::Warn
+        }
     };
-    out.push(binary_check(
-        "mps control",
+    out.push(probes::mps_control(
         &cfg.mps.control,
-        need_mps,
-        "install nvidia-cuda-mps or set [mps] control",
+        need(crate::vocab::Mode::Mps),
     ));
     let server = Path::new(&cfg.mps.control)
         .parent()
@@ -90,28 +93,13 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
         Verdict::Warn,
         "needed to run CUDA clients under MPS",
     ));
-    out.push(binary_check(
-        "nvidia-smi",
-        &cfg.timeslice.smi,
-        Verdict::Warn,
-        "needed for gpu.share.timeslice",
+    out.push(probes::nvidia_smi(&cfg.timeslice.smi, Verdict::Warn));
+    out.push(probes::limiter(
+        &cfg.limit.library,
+        need(crate::vocab::Mode::Limit),
     ));
-    let lim = &cfg.limit.library;
-    out.push(if lim.is_file() {
-        check("limiter", Verdict::Ok, lim.display().to_string())
-    } else {
-        let v = if allowed(crate::vocab::Mode::Limit) {
-            Verdict::Fail
-        } else {
-            Verdict::Warn
-        };
-        check(
-            "limiter",
-            v,
-            format!("{} missing; limit mode cannot work", lim.display()),
-        )
-    });
     out.push(state_dir_check(&cfg.state_dir));
+    out.push(probes::log_file(&cfg.log_file));
     out.push(
         match caps::has_cap(
             None,
@@ -132,27 +120,24 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
         &["version"],
         "[runtime] hook; the spec edit puts it into containers' hooks",
     ));
+    let runtime = crate::admin::configure::runtime_path(cfg);
     out.push(engines::executable_check(
         "runtime",
-        &crate::admin::configure::runtime_path(cfg),
+        &runtime,
         &["--version"],
         "gpushare-runtime, next to [runtime] hook",
     ));
-    let runtime = cfg.runtime.next.iter().find_map(|n| find_binary(n));
-    out.push(match runtime {
-        Some(p) => engines::executable_check(
+    out.push(match probes::next_runtime(&cfg.runtime.next, &runtime) {
+        Ok(p) => engines::executable_check(
             "next runtime",
             &p,
             &["--version"],
-            "[runtime] next",
+            "[runtime] next, found on this $PATH as gpushare-runtime finds it",
         ),
-        None => check(
+        Err(e) => check(
             "next runtime",
             Verdict::Fail,
-            format!(
-                "none of {:?} found; gpushare-runtime cannot exec; install runc or fix [runtime] next",
-                cfg.runtime.next
-            ),
+            format!("{e} (looked up on this $PATH as gpushare-runtime does; it uses its engine's)"),
         ),
     });
     out.extend(engines::checks());
@@ -306,18 +291,23 @@ fn state_dir_check(dir: &Path) -> Check {
                 nix::unistd::geteuid()
             ),
         ),
-        Ok(m) if m.is_dir() => check(name, Verdict::Ok, format!("{} (0700)", dir.display())),
+        Ok(m) if m.is_dir() => match probes::state_dir(dir) {
+            Ok(_) => check(
+                name,
+                Verdict::Ok,
+                format!(
+                    "{} (0700; a probe was created there and removed)",
+                    dir.display()
+                ),
+            ),
+            Err(e) => check(name, Verdict::Fail, e),
+        },
         Ok(_) => check(
             name,
             Verdict::Fail,
             format!("{} is not a directory", dir.display()),
         ),
-        Err(_) if writable(existing) => check(
-            name,
-            Verdict::Ok,
-            format!("{} (created on first use)", dir.display()),
-        ),
-        Err(_) => check(
+        Err(_) if !writable(existing) => check(
             name,
             Verdict::Fail,
             format!(
@@ -326,6 +316,23 @@ fn state_dir_check(dir: &Path) -> Check {
                 existing.display()
             ),
         ),
+        Err(_) => match probes::state_dir(dir) {
+            Ok(_) => check(
+                name,
+                Verdict::Ok,
+                format!(
+                    "{} (created on first use; a probe was created there and removed)",
+                    dir.display()
+                ),
+            ),
+            Err(e) => check(
+                name,
+                Verdict::Fail,
+                format!(
+                    "{e}; set state_dir to a directory on a writable tmpfs such as /run/gpushare"
+                ),
+            ),
+        },
     }
 }
 
