@@ -141,9 +141,8 @@ impl Report for CdiReport {
         use configure::Outcome;
         let what = match &self.outcome {
             Outcome::Unchanged => "unchanged".to_owned(),
-            Outcome::Created => "written".to_owned(),
-            Outcome::Written { backup } => format!("written (previous one kept at {backup})"),
             Outcome::WouldChange { diff } => format!("would change:\n{diff}"),
+            _ => "written".to_owned(),
         };
         let names: Vec<String> = self
             .devices
@@ -181,8 +180,25 @@ pub fn generate(
         } else {
             configure::Outcome::Unchanged
         }
+    } else if !change.changes() {
+        configure::Outcome::Unchanged
     } else {
-        configure::apply(&change)?
+        // Derived from the policy alone: rewritten atomically, with no backup beside it (a
+        // spec directory is read by every engine; it should hold specs, nothing else).
+        let err = |source| ConfigureError::Write {
+            path: change.path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(err)?;
+        crate::host::state::write_atomic(&change.path, change.after.as_bytes(), 0o644)
+            .map_err(err)?;
+        std::fs::set_permissions(&change.path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .map_err(err)?;
+        if change.before.is_some() {
+            configure::Outcome::Regenerated
+        } else {
+            configure::Outcome::Created
+        }
     };
     Ok(CdiReport {
         path: change.path.display().to_string(),
@@ -359,13 +375,13 @@ mod tests {
         );
         let changed = policy("[profiles.small]\nmode = \"limit\"\nmemory = \"1Gi\"\n");
         let third = generate(&changed, None, t.path(), false).unwrap();
-        assert!(matches!(third.outcome, configure::Outcome::Written { .. }));
+        assert_eq!(third.outcome, configure::Outcome::Regenerated);
         assert!(third.devices.contains(&"small".to_owned()));
-        // Nothing but the spec and its backup: no temp file left behind.
+        // Nothing but the spec: no backup, no temp file left behind.
         let names: Vec<String> = std::fs::read_dir(t.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert_eq!(names.len(), 2, "{names:?}");
+        assert_eq!(names, [FILE_NAME], "{names:?}");
     }
 }

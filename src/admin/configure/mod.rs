@@ -294,7 +294,10 @@ impl ConfigureReport {
             .filter(|f| {
                 matches!(
                     f.outcome,
-                    Outcome::Created | Outcome::Written { .. } | Outcome::Removed { .. }
+                    Outcome::Created
+                        | Outcome::Written { .. }
+                        | Outcome::Removed { .. }
+                        | Outcome::Regenerated
                 )
             })
             .map(|f| f.path.as_str())
@@ -447,6 +450,7 @@ impl super::report::Report for ConfigureReport {
                     out.push_str(&format!("removed {} (backup {backup})\n", f.path));
                 }
                 Outcome::Kept { why } => out.push_str(&format!("kept {} ({why})\n", f.path)),
+                Outcome::Regenerated => out.push_str(&format!("regenerated {}\n", f.path)),
             }
         }
         for (file, key, old) in &self.replaced {

@@ -24,6 +24,9 @@ pub enum Outcome {
     Removed { backup: String },
     /// `--remove`: left as it is, because `why`.
     Kept { why: String },
+    /// A file gpushare derives from the policy (the CDI spec) was rewritten; nothing else is
+    /// in it, so no backup is kept.
+    Regenerated,
 }
 
 /// Where the previous version of `path` is kept: `<path>.bak-<unix seconds>` (a suffix no
