@@ -4,3 +4,6 @@ if command -v systemd-tmpfiles >/dev/null 2>&1 && [ -d /run/systemd/system ]; th
 else
     mkdir -p /run/gpushare && chmod 0700 /run/gpushare
 fi
+# Shares as CDI devices (gpushare.io/share=<mode or profile>) for engines that read CDI specs.
+gpushare-hook cdi generate --output /etc/cdi >/dev/null ||
+    echo "gpushare: the CDI spec was not written (above); run \`gpushare-hook cdi generate --output /etc/cdi\` once the policy loads" >&2

@@ -58,6 +58,9 @@ ok "binaries stripped"
 
 echo "== install"
 dpkg -i "$DEB" >"$T/dpkg.out" 2>&1 || { cat "$T/dpkg.out"; fail "dpkg -i"; }
+jq -e '.kind == "gpushare.io/share" and ([.devices[].name] | index("mps"))' /etc/cdi/gpushare.io-share.json >/dev/null ||
+    { cat "$T/dpkg.out"; fail "the package did not write its CDI spec to /etc/cdi"; }
+ok "the package wrote /etc/cdi/gpushare.io-share.json"
 /usr/bin/gpushare-hook version | has '^gpushare-hook ' || fail "installed gpushare-hook does not run"
 [ "$(stat -c %a /run/gpushare)" = 700 ] || fail "/run/gpushare is not 0700"
 man -w gpushare-hook-configure >/dev/null 2>&1 || fail "man gpushare-hook-configure not found"
@@ -165,6 +168,7 @@ dpkg -s gpushare >/dev/null 2>&1 && fail "package still known to dpkg"
 grep -q "^written /etc/docker/daemon.json (backup" "$T/purge.out" || { cat "$T/purge.out"; fail "purge does not say it undid configure docker"; }
 [ "$(jq -c . /etc/docker/daemon.json)" = '{"log-level":"warn"}' ] || { cat /etc/docker/daemon.json; fail "purge left the gpushare runtime in daemon.json"; }
 [ -e /var/lib/gpushare ] && fail "/var/lib/gpushare left after purge"
+[ -e /etc/cdi/gpushare.io-share.json ] && fail "the CDI spec left after purge"
 ok "purge ran configure docker --remove: daemon.json is as it was before configure"
 while read -r p; do
     [ -d "$T/deb$p" ] && continue
