@@ -313,8 +313,14 @@ fn a_daemon_wedged_through_its_log_fifo_is_replaced_by_the_next_acquire() {
     let new = daemon_pid(&sb, "gpu");
     assert_ne!(new, wedged, "the wedged daemon was replaced");
     assert!(!alive(wedged));
-    assert_eq!(domain(&sb, "gpu")["daemon"]["answers"], true);
-    assert!(took < Duration::from_secs(5), "the acquire took {took:?}");
+    // The tenant's loop of control sessions may still be running against the new daemon.
+    wait_for(
+        "the new daemon to answer status",
+        Duration::from_secs(10),
+        || domain(&sb, "gpu")["daemon"]["answers"] == true,
+    );
+    // 500 ms without an answer, an unanswered quit, SIGTERM, and a start.
+    assert!(took < Duration::from_secs(4), "the acquire took {took:?}");
     assert!(
         hook_log(&sb).contains("does not answer"),
         "{}",

@@ -538,7 +538,8 @@ impl<'a> Host<'a> {
         if let Some(p) = found {
             match self.control() {
                 Ok(c) => c.stop(&dirs.pipe, Some(p)),
-                Err(_) => crate::host::mps::stop_process(p, Duration::from_secs(2)),
+                // Stopping needs no control program: quit is spoken in-process.
+                Err(_) => crate::host::mps::stop(&dirs.pipe, Some(p)),
             }
             tracing::info!(
                 "MPS daemon stopped on GPU {} ({}, domain {key}), pid {}",
