@@ -601,6 +601,26 @@ hook = "/usr/bin/gpushare-hook"
     }
 
     #[test]
+    fn mps_shm_size_and_pipe_readonly() {
+        let d = Config::default();
+        assert_eq!(d.mps.shm_bytes(), 64 << 20, "engines' /dev/shm default");
+        assert!(!d.mps.pipe_readonly);
+        let cfg = Config::parse(
+            "[mps]\nshm_size = \"8Mi\"\npipe_readonly = true\n",
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        assert_eq!(cfg.mps.shm_bytes(), 8 << 20);
+        assert!(cfg.mps.pipe_readonly);
+        for bad in ["lots", "512Ki", "0"] {
+            let e = Config::parse(&format!("[mps]\nshm_size = {bad:?}\n"), Path::new("t.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("shm_size"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn bad_configs_are_refused() {
         let rows = [
             ("unknown key", "bogus = 1"),

@@ -94,10 +94,30 @@ pub fn edit_config(
         // under the key its hook entry names instead of leaving a second reservation behind.
         None => earlier_key(&spec).unwrap_or_else(crate::host::pending::pending_key),
     };
-    let Some((plan, inventory)) = crate::decide::front::plan_for(&key, &spec, cfg, open_inventory)?
+    let Some((mut plan, inventory)) =
+        crate::decide::front::plan_for(&key, &spec, cfg, open_inventory)?
     else {
         return Ok(None);
     };
+    // The mount sources must exist even when the config was edited before (a restart). MPS
+    // directories are reserved under the GPU's lock, so that a release of the GPU's last
+    // client before this container's hook runs does not remove them. A container joining a
+    // running domain without naming a limit gets the domain's limits in its env.
+    if plan.mode == Mode::Mps {
+        let host = crate::host::acquire::Host::new(cfg, inventory.as_ref());
+        if let Some(domain) = plan.domain.clone() {
+            for gpu in &plan.gpus {
+                if let Some(enforced) = host.reserve(gpu, &domain, &key)? {
+                    if !plan.cores_explicit {
+                        plan.cores = enforced.cores;
+                    }
+                    if plan.memory.is_none() {
+                        plan.memory = enforced.memory_mib.map(|m| m << 20);
+                    }
+                }
+            }
+        }
+    }
     let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
     // Read as every entry point reads a config; the edited document keeps every other member.
     let edited = input::deep_scope(bytes, || -> Result<Option<Vec<u8>>, Error> {
@@ -106,17 +126,6 @@ pub fn edit_config(
         spec_edit::apply(&mut value, &edit)?;
         Ok((value != before).then(|| serde_json::to_vec(&value).expect("JSON value serialises")))
     })?;
-    // The mount sources must exist even when the config was edited before (a restart). MPS
-    // directories are reserved under the GPU's lock, so that a release of the GPU's last
-    // client before this container's hook runs does not remove them.
-    if plan.mode == Mode::Mps {
-        let host = crate::host::acquire::Host::new(cfg, inventory.as_ref());
-        if let Some(domain) = &plan.domain {
-            for gpu in &plan.gpus {
-                host.reserve(gpu, domain, &key)?;
-            }
-        }
-    }
     let rootfs = rootfs_of(&spec, ctx.bundle);
     inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
     Ok(edited)

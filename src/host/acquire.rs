@@ -538,7 +538,8 @@ impl<'a> Host<'a> {
         if let Some(p) = found {
             match self.control() {
                 Ok(c) => c.stop(&dirs.pipe, Some(p)),
-                Err(_) => crate::host::mps::stop_process(p, Duration::from_secs(2)),
+                // Stopping needs no control program: quit is spoken in-process.
+                Err(_) => crate::host::mps::stop(&dirs.pipe, Some(p)),
             }
             tracing::info!(
                 "MPS daemon stopped on GPU {} ({}, domain {key}), pid {}",
@@ -618,7 +619,8 @@ impl<'a> Host<'a> {
     /// Announces that a spec edit made the MPS directories of `gpu`'s domain `domain` a mount
     /// source for the container `key` (its id, or a pending key): under the GPU's lock, creates
     /// them if needed and records the reservation, so that a release in the meantime does not
-    /// remove them.
+    /// remove them. Returns the limits the domain already enforces when it is running (a
+    /// container joining it that names no limit gets those).
     ///
     /// # Errors
     /// [`AcquireError`] when the state or the directories cannot be made.
@@ -627,7 +629,7 @@ impl<'a> Host<'a> {
         gpu: &PlannedGpu,
         domain: &PlannedDomain,
         key: &str,
-    ) -> Result<(), AcquireError> {
+    ) -> Result<Option<crate::vocab::Limits>, AcquireError> {
         self.state.ensure()?;
         let _lock = self.state.lock(
             &gpu.uuid,
@@ -640,6 +642,12 @@ impl<'a> Host<'a> {
             .unwrap_or_else(|| Record::new(&gpu.uuid, gpu.index));
         let now = now_seconds();
         rec.prune_reservations(now);
+        rec.drop_stale();
+        let enforced = rec
+            .domains
+            .get(&domain.key)
+            .filter(|d| d.daemon.is_some() || !rec.domain_clients(&domain.key).is_empty())
+            .map(|d| d.limits);
         self.mps_dirs(&gpu.uuid, &domain.key)
             .prepare(self.cfg.mps.shm_bytes())?;
         rec.domains
@@ -648,6 +656,6 @@ impl<'a> Host<'a> {
             .reserved
             .insert(key.to_owned(), now);
         self.state.save(&rec)?;
-        Ok(())
+        Ok(enforced)
     }
 }

@@ -195,16 +195,15 @@ impl World {
 }
 
 impl Drop for World {
-    /// Unmounts every shm tmpfs a reservation mounted under the state directory, even when a
-    /// row failed, so that the temp directory can go.
+    /// Unmounts every tmpfs a reservation mounted under the state directory (pipe and shm),
+    /// even when a row failed, so that the temp directory can go.
     fn drop(&mut self) {
         let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
             return;
         };
-        let root = self.cfg.state_dir.to_string_lossy().into_owned();
-        for mp in info.lines().filter_map(|l| l.split(' ').nth(4)) {
-            if mp.starts_with(&root) {
-                let _ = nix::mount::umount2(mp, nix::mount::MntFlags::MNT_DETACH);
+        for e in crate::host::mounts::entries(&info) {
+            if e.mount_point.starts_with(&self.cfg.state_dir) {
+                let _ = nix::mount::umount2(&e.mount_point, nix::mount::MntFlags::MNT_DETACH);
             }
         }
     }
@@ -1379,6 +1378,25 @@ fn gc() {
                 // Asked for an answer (and its defaults put back), nothing else.
                 assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"], "{what}");
                 assert!(w.inv.sets().is_empty(), "{what}");
+                assert_eq!(w.clients(0), ["c1"], "{what}");
+            },
+        },
+        ReleaseRow {
+            what: "a domain whose control socket another process holds is restarted by gc, which says so",
+            isolation: Isolation::Gpu,
+            modes: ONE_GPU,
+            given: |w| {
+                w.given(&gpu_plan(w, "c1"));
+                w.ctl.tamper(&w.pipe(0, "gpu"));
+            },
+            when: |w| w.host().gc().into_lines(),
+            says: Some(&["GPU-0: replaced the MPS daemon of domain gpu, which was tampered with"]),
+            then: |w, what| {
+                assert_eq!(
+                    w.ctl.actions(),
+                    ["refresh GPU-0/gpu", "stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                    "{what}"
+                );
                 assert_eq!(w.clients(0), ["c1"], "{what}");
             },
         },

@@ -7,7 +7,10 @@
 #   1. the first acquire starts one MPS daemon on GPU 0 and puts it in EXCLUSIVE_PROCESS
 #   2. two CUDA clients (CUDA_MPS_PIPE_DIRECTORY = the daemon's pipe) run through one MPS server
 #   3. the client-side limit CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M stops cudaMalloc near 1 GiB
-#   4. the first release keeps the daemon; the last stops it and restores compute mode DEFAULT
+#   4. the control daemon runs with no capabilities and NoNewPrivs, and its server serves (2.)
+#   5. whether a client attaches through a read-only bind of the pipe directory: says whether
+#      [mps] pipe_readonly = true works with this driver (informational, never a failure)
+#   6. the first release keeps the daemon; the last stops it and restores compute mode DEFAULT
 # Prints PASS/FAIL per check; exits 1 if any check fails, 2 when it cannot run here.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -60,6 +63,22 @@ done
     || fail "servers: $servers, clients: $clients"
 kill $h1 $h2 2>/dev/null
 wait $h1 $h2 2>/dev/null
+
+dpid=$(cat "$(dirname "$pipe")/daemon" | cut -d' ' -f1)
+caps=$(grep -E '^Cap(Prm|Eff|Bnd):' /proc/$dpid/status | awk '{print $2}' | sort -u)
+nnp=$(awk '/^NoNewPrivs:/ {print $2}' /proc/$dpid/status)
+[ "$caps" = 0000000000000000 ] && [ "$nnp" = 1 ] \
+    && pass "the control daemon (pid $dpid) has no capabilities and NoNewPrivs, and its server served the clients above" \
+    || fail "control daemon pid $dpid: capabilities $caps, NoNewPrivs $nnp"
+
+# [mps] pipe_readonly: a client in a mount namespace where the pipe directory is read-only.
+if unshare -m --propagation private sh -c "mount --bind '$pipe' '$pipe' && mount -o remount,bind,ro '$pipe' \
+        && CUDA_MPS_PIPE_DIRECTORY='$pipe' '$work/check' fill 64" >"$work/ro" 2>&1 \
+        && grep -q '^ALLOC_TOTAL=' "$work/ro"; then
+    pass "a client attaches through a read-only pipe directory: [mps] pipe_readonly = true works with this driver"
+else
+    echo "NOTE: a client could not attach through a read-only pipe directory; keep [mps] pipe_readonly = false ($(tail -1 "$work/ro"))"
+fi
 
 got=$(CUDA_MPS_PIPE_DIRECTORY=$pipe CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M "$work/check" fill 64 | sed -n 's/^ALLOC_TOTAL=//p')
 [ -n "$got" ] && [ "$got" -le 1073741824 ] && [ "$got" -ge 536870912 ] \

@@ -192,8 +192,13 @@ pub fn stop(pipe: &Path, daemon: Option<ProcId>) {
         return;
     };
     if p.is_alive() {
-        let _ = protocol::converse(pipe, p, &["quit"], QUIT_TIMEOUT);
-        stop_process(p, QUIT_TIMEOUT);
+        // A daemon that takes `quit` is given time to exit; one that does not answer (hung, or
+        // its socket taken) is signalled at once.
+        let grace = match protocol::converse(pipe, p, &["quit"], ANSWER_TIMEOUT) {
+            Ok(_) => QUIT_TIMEOUT,
+            Err(_) => Duration::ZERO,
+        };
+        stop_process(p, grace);
     }
     if let Some(dir) = pipe.parent() {
         find::forget(&MpsDirs::new(dir.to_owned()), p);

@@ -10,6 +10,9 @@ use nix::unistd::Pid;
 use crate::host::mps::{find, protocol, MpsDirs, MpsError, SAFE_PATH};
 use crate::host::procinfo::ProcId;
 
+/// How long a daemon has between SIGTERM and SIGKILL.
+const KILL_AFTER_TERM: Duration = Duration::from_millis(500);
+
 /// How long a starting daemon has for one answer to the readiness check.
 const READY_ANSWER: Duration = Duration::from_millis(500);
 
@@ -185,9 +188,9 @@ fn start_once(
 }
 
 /// Waits for the daemon `p` (one gpushare started: the caller has it from the record) to exit;
-/// SIGTERM after `grace`, SIGKILL after twice that. A signal goes through a pidfd opened while
-/// `p` still had its recorded start time, so it can never reach another process that took the
-/// pid meanwhile.
+/// SIGTERM after `grace`, SIGKILL half a second after that. A signal goes through a pidfd
+/// opened while `p` still had its recorded start time, so it can never reach another process
+/// that took the pid meanwhile.
 pub fn stop_process(p: ProcId, grace: Duration) {
     let Ok(pidfd) = crate::sys::pidfd_open(p.pid) else {
         return;
@@ -200,7 +203,7 @@ pub fn stop_process(p: ProcId, grace: Duration) {
     let mut sent_term = false;
     while p.is_alive() {
         let waited = start.elapsed();
-        if waited >= grace * 2 {
+        if waited >= grace + KILL_AFTER_TERM {
             let _ = crate::sys::pidfd_send_signal(&pidfd, libc::SIGKILL);
             break;
         }
