@@ -192,8 +192,11 @@ pub fn generate(
         std::fs::create_dir_all(dir).map_err(err)?;
         crate::host::state::write_atomic(&change.path, change.after.as_bytes(), 0o644)
             .map_err(err)?;
-        std::fs::set_permissions(&change.path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-            .map_err(err)?;
+        std::fs::set_permissions(
+            &change.path,
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )
+        .map_err(err)?;
         if change.before.is_some() {
             configure::Outcome::Regenerated
         } else {

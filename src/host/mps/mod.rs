@@ -83,6 +83,8 @@ pub enum MpsError {
     Protocol { pipe: PathBuf, what: String },
     #[error("MPS control command {command:?} failed: {output}")]
     Command { command: String, output: String },
+    #[error("the MPS daemon gpushare started in {pipe} (pid {pid}) still runs; stop it before starting another there")]
+    AlreadyServed { pipe: PathBuf, pid: i32 },
 }
 
 impl MpsError {
@@ -302,6 +304,14 @@ impl MpsControl for Control {
         multiuser: bool,
         ready_timeout: Duration,
     ) -> Result<ProcId, MpsError> {
+        // One daemon per pipe directory: a second would take over the socket names while the
+        // first still serves its clients.
+        if let Some(p) = self.find_daemon(&dirs.pipe) {
+            return Err(MpsError::AlreadyServed {
+                pipe: dirs.pipe.clone(),
+                pid: p.pid,
+            });
+        }
         let flag = if multiuser {
             Some(
                 crate::host::multiuser::flag_for(&self.binary).map_err(|reason| {
