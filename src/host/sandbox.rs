@@ -306,9 +306,13 @@ mod tests {
         false
     }
 
-    /// A temporary directory outside `/tmp` (which the daemon's sandbox covers).
+    /// A temporary directory outside `/tmp` (which the daemon's sandbox covers); not under the
+    /// repo's `target/`, which a `CARGO_TARGET_DIR` elsewhere leaves absent.
     fn tempdir_off_tmp() -> tempfile::TempDir {
-        tempfile::tempdir_in(concat!(env!("CARGO_MANIFEST_DIR"), "/target")).unwrap()
+        tempfile::Builder::new()
+            .prefix("gpushare-sandbox-test-")
+            .tempdir_in("/var/tmp")
+            .unwrap()
     }
 
     #[test]
