@@ -313,7 +313,19 @@ pub fn cdi_generate(
 
 /// `doctor`: exit 1 when a check failed.
 pub fn doctor(ctx: &Ctx, json: bool) -> Reply {
-    let checks = doctor::run(&ctx.cfg, doctor::config_ok(&ctx.source));
+    let mut checks = doctor::run(&ctx.cfg, doctor::config_ok(&ctx.source));
+    let hand_on = ctx.source.to_hand_on();
+    let dirs = crate::admin::cdi::SPEC_DIRS.map(std::path::Path::new);
+    for (name, verdict, detail) in
+        crate::admin::cdi::doctor_findings(&ctx.cfg, hand_on.as_deref(), &dirs)
+    {
+        let verdict = match verdict {
+            0 => doctor::Verdict::Ok,
+            1 => doctor::Verdict::Warn,
+            _ => doctor::Verdict::Fail,
+        };
+        checks.0.push(doctor::check(&name, verdict, detail));
+    }
     Reply {
         stdout: render(&checks, json).into_bytes(),
         code: u8::from(checks.failed()),

@@ -277,6 +277,71 @@ pub fn render_profiles(list: &[ProfileStatus]) -> String {
     out
 }
 
+/// The directories `doctor` looks in for an installed spec (where engines read them).
+pub const SPEC_DIRS: [&str; 2] = ["/etc/cdi", DEFAULT_DIR];
+
+/// What `doctor` says of the CDI side: the profiles (a refused one fails), and each installed
+/// spec: up to date with the policy, or stale (regenerate). `(name, verdict, detail)` with
+/// verdict 0 ok, 1 warn, 2 fail.
+pub fn doctor_findings(
+    cfg: &Config,
+    policy: Option<&Path>,
+    dirs: &[&Path],
+) -> Vec<(String, u8, String)> {
+    let list = profiles(cfg);
+    let refused: Vec<String> = list
+        .iter()
+        .filter_map(|p| p.refused.as_ref().map(|why| format!("{}: {why}", p.name)))
+        .collect();
+    let mut out = vec![if refused.is_empty() {
+        (
+            "profiles".to_owned(),
+            0,
+            render_profiles(&list).trim_end().to_owned(),
+        )
+    } else {
+        (
+            "profiles".to_owned(),
+            2,
+            format!(
+                "refused by this node's policy (fix [profiles] or the policy's limits): {}",
+                refused.join("; ")
+            ),
+        )
+    }];
+    let mut any = false;
+    for dir in dirs {
+        let Ok(change) = plan(cfg, policy, dir) else {
+            continue;
+        };
+        let Some(_) = &change.before else {
+            continue;
+        };
+        any = true;
+        let path = change.path.display();
+        out.push(if change.changes() {
+            (
+                "cdi spec".to_owned(),
+                1,
+                format!("{path} does not match the policy (profiles or paths changed); run `gpushare-hook cdi generate --output {}`", dir.display()),
+            )
+        } else {
+            ("cdi spec".to_owned(), 0, format!("{path} is up to date with the policy"))
+        });
+    }
+    if !any {
+        out.push((
+            "cdi spec".to_owned(),
+            1,
+            format!(
+                "no {FILE_NAME} in {}: CDI engines cannot take --device {KIND}=…; run `gpushare-hook cdi generate`",
+                dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(" or ")
+            ),
+        ));
+    }
+    out
+}
+
 /// The default output directory.
 pub fn default_dir() -> PathBuf {
     PathBuf::from(DEFAULT_DIR)
@@ -357,6 +422,39 @@ mod tests {
         let cfg = policy("[policy]\nmax_cores = 50\ndefault_cores = 50\n[profiles.big]\nmode = \"mps\"\ncores = 80\n");
         let e = spec(&cfg, None).unwrap_err();
         assert!(crate::vocab::chain(&e).contains("profile big"), "{e}");
+    }
+
+    #[test]
+    fn doctor_says_whether_the_installed_spec_is_stale() {
+        let t = tempfile::tempdir().unwrap();
+        let cfg = policy("[profiles.small]\nmode = \"mps\"\ncores = 25\n");
+        let dirs = [t.path()];
+        let names = |f: &[(String, u8, String)]| {
+            f.iter()
+                .map(|(n, v, _)| (n.clone(), *v))
+                .collect::<Vec<_>>()
+        };
+        let none = doctor_findings(&cfg, None, &dirs);
+        assert_eq!(
+            names(&none),
+            [("profiles".into(), 0), ("cdi spec".into(), 1)],
+            "{none:?}"
+        );
+        assert!(none[0].2.contains("small (mps, cores 25%)"), "{none:?}");
+        generate(&cfg, None, t.path(), false).unwrap();
+        let fresh = doctor_findings(&cfg, None, &dirs);
+        assert_eq!(names(&fresh)[1], ("cdi spec".into(), 0), "{fresh:?}");
+        let changed = policy("[profiles.big]\nmode = \"mps\"\ncores = 50\n");
+        let stale = doctor_findings(&changed, None, &dirs);
+        assert_eq!(names(&stale)[1], ("cdi spec".into(), 1), "{stale:?}");
+        assert!(
+            stale[1].2.contains("does not match the policy"),
+            "{stale:?}"
+        );
+        let bad = policy("[policy]\nmax_cores = 50\ndefault_cores = 50\n[profiles.big]\nmode = \"mps\"\ncores = 80\n");
+        let refused = doctor_findings(&bad, None, &dirs);
+        assert_eq!(names(&refused)[0], ("profiles".into(), 2), "{refused:?}");
+        assert!(refused[0].2.contains("big: profile big"), "{refused:?}");
     }
 
     #[test]
