@@ -10,7 +10,9 @@ use crate::config::{Config, ConfigError, Source};
 use crate::container::error::Error;
 use crate::container::hook::{self, Outcome};
 use crate::container::prepare::{self, Precreated};
+use crate::host::events::{self, Event};
 use crate::host::inventory::{self, Unavailable};
+use crate::host::state::StateError;
 use crate::vocab::chain;
 
 /// The policy and where it came from.
@@ -52,6 +54,7 @@ fn read_state_input(stdin: impl Read) -> Result<Vec<u8>, Error> {
 /// # Errors
 /// [`Error`] for bad input, a refused request or a failed acquire (which undid itself).
 pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Reply, Error> {
+    let started = std::time::Instant::now();
     let input = read_state_input(stdin)?;
     let open = || inventory::open_for_planning(&ctx.cfg);
     let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, &open) {
@@ -60,6 +63,14 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
             // Parsed again only here: a container that asks for nothing pays nothing for it.
             let id = container_id(&input);
             tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, gpus = %requested_gpus(&input), "refused: {}", chain(&e));
+            if !dry_run {
+                events::note(Event::Refusal {
+                    container: id,
+                    reason: refusal_reason(&e).to_owned(),
+                    message: chain(&e),
+                });
+                count_request(ctx, started);
+            }
             return Err(e);
         }
     };
@@ -70,9 +81,41 @@ pub fn create_runtime(ctx: &Ctx, stdin: impl Read, dry_run: bool) -> Result<Repl
             serde_json::to_string_pretty(&plan).expect("plan serialises")
         ))),
         Outcome::Done(plan) => {
+            count_request(ctx, started);
             tracing::info!(container = %plan.container, mode = %plan.mode, gpus = ?plan.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), memory = ?plan.memory.map(crate::vocab::size::human), cores = plan.cores, "acquired");
             Ok(Reply::default())
         }
+    }
+}
+
+/// Writes the events of a createRuntime that asked for a share, and counts the request and
+/// its duration (never reached by a container that asks for nothing).
+fn count_request(ctx: &Ctx, started: std::time::Instant) {
+    let seconds = started.elapsed().as_secs_f64();
+    events::flush(&ctx.cfg, |c| {
+        c.requests += 1;
+        c.create_runtime_seconds.observe(seconds);
+    });
+}
+
+/// The reason label of a refusal, for `gpushare_refusals_total`.
+fn refusal_reason(e: &Error) -> &'static str {
+    use crate::host::acquire::AcquireError;
+    match e {
+        Error::Config(_) => "policy",
+        Error::Input(_) => "input",
+        Error::Decide(_) => "request",
+        Error::Inventory(_) | Error::Acquire(AcquireError::Inventory(_)) => "nvml",
+        Error::Acquire(AcquireError::Busy { .. }) => "busy",
+        Error::Acquire(AcquireError::Domain(_) | AcquireError::NoDomain) => "domain",
+        Error::Acquire(AcquireError::State(StateError::LockTimeout { .. })) => "lock_timeout",
+        Error::Acquire(AcquireError::State(_)) => "state",
+        Error::Acquire(AcquireError::Mps(_)) => "mps",
+        Error::Acquire(AcquireError::Timeslice(_)) => "timeslice",
+        Error::Inject(_) => "inject",
+        Error::SpecEdit(_) => "spec_edit",
+        Error::NoSysAdmin(_) => "capability",
+        Error::Other(_) => "other",
     }
 }
 
@@ -108,6 +151,7 @@ pub fn poststop(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
     let input = read_state_input(stdin)?;
     let open = || inventory::open(&ctx.cfg);
     let warnings = hook::poststop(&input[..], &ctx.cfg, &open)?;
+    events::flush_if_any(&ctx.cfg);
     if !warnings.is_empty() {
         let id = container_id(&input);
         for w in warnings {
@@ -197,6 +241,8 @@ pub fn gc(ctx: &Ctx, json: bool) -> Reply {
     for a in &report.actions {
         tracing::info!("gc: {a}");
     }
+    events::note_gc(&report.actions);
+    events::flush_if_any(&ctx.cfg);
     Reply {
         stdout: render(&report, json).into_bytes(),
         code: u8::from(report.failed()),

@@ -5,5 +5,6 @@ pub mod devices;
 pub mod domain;
 pub mod front;
 pub mod input;
+pub mod kube;
 pub mod plan;
 pub mod request;

@@ -2,6 +2,8 @@
 //! and the acquire/release/gc that carry a plan out.
 
 pub mod acquire;
+pub mod counters;
+pub mod events;
 pub mod inventory;
 pub mod mounts;
 pub mod mps;

@@ -42,7 +42,13 @@ impl Host<'_> {
                 }
             }
             match self.release_one(&uuid, Some(container), false) {
-                Ok(_) => tracing::info!(container, "released from GPU {uuid}"),
+                Ok(_) => {
+                    crate::host::events::note(crate::host::events::Event::Release {
+                        container: container.to_owned(),
+                        gpu: uuid.clone(),
+                    });
+                    tracing::info!(container, "released from GPU {uuid}");
+                }
                 Err(e) => warnings.push(crate::vocab::chain(&e)),
             }
         }
@@ -98,6 +104,14 @@ impl Host<'_> {
                 && !self.answers(&key, &rec)
             {
                 // Alive but silent (hung): replaced like a dead one.
+                if let Some(d) = &daemon {
+                    crate::host::events::note(crate::host::events::Event::daemon(
+                        "replace",
+                        uuid,
+                        &key,
+                        d.process.pid,
+                    ));
+                }
                 if let (Some(d), Ok(c)) = (daemon, self.control()) {
                     c.stop(&self.mps_dirs(uuid, &key).pipe, Some(d.process));
                 }
@@ -268,6 +282,7 @@ impl Host<'_> {
                                 cores: limits.cores,
                                 memory: None,
                                 domain: Some(key.clone()),
+                                kube: Default::default(),
                             },
                         );
                         clients += 1;
