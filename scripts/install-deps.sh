@@ -25,6 +25,7 @@ pkg_for capsh libcap2-bin      # a test drops CAP_SYS_ADMIN
 pkg_for rpm rpm                # the package test lists the .rpm's files
 pkg_for readelf binutils       # cargo-deb strips; the package test checks it did
 pkg_for dpkg-shlibdeps dpkg-dev # cargo-deb's Depends: $auto
+pkg_for promtool prometheus      # the metrics tests lint the exposition and scrape `serve`
 /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)  # the CRI client, manifest validation
 [ -e /usr/include/cuda.h ] || need+=(nvidia-cuda-dev)
 ls /usr/lib/*/libnvidia-ml.so.1 >/dev/null 2>&1 || need+=(libnvidia-ml1)

@@ -98,4 +98,11 @@ pub enum Cmd {
     },
     /// Print the version.
     Version,
+    /// Print the Prometheus metrics of GPUs, MPS domains, containers and the node's counters
+    /// once (for node_exporter's textfile collector).
+    Metrics {
+        /// Print OpenMetrics 1.0 instead of the Prometheus text format.
+        #[arg(long)]
+        openmetrics: bool,
+    },
 }

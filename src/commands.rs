@@ -298,3 +298,20 @@ pub fn doctor_without_policy(source: &Source, err: &ConfigError, json: bool) -> 
         code: u8::from(checks.failed()),
     }
 }
+
+/// `metrics`: the exposition on stdout; exit 1 when the state dir cannot be read (the output
+/// then says so with `gpushare_state_readable 0`).
+pub fn metrics(ctx: &Ctx, openmetrics: bool) -> Reply {
+    use crate::admin::metrics::{render, Format};
+    let inv = inventory::open(&ctx.cfg).ok();
+    let format = if openmetrics {
+        Format::OpenMetrics
+    } else {
+        Format::Text
+    };
+    let text = render(&ctx.cfg, inv.as_deref(), format);
+    Reply {
+        code: u8::from(crate::admin::status::unreadable(&ctx.cfg).is_some()),
+        stdout: text.into_bytes(),
+    }
+}

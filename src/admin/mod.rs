@@ -4,5 +4,6 @@
 pub mod configure;
 pub mod doctor;
 pub mod gc;
+pub mod metrics;
 pub mod report;
 pub mod status;

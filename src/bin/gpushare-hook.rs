@@ -74,6 +74,7 @@ fn main() -> ExitCode {
             commands::configure(&ctx, engine, &opts, policy_at, print, json).map_err(Into::into)
         }
         Cmd::Doctor { json } => Ok(commands::doctor(&ctx, json)),
+        Cmd::Metrics { openmetrics } => Ok(commands::metrics(&ctx, openmetrics)),
         Cmd::Version => unreachable!("handled above"),
     };
     match result {

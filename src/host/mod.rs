@@ -1,6 +1,7 @@
 //! Doing on the host: the state directory and its locks, the GPUs' compute modes, MPS daemons,
 //! and the acquire/release/gc that carry a plan out.
 
+pub mod account;
 pub mod acquire;
 pub mod counters;
 pub mod events;
