@@ -105,4 +105,7 @@ pub enum Cmd {
         #[arg(long)]
         openmetrics: bool,
     },
+    /// Serve /metrics and /healthz on [serve] listen and run the healing pass of gc every
+    /// [serve] gc_interval_seconds, until SIGTERM.
+    Serve,
 }

@@ -315,3 +315,17 @@ pub fn metrics(ctx: &Ctx, openmetrics: bool) -> Reply {
         stdout: text.into_bytes(),
     }
 }
+
+/// `serve`: runs until SIGTERM; says where it listens on stdout first.
+///
+/// # Errors
+/// [`crate::admin::serve::ServeError`] when it cannot listen.
+pub fn serve(ctx: &Ctx) -> Result<Reply, crate::admin::serve::ServeError> {
+    crate::admin::serve::serve(&ctx.cfg, |addr| {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "gpushare-hook serve: listening on http://{addr}");
+        let _ = out.flush();
+    })?;
+    Ok(Reply::default())
+}

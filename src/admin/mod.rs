@@ -6,4 +6,5 @@ pub mod doctor;
 pub mod gc;
 pub mod metrics;
 pub mod report;
+pub mod serve;
 pub mod status;
