@@ -220,3 +220,266 @@ fn serve_refuses_a_busy_address_in_one_line() {
     assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// `GET path` on `addr`: status and body.
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Some((head.split(' ').nth(1)?.parse().ok()?, body))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// A private Prometheus on loopback with its own storage, killed on drop.
+struct Prometheus {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Prometheus {
+    fn start(dir: &std::path::Path, target: SocketAddr) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        std::fs::create_dir_all(dir.join("tsdb")).unwrap();
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: gpushare\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn prometheus");
+        let p = Prometheus { child, addr };
+        wait_for(60, "prometheus to be ready", || {
+            http_get(addr, "/-/ready").is_some_and(|(s, _)| s == 200)
+        });
+        p
+    }
+
+    /// The vector result of instant query `q`.
+    fn query(&self, q: &str) -> Vec<serde_json::Value> {
+        let Some((200, body)) = http_get(
+            self.addr,
+            &format!("/api/v1/query?query={}", percent_encode(q)),
+        ) else {
+            return Vec::new();
+        };
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        v["data"]["result"].as_array().cloned().unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `cuprobe` (tests/limiter/cuprobe.c) built against the simulated driver, and the directory
+/// that makes the simulated driver loadable as libcuda.so.1.
+fn build_probe(dir: &std::path::Path) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let simlib = dir.join("simlib");
+    let st = Command::new("sh")
+        .arg(root.join("simdriver/install-sim.sh"))
+        .arg(&simlib)
+        .arg(common::simdriver())
+        .stdout(Stdio::null())
+        .status()
+        .ok()?;
+    assert!(st.success(), "install-sim.sh failed");
+    let probe = dir.join("cuprobe");
+    let out = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&probe)
+        .arg(root.join("tests/limiter/cuprobe.c"))
+        .arg(format!("-L{}", simlib.display()))
+        .args(["-lcuda", "-lnvidia-ml", "-ldl"])
+        .output()
+        .ok()?;
+    assert!(
+        out.status.success(),
+        "cc cuprobe.c: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((probe, simlib))
+}
+
+#[test]
+fn a_real_prometheus_scrapes_per_container_series_with_the_limiters_account() {
+    if !common::require(
+        "prometheus scrape",
+        &["prometheus", "nvidia-cuda-mps-control", "cc"],
+    ) {
+        return;
+    }
+    if !std::path::Path::new("/usr/include/cuda.h").exists() {
+        common::require("prometheus scrape (cuda.h)", &["/usr/include/cuda.h"]);
+        return;
+    }
+    let limiter = common::simdriver().with_file_name("libgpushare_limiter.so");
+    let sb = Sandbox::with_policy(
+        2,
+        &format!(
+            "[limit]\nlibrary = {limiter:?}\n[serve]\nlisten = \"127.0.0.1:0\"\ngc_interval_seconds = 1\n"
+        ),
+    );
+    let _c = Cleanup(sb.path().to_path_buf());
+    let (probe, simlib) = build_probe(sb.path()).expect("cc and install-sim.sh");
+    // A limit pod on GPU 0 and an MPS pod on GPU 1, named as the kubelet names them.
+    let bl = sb.bundle(
+        "l",
+        &spec(
+            json!({"gpu.share": "limit", "gpu.share.memory": "1Gi",
+                   "io.kubernetes.pod.namespace": "ml",
+                   "io.kubernetes.pod.name": "train-0",
+                   "io.kubernetes.container.name": "worker"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
+    let bm = sb.bundle(
+        "m",
+        &spec(
+            json!({"gpu.share": "mps", "gpu.share.memory": "2Gi", "gpu.share.cores": "25",
+                   "io.kubernetes.pod.namespace": "web",
+                   "io.kubernetes.pod.name": "infer-1",
+                   "io.kubernetes.container.name": "server"}),
+            &["NVIDIA_VISIBLE_DEVICES=1"],
+        ),
+    );
+    let (l, m) = (FakeContainer::start(), FakeContainer::start());
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("cl", l.pid(), &bl)));
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("cm", m.pid(), &bm)));
+
+    // The container's workload: the limiter with the container's limits and its accounting
+    // file (as the host sees them), allocating 256 MiB and holding it.
+    let cdir = sb.state_dir().join("containers/cl");
+    let limits = std::fs::read_to_string(cdir.join("limits")).unwrap();
+    let mut cmd = Command::new(&probe);
+    cmd.args(["direct", "hold", "0", "256"])
+        .env_clear()
+        .envs(sb.env())
+        .env("LD_LIBRARY_PATH", &simlib)
+        .env("LD_PRELOAD", &limiter)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (k, v) in limits.lines().filter_map(|l| l.split_once('=')) {
+        cmd.env(k, v);
+    }
+    cmd.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", cdir.join("shared/cache"));
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut holder = Killed(cmd.spawn().expect("cuprobe"));
+    let mut line = String::new();
+    BufReader::new(holder.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(
+        line.trim(),
+        "HELD=1",
+        "the test program allocated its 256 MiB"
+    );
+
+    let serve = Serve::start(&sb);
+    let prom = Prometheus::start(&sb.path().join("prom"), serve.addr);
+    let used = r#"gpushare_container_device_memory_used_bytes{namespace="ml",pod="train-0",container="worker"}"#;
+    let mut got = Vec::new();
+    wait_for(
+        60,
+        "prometheus to hold the limiter's account of the pod",
+        || {
+            got = prom.query(used);
+            got.len() == 1
+        },
+    );
+    let s = &got[0];
+    assert_eq!(s["metric"]["id"], "cl", "{s}");
+    assert_eq!(s["metric"]["gpu"], Sandbox::uuid(0), "{s}");
+    assert_eq!(s["metric"]["job"], "gpushare", "{s}");
+    assert_eq!(s["value"][1], (256u64 << 20).to_string(), "{s}");
+
+    let info = prom.query(r#"gpushare_container_info{pod="infer-1"}"#);
+    assert_eq!(info.len(), 1, "{info:?}");
+    let i = &info[0]["metric"];
+    for (k, v) in [
+        ("id", "cm"),
+        ("namespace", "web"),
+        ("container", "server"),
+        ("mode", "mps"),
+        ("domain", "gpu"),
+        ("backend", "mps_daemon"),
+    ] {
+        assert_eq!(i[k], v, "{k} in {i}");
+    }
+    let cores = prom.query(r#"gpushare_container_cores_ratio{pod="infer-1"}"#);
+    assert_eq!(cores[0]["value"][1], "0.25", "{cores:?}");
+    let cap = prom.query(r#"gpushare_container_memory_cap_bytes{pod="train-0"}"#);
+    assert_eq!(cap[0]["value"][1], (1u64 << 30).to_string(), "{cap:?}");
+    let up = prom.query(r#"gpushare_domain_daemon_answering{domain="gpu"}"#);
+    assert_eq!(up[0]["value"][1], "1", "{up:?}");
+    let acquires = prom.query("sum(gpushare_acquires_total)");
+    assert_eq!(acquires[0]["value"][1], "2", "{acquires:?}");
+}
