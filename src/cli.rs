@@ -108,4 +108,10 @@ pub enum Cmd {
     /// Serve /metrics and /healthz on [serve] listen and run the healing pass of gc every
     /// [serve] gc_interval_seconds, until SIGTERM.
     Serve,
+    /// Print the event log ([serve] events_file) for people.
+    Events {
+        /// Keep printing events as they are written (across a log rotation), until Ctrl-C.
+        #[arg(long, short)]
+        follow: bool,
+    },
 }

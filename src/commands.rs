@@ -329,3 +329,18 @@ pub fn serve(ctx: &Ctx) -> Result<Reply, crate::admin::serve::ServeError> {
     })?;
     Ok(Reply::default())
 }
+
+/// `events [--follow]`: the event log for people, straight to stdout (with `--follow`, until
+/// SIGTERM or SIGINT).
+///
+/// # Errors
+/// [`crate::admin::events::EventsError`] when the log cannot be read or stdout is closed.
+pub fn events(ctx: &Ctx, follow: bool) -> Result<Reply, crate::admin::events::EventsError> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let _ = signal_hook::flag::register(sig, std::sync::Arc::clone(&stop));
+    }
+    let mut out = std::io::stdout().lock();
+    crate::admin::events::print(&ctx.cfg.events_file(), &mut out, follow, &stop)?;
+    Ok(Reply::default())
+}

@@ -266,4 +266,27 @@ fn metrics_pass_promtool_and_describe_each_share() {
     );
     let events = std::fs::read_to_string(sb.path().join("gpushare-events.jsonl")).unwrap();
     assert!(events.lines().count() == 6, "{events}");
+
+    // `events` prints them for people, one line each.
+    let out = sb.hook(&["events"], "");
+    ok(&out);
+    let human = String::from_utf8(out.stdout).unwrap();
+    let kinds: Vec<&str> = human
+        .lines()
+        .map(|l| l.split(' ').nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "acquire",
+            "daemon_start",
+            "acquire",
+            "refusal",
+            "daemon_stop",
+            "release"
+        ],
+        "{human}"
+    );
+    assert!(human.contains(" reason=busy "), "{human}");
+    assert!(human.contains(" pod=infer-1"), "{human}");
 }

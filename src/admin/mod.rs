@@ -3,6 +3,7 @@
 
 pub mod configure;
 pub mod doctor;
+pub mod events;
 pub mod gc;
 pub mod metrics;
 pub mod report;
