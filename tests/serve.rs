@@ -483,3 +483,64 @@ fn a_real_prometheus_scrapes_per_container_series_with_the_limiters_account() {
     let acquires = prom.query("sum(gpushare_acquires_total)");
     assert_eq!(acquires[0]["value"][1], "2", "{acquires:?}");
 }
+
+#[test]
+fn systemd_units_verify_and_ship_in_both_packages() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let units = [
+        "gpushare-serve.service",
+        "gpushare-gc.service",
+        "gpushare-gc.timer",
+    ];
+    // Both package asset lists carry the units and the dashboard.
+    let manifest: toml::Value =
+        toml::from_str(&std::fs::read_to_string(root.join("Cargo.toml")).unwrap()).unwrap();
+    let meta = &manifest["package"]["metadata"];
+    let deb = meta["deb"]["assets"].to_string();
+    let rpm = meta["generate-rpm"]["assets"].to_string();
+    for f in units
+        .iter()
+        .map(|u| format!("packaging/systemd/{u}"))
+        .chain(["packaging/grafana/gpushare.json".to_owned()])
+    {
+        assert!(root.join(&f).is_file(), "{f}");
+        assert!(deb.contains(&f), "{f} not in the .deb assets");
+        assert!(rpm.contains(&f), "{f} not in the .rpm assets");
+    }
+    if !common::require("systemd units", &["systemd-analyze"]) {
+        return;
+    }
+    // systemd-analyze verify, with ExecStart pointing at the built binary.
+    let dir = tempfile::tempdir().unwrap();
+    let hook = common::hook_bin();
+    for u in units {
+        let text = std::fs::read_to_string(root.join("packaging/systemd").join(u))
+            .unwrap()
+            .replace("/usr/bin/gpushare-hook", &hook.display().to_string());
+        std::fs::write(dir.path().join(u), text).unwrap();
+    }
+    let verify = |paths: &[std::path::PathBuf]| {
+        let out = Command::new("systemd-analyze")
+            .args(["verify", "--man=no"])
+            .args(paths)
+            .env("SYSTEMD_LOG_LEVEL", "warning")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let paths: Vec<_> = units.iter().map(|u| dir.path().join(u)).collect();
+    let (good, said) = verify(&paths);
+    let ours: Vec<&str> = said.lines().filter(|l| l.contains("gpushare-")).collect();
+    assert!(good && ours.is_empty(), "systemd-analyze verify: {said}");
+    // Positive control: a unit with a bad directive is refused.
+    let bad = dir.path().join("gpushare-bad.service");
+    std::fs::write(&bad, "[Service]\nType=simple\nExecStart=relative/path\n").unwrap();
+    let (good, said) = verify(&[bad]);
+    assert!(
+        !good || said.contains("gpushare-bad"),
+        "a bad unit verified: {said}"
+    );
+}
