@@ -107,7 +107,7 @@ fn main() {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    std::env::set_var("GPUSHARE_SIM_DEVICES", vec!["81920"; 8].join(","));
+    std::env::set_var("GPUSHARE_SIM_DEVICES", ["81920"; 8].join(","));
     std::env::set_var("GPUSHARE_SIM_STATE", d.join("sim"));
     let cfg = Config::parse(
         &format!(
