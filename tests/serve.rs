@@ -156,21 +156,23 @@ fn serve_answers_heals_a_killed_daemon_and_stops_on_sigterm() {
     );
 
     // The daemon dies; the healing pass restarts it for its client.
-    let before = common::daemons_under(&sb.state_dir());
-    assert_eq!(before.len(), 1, "one daemon runs");
+    let mut before = Vec::new();
+    wait_for(30, "one daemon to run", || {
+        before = common::daemons_under(&sb.state_dir());
+        before.len() == 1
+    });
     let _ = Command::new("kill")
         .args(["-9", &before[0].to_string()])
         .status();
     wait_for(30, "a new daemon and the restart counted", || {
         let m = serve.metrics();
         let now = common::daemons_under(&sb.state_dir());
-        value(&m, "gpushare_daemon_restarts_total", &[]) == Some(1.0)
-            && value(
-                &m,
-                "gpushare_gc_actions_total",
-                &[r#"kind="restart_daemon""#],
-            ) == Some(1.0)
-            && value(&m, "gpushare_domain_restarts_total", &[r#"domain="gpu""#]) == Some(1.0)
+        // At least one: on a loaded machine a pass may also find the daemon silent and
+        // replace it.
+        let some = |name: &str, want: &[&str]| value(&m, name, want).is_some_and(|v| v >= 1.0);
+        some("gpushare_daemon_restarts_total", &[])
+            && some("gpushare_gc_actions_total", &[r#"kind="restart_daemon""#])
+            && some("gpushare_domain_restarts_total", &[r#"domain="gpu""#])
             && value(&m, "gpushare_domain_daemon_answering", &[]) == Some(1.0)
             && now.len() == 1
             && now != before
@@ -189,7 +191,7 @@ fn serve_answers_heals_a_killed_daemon_and_stops_on_sigterm() {
     drop(c);
     wait_for(30, "the gone client dropped and its daemon stopped", || {
         let m = serve.metrics();
-        value(&m, "gpushare_gc_actions_total", &[r#"kind="drop_client""#]) == Some(1.0)
+        value(&m, "gpushare_gc_actions_total", &[r#"kind="drop_client""#]).is_some_and(|v| v >= 1.0)
             && common::daemons_under(&sb.state_dir()).is_empty()
             && value(&m, "gpushare_container_info", &[r#"id="c1""#]).is_none()
     });

@@ -113,11 +113,17 @@ pub fn load(sd: &StateDir) -> Counters {
     serde_json::from_slice(&buf).unwrap_or_default()
 }
 
-/// Applies `f` to the stored counters under their lock.
+/// Applies `f` to the stored counters under their lock. Where there is no state directory yet
+/// (nothing was ever shared on the node, e.g. a first request refused before any acquire)
+/// nothing is counted: a refusal leaves the node as it was (its event is still written).
 ///
 /// # Errors
-/// [`StateError`] when the state directory, the lock or the file cannot be written.
+/// [`StateError`] when the state directory is unsafe, or the lock or the file cannot be
+/// written.
 pub fn update(sd: &StateDir, f: impl FnOnce(&mut Counters)) -> Result<(), StateError> {
+    if !sd.root().exists() {
+        return Ok(());
+    }
     sd.ensure()?;
     let (path, lock_path) = paths(sd);
     let lock = OpenOptions::new()
@@ -166,6 +172,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sd = StateDir::new(dir.path().join("s"));
         assert_eq!(load(&sd), Counters::default(), "none yet");
+        update(&sd, |c| c.requests += 1).unwrap();
+        assert!(!sd.root().exists(), "no state dir is made for counters");
+        sd.ensure().unwrap();
         std::thread::scope(|s| {
             for _ in 0..8 {
                 s.spawn(|| {

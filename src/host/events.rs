@@ -316,6 +316,7 @@ mod tests {
                 message: "GPU 0 serves mps".into(),
             },
         ];
+        StateDir::new(&cfg.state_dir).ensure().unwrap();
         write(&cfg, &events, |c| c.create_runtime_seconds.observe(0.01));
         let text = std::fs::read_to_string(dir.path().join("gpushare-events.jsonl")).unwrap();
         let lines: Vec<Line> = text
