@@ -107,7 +107,11 @@ pub enum Cmd {
     },
     /// Serve /metrics and /healthz on [serve] listen and run the healing pass of gc every
     /// [serve] gc_interval_seconds, until SIGTERM.
-    Serve,
+    Serve {
+        /// Listen on ADDR (host:port) instead of [serve] listen (e.g. 0.0.0.0:9401 in a pod).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+    },
     /// Print the event log ([serve] events_file) for people.
     Events {
         /// Keep printing events as they are written (across a log rotation), until Ctrl-C.

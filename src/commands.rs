@@ -320,8 +320,15 @@ pub fn metrics(ctx: &Ctx, openmetrics: bool) -> Reply {
 ///
 /// # Errors
 /// [`crate::admin::serve::ServeError`] when it cannot listen.
-pub fn serve(ctx: &Ctx) -> Result<Reply, crate::admin::serve::ServeError> {
-    crate::admin::serve::serve(&ctx.cfg, |addr| {
+pub fn serve(
+    ctx: &Ctx,
+    listen: Option<std::net::SocketAddr>,
+) -> Result<Reply, crate::admin::serve::ServeError> {
+    let mut cfg = ctx.cfg.clone();
+    if let Some(a) = listen {
+        cfg.serve.listen = a.to_string();
+    }
+    crate::admin::serve::serve(&cfg, |addr| {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "gpushare-hook serve: listening on http://{addr}");

@@ -221,6 +221,13 @@ fn serve_refuses_a_busy_address_in_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // --listen wins over the policy.
+    let sb = Sandbox::new(1);
+    let addr = addr.to_string();
+    let out = sb.hook(&["serve", "--listen", &addr], "");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
 }
 
 /// `GET path` on `addr`: status and body.

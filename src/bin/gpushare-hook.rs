@@ -75,7 +75,7 @@ fn main() -> ExitCode {
         }
         Cmd::Doctor { json } => Ok(commands::doctor(&ctx, json)),
         Cmd::Metrics { openmetrics } => Ok(commands::metrics(&ctx, openmetrics)),
-        Cmd::Serve => commands::serve(&ctx).map_err(Into::into),
+        Cmd::Serve { listen } => commands::serve(&ctx, listen).map_err(Into::into),
         Cmd::Events { follow } => commands::events(&ctx, follow).map_err(Into::into),
         Cmd::Version => unreachable!("handled above"),
     };
