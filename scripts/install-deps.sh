@@ -27,6 +27,8 @@ pkg_for readelf binutils       # cargo-deb strips; the package test checks it di
 pkg_for dpkg-shlibdeps dpkg-dev # cargo-deb's Depends: $auto
 pkg_for zsh zsh                # the generated zsh completion is syntax-checked
 pkg_for fish fish              # the generated fish completion is syntax-checked
+
+pkg_for promtool prometheus      # the metrics tests lint the exposition and scrape `serve`
 /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)  # the CRI client, manifest validation
 [ -e /usr/include/cuda.h ] || need+=(nvidia-cuda-dev)
 ls /usr/lib/*/libnvidia-ml.so.1 >/dev/null 2>&1 || need+=(libnvidia-ml1)

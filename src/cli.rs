@@ -122,6 +122,26 @@ pub enum Cmd {
     },
     /// Print the version.
     Version,
+    /// Print the Prometheus metrics of GPUs, MPS domains, containers and the node's counters
+    /// once (for node_exporter's textfile collector).
+    Metrics {
+        /// Print OpenMetrics 1.0 instead of the Prometheus text format.
+        #[arg(long)]
+        openmetrics: bool,
+    },
+    /// Serve /metrics and /healthz on [serve] listen and run the healing pass of gc every
+    /// [serve] gc_interval_seconds, until SIGTERM.
+    Serve {
+        /// Listen on ADDR (host:port) instead of [serve] listen (e.g. 0.0.0.0:9401 in a pod).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Print the event log ([serve] events_file) for people.
+    Events {
+        /// Keep printing events as they are written (across a log rotation), until Ctrl-C.
+        #[arg(long, short)]
+        follow: bool,
+    },
     /// CDI: offer shares as devices `gpushare.io/share=<mode or profile>`.
     Cdi {
         #[command(subcommand)]

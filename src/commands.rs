@@ -10,7 +10,9 @@ use crate::config::{Config, ConfigError, Source};
 use crate::container::error::Error;
 use crate::container::hook::{self, Outcome};
 use crate::container::prepare::{self, Precreated};
+use crate::host::events::{self, Event};
 use crate::host::inventory::{self, Unavailable};
+use crate::host::state::StateError;
 use crate::vocab::chain;
 
 /// The policy and where it came from.
@@ -57,6 +59,7 @@ pub fn create_runtime(
     dry_run: bool,
     profile: Option<&str>,
 ) -> Result<Reply, Error> {
+    let started = std::time::Instant::now();
     let input = read_state_input(stdin).inspect_err(|e| {
         tracing::error!(target: crate::logging::EXIT_TARGET, "refused: {}", chain(e));
     })?;
@@ -67,6 +70,14 @@ pub fn create_runtime(
             // Parsed again only here: a container that asks for nothing pays nothing for it.
             let id = container_id(&input);
             tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, gpus = %requested_gpus(&input), "refused: {}", chain(&e));
+            if !dry_run {
+                events::note(Event::Refusal {
+                    container: id,
+                    reason: refusal_reason(&e).to_owned(),
+                    message: chain(&e),
+                });
+                count_request(ctx, started);
+            }
             return Err(e);
         }
     };
@@ -77,6 +88,7 @@ pub fn create_runtime(
             serde_json::to_string_pretty(&plan).expect("plan serialises")
         ))),
         Outcome::Done(plan) => {
+            count_request(ctx, started);
             let gpus: Vec<String> = plan.gpus.iter().map(|g| g.index.to_string()).collect();
             let memory = plan
                 .memory
@@ -87,6 +99,39 @@ pub fn create_runtime(
             crate::host::reaper::ensure(&state, &ctx.source, &uuids);
             Ok(Reply::default())
         }
+    }
+}
+
+/// Writes the events of a createRuntime that asked for a share, and counts the request and
+/// its duration (never reached by a container that asks for nothing).
+fn count_request(ctx: &Ctx, started: std::time::Instant) {
+    let seconds = started.elapsed().as_secs_f64();
+    events::flush(&ctx.cfg, |c| {
+        c.requests += 1;
+        c.create_runtime_seconds.observe(seconds);
+    });
+}
+
+/// The reason label of a refusal, for `gpushare_refusals_total`.
+fn refusal_reason(e: &Error) -> &'static str {
+    use crate::host::acquire::AcquireError;
+    match e {
+        Error::Config(_) => "policy",
+        Error::Input(_) => "input",
+        Error::Decide(_) => "request",
+        Error::Inventory(_) | Error::Acquire(AcquireError::Inventory(_)) => "nvml",
+        Error::Acquire(AcquireError::Busy { .. }) => "busy",
+        Error::Acquire(AcquireError::Domain(_) | AcquireError::NoDomain) => "domain",
+        Error::Acquire(AcquireError::State(StateError::LockTimeout { .. })) => "lock_timeout",
+        Error::Acquire(AcquireError::State(_)) => "state",
+        Error::Acquire(AcquireError::Mps(_)) => "mps",
+        Error::Acquire(AcquireError::Timeslice(_)) => "timeslice",
+        Error::Inject(_) => "inject",
+        Error::SpecEdit(_) => "spec_edit",
+        Error::NoSysAdmin(_) => "capability",
+        Error::Profile(_) => "profile",
+        Error::Runtime(_) => "runtime",
+        Error::RefusedAtPrecreate(_) => "precreate",
     }
 }
 
@@ -122,6 +167,7 @@ pub fn poststop(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
     let input = read_state_input(stdin)?;
     let open = || inventory::open(&ctx.cfg);
     let warnings = hook::poststop(&input[..], &ctx.cfg, &open)?;
+    events::flush_if_any(&ctx.cfg);
     if !warnings.is_empty() {
         let id = container_id(&input);
         for w in warnings {
@@ -212,6 +258,8 @@ pub fn gc(ctx: &Ctx, json: bool) -> Reply {
     for a in &report.actions {
         tracing::info!("gc: {a}");
     }
+    events::note_gc(&report.actions);
+    events::flush_if_any(&ctx.cfg);
     Reply {
         stdout: render(&report, json).into_bytes(),
         code: u8::from(report.failed()),
@@ -340,4 +388,57 @@ pub fn doctor_without_policy(ctx: &Ctx, err: &ConfigError, json: bool) -> Reply 
         stdout: render(&checks, json).into_bytes(),
         code: u8::from(checks.failed()),
     }
+}
+
+/// `metrics`: the exposition on stdout; exit 1 when the state dir cannot be read (the output
+/// then says so with `gpushare_state_readable 0`).
+pub fn metrics(ctx: &Ctx, openmetrics: bool) -> Reply {
+    use crate::admin::metrics::{render, Format};
+    let inv = inventory::open(&ctx.cfg).ok();
+    let format = if openmetrics {
+        Format::OpenMetrics
+    } else {
+        Format::Text
+    };
+    let text = render(&ctx.cfg, inv.as_deref(), format);
+    Reply {
+        code: u8::from(crate::admin::status::unreadable(&ctx.cfg).is_some()),
+        stdout: text.into_bytes(),
+    }
+}
+
+/// `serve`: runs until SIGTERM; says where it listens on stdout first.
+///
+/// # Errors
+/// [`crate::admin::serve::ServeError`] when it cannot listen.
+pub fn serve(
+    ctx: &Ctx,
+    listen: Option<std::net::SocketAddr>,
+) -> Result<Reply, crate::admin::serve::ServeError> {
+    let mut cfg = ctx.cfg.clone();
+    if let Some(a) = listen {
+        cfg.serve.listen = a.to_string();
+    }
+    crate::admin::serve::serve(&cfg, |addr| {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "gpushare-hook serve: listening on http://{addr}");
+        let _ = out.flush();
+    })?;
+    Ok(Reply::default())
+}
+
+/// `events [--follow]`: the event log for people, straight to stdout (with `--follow`, until
+/// SIGTERM or SIGINT).
+///
+/// # Errors
+/// [`crate::admin::events::EventsError`] when the log cannot be read or stdout is closed.
+pub fn events(ctx: &Ctx, follow: bool) -> Result<Reply, crate::admin::events::EventsError> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        let _ = signal_hook::flag::register(sig, std::sync::Arc::clone(&stop));
+    }
+    let mut out = std::io::stdout().lock();
+    crate::admin::events::print(&ctx.cfg.events_file(), &mut out, follow, &stop)?;
+    Ok(Reply::default())
 }

@@ -62,6 +62,7 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// `[profiles.<name>]`: named requests, offered as CDI devices `gpushare.io/share=<name>`.
     pub profiles: BTreeMap<String, ProfileConfig>,
+    pub serve: ServeConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -166,6 +167,29 @@ pub struct RuntimeConfig {
     pub hook: PathBuf,
 }
 
+/// `[serve]`: the `gpushare-hook serve` agent and the event log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServeConfig {
+    /// Address `serve` listens on for `/metrics` and `/healthz` (host:port).
+    pub listen: String,
+    /// Seconds between the healing passes of `serve` (1 to 86400).
+    pub gc_interval_seconds: u64,
+    /// The event log, one JSON line per event (default: `gpushare-events.jsonl` next to
+    /// `log_file`, i.e. `/var/log/gpushare-events.jsonl`).
+    pub events_file: Option<PathBuf>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9401".into(),
+            gc_interval_seconds: 30,
+            events_file: None,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -179,6 +203,7 @@ impl Default for Config {
             policy: PolicyConfig::default(),
             runtime: RuntimeConfig::default(),
             profiles: BTreeMap::new(),
+            serve: ServeConfig::default(),
         }
     }
 }
@@ -312,6 +337,14 @@ impl Config {
             .and_then(|m| quantity::parse_memory(m).ok())
     }
 
+    /// The event log: `[serve] events_file`, else `gpushare-events.jsonl` next to `log_file`.
+    pub fn events_file(&self) -> PathBuf {
+        self.serve
+            .events_file
+            .clone()
+            .unwrap_or_else(|| self.log_file.with_file_name("gpushare-events.jsonl"))
+    }
+
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
         let invalid = |what: &str| ConfigError::Invalid {
             path: path.to_owned(),
@@ -367,6 +400,22 @@ impl Config {
         }
         for (name, p) in &self.profiles {
             validate_profile(name, p).map_err(|what| invalid(&what))?;
+        }
+        if self.serve.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "[serve] listen must be an address and port, like 127.0.0.1:9401 or [::1]:9401",
+            ));
+        }
+        if !(1..=86400).contains(&self.serve.gc_interval_seconds) {
+            return Err(invalid("[serve] gc_interval_seconds must be 1 to 86400"));
+        }
+        if self
+            .serve
+            .events_file
+            .as_deref()
+            .is_some_and(|p| !p.is_absolute())
+        {
+            return Err(invalid("[serve] events_file must be an absolute path"));
         }
         if self.runtime.next.is_empty() {
             return Err(invalid("[runtime] next must name at least one runtime"));
@@ -617,6 +666,30 @@ hook = "/usr/bin/gpushare-hook"
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("shm_size"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn serve_keys_parse_and_are_checked() {
+        let cfg = Config::parse(
+            "[serve]\nlisten = \"0.0.0.0:9500\"\ngc_interval_seconds = 5\nevents_file = \"/var/log/ev.jsonl\"\n",
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        assert_eq!(cfg.serve.listen, "0.0.0.0:9500");
+        assert_eq!(cfg.serve.gc_interval_seconds, 5);
+        assert_eq!(cfg.events_file(), Path::new("/var/log/ev.jsonl"));
+        let d = Config::default();
+        assert_eq!(d.serve.listen, "127.0.0.1:9401");
+        assert_eq!(d.serve.gc_interval_seconds, 30);
+        assert_eq!(d.events_file(), Path::new("/var/log/gpushare-events.jsonl"));
+        for bad in [
+            "[serve]\nlisten = \"localhost\"\n",
+            "[serve]\ngc_interval_seconds = 0\n",
+            "[serve]\nevents_file = \"ev.jsonl\"\n",
+        ] {
+            let err = Config::parse(bad, Path::new("t.toml")).unwrap_err();
+            assert!(err.to_string().contains("[serve]"), "{bad}: {err}");
         }
     }
 

@@ -96,6 +96,10 @@ fn main() -> ExitCode {
                     json,
                 },
         } => commands::cdi_generate(&ctx, &output, dry_run, json).map_err(Into::into),
+
+        Cmd::Metrics { openmetrics } => Ok(commands::metrics(&ctx, openmetrics)),
+        Cmd::Serve { listen } => commands::serve(&ctx, listen).map_err(Into::into),
+        Cmd::Events { follow } => commands::events(&ctx, follow).map_err(Into::into),
         Cmd::Version => unreachable!("handled above"),
     };
     match result {

@@ -90,7 +90,8 @@ pub fn create_runtime(
         Some(pid) => return Err(input::InputError::BadPid(pid.into()).into()),
         None => None,
     };
-    let host = Host::new(cfg, inventory.as_ref());
+    let kube = crate::decide::kube::KubeLabels::from_annotations(&c.spec.annotations);
+    let host = Host::new(cfg, inventory.as_ref()).with_labels(kube.clone());
     // Set by the spec edit in this hook's own entry, never by the container.
     let reservation = std::env::var(RESERVATION_ENV)
         .ok()
@@ -107,6 +108,7 @@ pub fn create_runtime(
     }
     host.flush();
     inventory.remember();
+    crate::host::events::note(crate::host::events::acquired(&plan, &kube));
     Ok(Outcome::Done(plan))
 }
 

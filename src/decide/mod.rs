@@ -6,6 +6,8 @@ pub mod domain;
 pub mod front;
 pub mod input;
 pub mod oci_state;
+
+pub mod kube;
 pub mod plan;
 pub mod profile;
 pub mod request;

@@ -8,7 +8,9 @@ use thiserror::Error;
 
 use crate::config::Config;
 use crate::decide::domain::{self, DomainError, PlannedDomain};
+use crate::decide::kube::KubeLabels;
 use crate::decide::plan::{Plan, PlannedGpu};
+use crate::host::events::{self, Event};
 use crate::host::mps::{Control, MpsControl, MpsDirs, MpsError};
 use crate::host::procinfo::ProcId;
 use crate::host::state::{now_seconds, Client, Daemon, Domain, Record, StateDir, StateError};
@@ -48,6 +50,8 @@ pub struct Host<'a> {
     pub state: StateDir,
     pub inventory: &'a dyn Inventory,
     control: Result<Box<dyn MpsControl + 'a>, String>,
+    /// The Kubernetes names recorded with the clients this host adds.
+    labels: KubeLabels,
 }
 
 /// What one acquire changed on one GPU, for rollback.
@@ -73,6 +77,7 @@ impl<'a> Host<'a> {
             state: StateDir::new(&cfg.state_dir),
             inventory,
             control,
+            labels: KubeLabels::default(),
         }
     }
 
@@ -87,7 +92,15 @@ impl<'a> Host<'a> {
             state: StateDir::new(&cfg.state_dir),
             inventory,
             control: Ok(control),
+            labels: KubeLabels::default(),
         }
+    }
+
+    /// Records `labels` (the container's Kubernetes names) with the clients it adds.
+    #[must_use]
+    pub fn with_labels(mut self, labels: KubeLabels) -> Self {
+        self.labels = labels;
+        self
     }
 
     pub(crate) fn lock_timeout(&self) -> Duration {
@@ -265,6 +278,7 @@ impl<'a> Host<'a> {
                 cores,
                 memory,
                 domain: plan.domain.as_ref().map(|d| d.key.clone()),
+                kube: self.labels.clone(),
             },
         );
         rec.tidy();
@@ -373,6 +387,16 @@ impl<'a> Host<'a> {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     self.log_replacement(rec, key, d.process, &e);
+                    events::note(Event::daemon(
+                        if d.process.is_alive() {
+                            "replace"
+                        } else {
+                            "restart"
+                        },
+                        &rec.uuid,
+                        key,
+                        d.process.pid,
+                    ));
                     // Replaced in the same directories, which running containers have
                     // mounted; the start empties the pipe directory first.
                     control.stop(&dirs.pipe, Some(d.process));
@@ -415,6 +439,7 @@ impl<'a> Host<'a> {
             }
             return Err(e.into());
         }
+        events::note(Event::daemon("start", &rec.uuid, key, proc.pid));
         tracing::info!(
             "MPS daemon started on GPU {} ({}, domain {key}), pid {}",
             rec.index,
@@ -536,6 +561,7 @@ impl<'a> Host<'a> {
             .map(|d| d.process)
             .or_else(|| self.control().ok()?.find_daemon(&dirs.pipe));
         if let Some(p) = found {
+            events::note(Event::daemon("stop", &rec.uuid, key, p.pid));
             match self.control() {
                 Ok(c) => c.stop(&dirs.pipe, Some(p)),
                 // Stopping needs no control program: quit is spoken in-process.

@@ -1,7 +1,10 @@
 //! Doing on the host: the state directory and its locks, the GPUs' compute modes, MPS daemons,
 //! and the acquire/release/gc that carry a plan out.
 
+pub mod account;
 pub mod acquire;
+pub mod counters;
+pub mod events;
 pub mod inventory;
 pub mod mounts;
 pub mod mps;

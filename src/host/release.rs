@@ -62,7 +62,13 @@ impl Host<'_> {
                 }
             }
             match self.release_one(&uuid, Some(container), false) {
-                Ok(_) => tracing::info!(container, "released from GPU {uuid}"),
+                Ok(_) => {
+                    crate::host::events::note(crate::host::events::Event::Release {
+                        container: container.to_owned(),
+                        gpu: uuid.clone(),
+                    });
+                    tracing::info!(container, "released from GPU {uuid}");
+                }
                 Err(e) => warnings.push(crate::vocab::chain(&e)),
             }
         }
@@ -135,6 +141,7 @@ impl Host<'_> {
                 }
                 crate::failpoint::hit("release-daemon-stopped");
             } else if heal {
+                let pid = daemon.as_ref().map(|d| d.process.pid);
                 let why = match daemon.filter(|d| d.process.is_alive()) {
                     None => Some(None),
                     Some(d) => self.check(&key, &rec, d.process).err().map(|e| {
@@ -165,6 +172,11 @@ impl Host<'_> {
                 let Some(why) = why else {
                     continue;
                 };
+                if let (Some(_), Some(pid)) = (&why, pid) {
+                    crate::host::events::note(crate::host::events::Event::daemon(
+                        "replace", uuid, &key, pid,
+                    ));
+                }
                 if why.is_some() {
                     // Stopped above.
                     if let Some(dom) = rec.domains.get_mut(&key) {
@@ -346,6 +358,7 @@ impl Host<'_> {
                                 cores: limits.cores,
                                 memory: None,
                                 domain: Some(key.clone()),
+                                kube: Default::default(),
                             },
                         );
                         clients += 1;

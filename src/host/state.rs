@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::decide::kube::KubeLabels;
 use crate::host::mps::MpsDirs;
 use crate::host::procinfo::ProcId;
 use crate::vocab::is_safe_name;
@@ -85,6 +86,9 @@ pub struct Client {
     /// `mps`: the key of the isolation domain it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
+    /// The container's Kubernetes names, when a CRI engine gave them (for metrics).
+    #[serde(default, skip_serializing_if = "KubeLabels::is_empty")]
+    pub kube: KubeLabels,
 }
 
 /// An MPS control daemon.
@@ -714,6 +718,7 @@ mod tests {
                 cores: 100,
                 memory: None,
                 domain: Some("gpu".into()),
+                kube: KubeLabels::default(),
             },
         );
         sd.save(&r).unwrap();

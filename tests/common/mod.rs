@@ -219,7 +219,8 @@ impl Sandbox {
 
     /// Every file under the state dir with its content (sockets and fifos by name only): a
     /// snapshot for "state unchanged" checks. Lock files (and the directory holding them) are
-    /// left out: they are created on first use and taking a lock writes the holder's name.
+    /// left out: they are created on first use and taking a lock writes the holder's name. So
+    /// are the node's counters (`counters.json`), which count a refusal by design.
     pub fn snapshot(&self) -> Vec<(String, Vec<u8>)> {
         let mut out = Vec::new();
         walk(&self.state_dir(), &self.state_dir(), &mut out);
@@ -266,7 +267,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
             }
             walk(root, &p, out);
         } else if ft.is_file() {
-            if !rel.ends_with(".lock") {
+            if !rel.ends_with(".lock") && rel != "counters.json" {
                 out.push((rel, std::fs::read(&p).unwrap_or_default()));
             }
         } else {

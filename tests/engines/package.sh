@@ -46,7 +46,9 @@ for f in usr/share/man/man1/gpushare-hook.1.gz usr/share/man/man1/gpushare-hook-
     usr/share/man/man1/gpushare-runtime.1.gz usr/share/man/man5/gpushare-config.5.gz \
     usr/share/bash-completion/completions/gpushare-hook usr/share/zsh/vendor-completions/_gpushare-hook \
     usr/share/fish/vendor_completions.d/gpushare-hook.fish usr/share/doc/gpushare/copyright \
-    usr/lib/tmpfiles.d/gpushare.conf usr/lib/gpushare/libgpushare_limiter.so; do
+    usr/lib/tmpfiles.d/gpushare.conf usr/lib/gpushare/libgpushare_limiter.so \
+    usr/lib/systemd/system/gpushare-serve.service usr/lib/systemd/system/gpushare-gc.timer \
+    usr/share/gpushare/grafana/gpushare.json; do
     grep -q " \./$f\$" "$T/contents" || fail "$f missing from the .deb"
 done
 ok "modes 0755 root/root, man pages, completions, copyright, tmpfiles.d"
@@ -193,12 +195,16 @@ cat >"$T/rpm.want" <<LIST
 /usr/bin/gpushare-hook
 /usr/bin/gpushare-runtime
 /usr/lib/gpushare/libgpushare_limiter.so
+/usr/lib/systemd/system/gpushare-gc.service
+/usr/lib/systemd/system/gpushare-gc.timer
+/usr/lib/systemd/system/gpushare-serve.service
 /usr/lib/tmpfiles.d/gpushare.conf
 /usr/share/bash-completion/completions/gpushare-hook
 /usr/share/containers/oci/hooks.d/gpushare-createRuntime.json
 /usr/share/containers/oci/hooks.d/gpushare-poststop.json
 /usr/share/doc/gpushare/config.toml.example
 /usr/share/fish/vendor_completions.d/gpushare-hook.fish
+/usr/share/gpushare/grafana/gpushare.json
 $(cd "$PT/release/gen/man" && for f in *.gz; do s=${f%.gz}; echo "/usr/share/man/man${s##*.}/$f"; done)
 /usr/share/zsh/site-functions/_gpushare-hook
 LIST
