@@ -207,7 +207,11 @@ impl<'a> Host<'a> {
             .clone()
             .unwrap_or_else(|| Record::new(&gpu.uuid, gpu.index));
         rec.index = gpu.index;
-        rec.drop_stale();
+        // With the GPU's reaper running, exited clients are released as they exit; without it
+        // (killed, or never started), this acquire drops them.
+        if !self.state.reaper_alive(&gpu.uuid) {
+            rec.drop_stale();
+        }
         let created_by_container = plan.domain.as_ref().filter(|d| !d.from_policy);
         if let Some(key) = created_by_container.map(|d| d.key.as_str()) {
             if rec.domain_clients(key).is_empty()

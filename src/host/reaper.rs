@@ -49,7 +49,7 @@ pub enum ReaperError {
 
 /// The lock a GPU's reaper holds while it runs.
 pub fn lock_path(state: &StateDir, uuid: &str) -> PathBuf {
-    state.root().join("reapers").join(format!("{uuid}.lock"))
+    state.reaper_lock_path(uuid)
 }
 
 /// The clients of `rec` whose process can be waited on.
@@ -83,7 +83,17 @@ fn try_lock(state: &StateDir, uuid: &str) -> Result<Option<Flock<File>>, ReaperE
         .open(&path)
         .map_err(err)?;
     match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
-        Ok(l) => Ok(Some(l)),
+        Ok(mut l) => {
+            // Who holds it, for `StateDir::reaper_alive` (which reads instead of locking).
+            let me = ProcId::of(std::process::id() as i32);
+            let stamp = me.map_or_else(String::new, |p| format!("{} {}\n", p.pid, p.start_time));
+            use std::io::{Seek, Write};
+            l.set_len(0)
+                .and_then(|()| l.rewind())
+                .and_then(|()| l.write_all(stamp.as_bytes()))
+                .map_err(err)?;
+            Ok(Some(l))
+        }
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
         Err((_, e)) => Err(err(e.into())),
     }

@@ -294,6 +294,32 @@ impl StateDir {
         self.gpus_dir().join(format!("{uuid}.lock"))
     }
 
+    /// `<state>/reapers/<GPU>.lock`: held (flock) by the GPU's reaper while it runs, and
+    /// holding its pid and start time.
+    pub fn reaper_lock_path(&self, uuid: &str) -> PathBuf {
+        self.root.join("reapers").join(format!("{uuid}.lock"))
+    }
+
+    /// Whether the GPU's reaper runs: the pid and start time it wrote into its lock file name
+    /// a live process. Read, not locked, so that asking never keeps a starting reaper from its
+    /// lock. A running reaper releases every client whose process exits (it waits on their
+    /// pidfds), so an acquire need not check each client's liveness itself.
+    pub fn reaper_alive(&self, uuid: &str) -> bool {
+        let stamp =
+            File::open(self.reaper_lock_path(uuid)).and_then(|f| crate::vocab::read_capped(f, 64));
+        let Ok(Some(bytes)) = stamp else {
+            return false;
+        };
+        let text = String::from_utf8_lossy(&bytes);
+        let mut parts = text.split_ascii_whitespace();
+        let pid = parts.next().and_then(|p| p.parse::<i32>().ok());
+        let start_time = parts.next().and_then(|t| t.parse::<u64>().ok());
+        match (pid, start_time) {
+            (Some(pid), Some(start_time)) => ProcId { pid, start_time }.is_alive(),
+            _ => false,
+        }
+    }
+
     pub fn record_path(&self, uuid: &str) -> PathBuf {
         self.gpus_dir().join(format!("{uuid}.json"))
     }

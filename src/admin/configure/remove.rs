@@ -223,6 +223,29 @@ fn containerd(path: &Path) -> Result<Option<Edit>, ConfigureError> {
                     .and_then(Item::as_str)
                     .is_some_and(|p| is_ours(p, "gpushare-runtime"))
             });
+            // configure defines the implicit default runtime (`runc`, the runc v2 shim, nothing
+            // else) beside its handler, because containerd refuses a CRI config that names a
+            // handler but leaves `runc` implicit; without the handler that entry says only what
+            // containerd assumes anyway.
+            let only_implicit_runc = c
+                .get("runtimes")
+                .and_then(Item::as_table_like)
+                .and_then(|r| r.get("runc"))
+                .and_then(Item::as_table_like)
+                .is_some_and(|t| {
+                    t.len() == 1
+                        && t.get("runtime_type").and_then(Item::as_str)
+                            == Some("io.containerd.runc.v2")
+                });
+            let default = c.get("default_runtime_name").and_then(Item::as_str);
+            if only_implicit_runc && default.is_none_or(|n| n == "runc") {
+                if let Some(r) = c.get_mut("runtimes").and_then(Item::as_table_like_mut) {
+                    r.remove("runc");
+                    if r.is_empty() {
+                        c.remove("runtimes");
+                    }
+                }
+            }
         }
     })
 }
@@ -279,7 +302,9 @@ fn remove_dirs(t: &mut Table, key: &str, ours: &[&Path], defaults: &[&str]) {
         .collect();
     a.retain(|v| v.as_str().is_none_or(|s| !ours.iter().any(|o| o == s)));
     let left: Vec<&str> = a.iter().filter_map(|v| v.as_str()).collect();
-    if left == defaults {
+    // Nothing left, or just the engine's own defaults: the key goes, and the engine's default
+    // list is back (an empty list would mean no hooks at all).
+    if left.is_empty() || left == defaults {
         t.remove(key);
     }
 }
