@@ -318,12 +318,20 @@ pub fn configure(
             continue;
         }
         let hand_on = setup.policy.clone();
-        let cdi = crate::admin::cdi::generate(&ctx.cfg, hand_on.as_deref(), dir, opts.dry_run)
-            .map_err(|e| ConfigureError::Cdi(Box::new(e)))?;
-        report.files.push(configure::FileReport {
-            path: cdi.path,
-            outcome: cdi.outcome,
-        });
+        let file =
+            match crate::admin::cdi::generate(&ctx.cfg, hand_on.as_deref(), dir, opts.dry_run) {
+                Ok(cdi) => configure::FileReport {
+                    path: cdi.path,
+                    outcome: cdi.outcome,
+                },
+                Err(e) => configure::FileReport {
+                    path: dir.join(crate::admin::cdi::FILE_NAME).display().to_string(),
+                    outcome: configure::Outcome::Kept {
+                        why: format!("not brought up to date with the policy: {}", chain(&e)),
+                    },
+                },
+            };
+        report.files.push(file);
     }
     if !opts.dry_run && report.changed() {
         let what = if opts.remove {

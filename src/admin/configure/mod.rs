@@ -23,6 +23,14 @@ use crate::config::Config;
 
 pub use write::{apply, apply_edit, backup_path, diff, Outcome};
 
+/// Whether the program at `path` is gpushare's `name` (`gpushare-runtime`, `gpushare-hook`, or
+/// a launcher named after it), whatever directory it was installed in.
+pub fn is_ours(path: &str, name: &str) -> bool {
+    Path::new(path)
+        .file_name()
+        .is_some_and(|f| f.to_string_lossy().starts_with(name))
+}
+
 /// Engines gpushare knows how to configure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
@@ -222,8 +230,6 @@ pub enum ConfigureError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the CDI spec could not be brought up to date with the policy")]
-    Cdi(#[source] Box<crate::admin::cdi::CdiError>),
 }
 
 /// One file as it is and as the engine needs it.

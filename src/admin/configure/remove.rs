@@ -14,7 +14,7 @@ use super::engines::{
     CONTAINERD_FILE, CRIO_FILE, DOCKER_FILE, ETC_HOOKS_DIR, NVIDIA_FILE, OCI_HOOKS_DIR,
     PODMAN_FILE, PODMAN_HOOKS_DIR,
 };
-use super::{launcher_path, Change, ConfigureError, Engine, Options, Order, Setup};
+use super::{is_ours, launcher_path, Change, ConfigureError, Engine, Options, Order, Setup};
 
 const HANDLER: &str = "gpushare";
 /// The first lines of a launcher `configure` wrote.
@@ -59,12 +59,6 @@ fn read(path: &Path) -> Result<Option<String>, ConfigureError> {
             source,
         }),
     }
-}
-
-fn is_ours(path: &str, name: &str) -> bool {
-    Path::new(path)
-        .file_name()
-        .is_some_and(|f| f.to_string_lossy().starts_with(name))
 }
 
 /// The edits that undo `configure engine` with the same options. Reads only.

@@ -125,12 +125,6 @@ fn runtime_entry(path: &Path) -> Result<String, String> {
     Ok(format!("runs {}, policy {policy}", path.display()))
 }
 
-pub(super) fn is_ours(path: &str, name: &str) -> bool {
-    Path::new(path)
-        .file_name()
-        .is_some_and(|f| f.to_string_lossy().starts_with(name))
-}
-
 fn installed(engine: &str) -> bool {
     super::live::find_tool(engine).is_some()
 }
@@ -177,7 +171,8 @@ pub fn docker(file: &Path) -> Check {
     let entry = v["runtimes"].as_object().and_then(|r| {
         r.iter().find_map(|(k, e)| {
             let p = e["path"].as_str()?;
-            is_ours(p, "gpushare-runtime").then(|| (k.clone(), p.to_owned()))
+            crate::admin::configure::is_ours(p, "gpushare-runtime")
+                .then(|| (k.clone(), p.to_owned()))
         })
     });
     let Some((runtime, path)) = entry else {
@@ -251,7 +246,8 @@ pub fn containerd(file: &Path) -> Check {
         .flat_map(|t| t.iter())
         .find_map(|(k, rt)| {
             let bin = rt.get("options")?.get("BinaryName")?.as_str()?;
-            is_ours(bin, "gpushare-runtime").then(|| (k.clone(), bin.to_owned(), rt.clone()))
+            crate::admin::configure::is_ours(bin, "gpushare-runtime")
+                .then(|| (k.clone(), bin.to_owned(), rt.clone()))
         });
     let Some((handler, bin, rt)) = runtimes else {
         return not_configured(
@@ -353,7 +349,7 @@ fn our_hooks(dirs: &[String]) -> Result<Vec<HookEntry>, String> {
             let Some(path) = v["hook"]["path"].as_str() else {
                 continue;
             };
-            if !is_ours(path, "gpushare-hook") {
+            if !crate::admin::configure::is_ours(path, "gpushare-hook") {
                 continue;
             }
             let env = v["hook"]["env"].as_array().and_then(|a| {
@@ -468,7 +464,8 @@ pub fn crio(confs: &[&str]) -> Check {
     let handler = runtimes.as_ref().and_then(|r| r.as_table()).and_then(|t| {
         t.iter().find_map(|(k, v)| {
             let p = v.get("runtime_path")?.as_str()?;
-            is_ours(p, "gpushare-runtime").then(|| (k.clone(), p.to_owned()))
+            crate::admin::configure::is_ours(p, "gpushare-runtime")
+                .then(|| (k.clone(), p.to_owned()))
         })
     });
     let dirs: Vec<String> = match last_value(&files, &["crio", "runtime", "hooks_dir"]) {

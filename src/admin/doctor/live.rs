@@ -67,7 +67,7 @@ fn docker_answer(v: &Value) -> Check {
     let runtimes = v["runtimes"].as_object().cloned().unwrap_or_default();
     let ours = runtimes.iter().find_map(|(k, e)| {
         let p = e["path"].as_str()?;
-        super::engines::is_ours(p, "gpushare-runtime").then(|| (k.clone(), p.to_owned()))
+        crate::admin::configure::is_ours(p, "gpushare-runtime").then(|| (k.clone(), p.to_owned()))
     });
     match ours {
         Some((k, p)) => check(
@@ -181,7 +181,7 @@ fn containerd_answer(v: &Value) -> Check {
     let mut found = None;
     find_runtimes(v, &mut |k, rt| {
         let bin = rt["options"]["BinaryName"].as_str().unwrap_or("");
-        if found.is_none() && super::engines::is_ours(bin, "gpushare-runtime") {
+        if found.is_none() && crate::admin::configure::is_ours(bin, "gpushare-runtime") {
             found = Some((k.to_owned(), bin.to_owned()));
         }
     });
@@ -264,7 +264,8 @@ fn crio_answer(text: &str) -> Check {
         .and_then(|t| {
             t.iter().find_map(|(k, v)| {
                 let p = v.get("runtime_path")?.as_str()?;
-                super::engines::is_ours(p, "gpushare-runtime").then(|| (k.clone(), p.to_owned()))
+                crate::admin::configure::is_ours(p, "gpushare-runtime")
+                    .then(|| (k.clone(), p.to_owned()))
             })
         });
     match ours {
