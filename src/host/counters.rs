@@ -4,9 +4,8 @@
 //! them.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 
 use serde::{Deserialize, Serialize};
 
@@ -126,15 +125,8 @@ pub fn update(sd: &StateDir, f: impl FnOnce(&mut Counters)) -> Result<(), StateE
     }
     sd.ensure()?;
     let (path, lock_path) = paths(sd);
-    let lock = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&lock_path)
-        .map_err(|source| StateError::Lock {
+    let lock =
+        crate::host::state::open_lock_file(&lock_path).map_err(|source| StateError::Lock {
             path: lock_path.clone(),
             source,
         })?;

@@ -72,16 +72,7 @@ fn try_lock(state: &StateDir, uuid: &str) -> Result<Option<Flock<File>>, ReaperE
             .create(dir)
             .map_err(err)?;
     }
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(err)?;
+    let f = crate::host::state::open_lock_file(&path).map_err(err)?;
     match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
         Ok(mut l) => {
             // Who holds it, for `StateDir::reaper_alive` (which reads instead of locking).
