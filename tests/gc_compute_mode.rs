@@ -55,9 +55,10 @@ fn gc_leaves_a_mode_this_policy_never_sets_and_says_what_to_do() {
     leave_exclusive(&sb, 0);
     let out = sb.hook(&["gc"], "");
     let o = text(&out.stdout);
-    assert_eq!(out.status.code(), Some(1), "{o}{}", text(&out.stderr));
+    // Not a problem of gpushare's state (an admin may have set it): said, exit 0.
+    assert_eq!(out.status.code(), Some(0), "{o}{}", text(&out.stderr));
     assert!(
-        o.contains("compute mode EXCLUSIVE_PROCESS, which this policy never sets")
+        o.contains("note: compute mode EXCLUSIVE_PROCESS, which this policy never sets")
             && o.contains("run `nvidia-smi -i 0 -c DEFAULT`"),
         "{o}"
     );

@@ -507,14 +507,14 @@ fn linked_control_sockets_do_not_carry_gpushare_commands_to_another_daemon() {
         plant(&pipe(&sb, 0), name, &pipe(&sb, 1).join(name)).unwrap();
     }
     // gpushare's own commands to GPU 0's daemon go nowhere else.
-    // The same call now runs NVIDIA's client on the planted links: it finds no daemon behind
-    // them (in its confined view the host path they name does not exist) and fails, rather
-    // than talking to GPU 1's daemon.
+    // The same call now meets the planted links: gpushare proves who listens before it sends
+    // anything, so it refuses the domain as tampered with, rather than talking to GPU 1's
+    // daemon.
     let res = control.set_defaults(&pipe(&sb, 0), &limits);
     let err = format!("{res:?}");
     assert!(
-        res.is_err() && err.contains("Cannot find MPS control daemon"),
-        "the client ran on the planted socket and reached no daemon: {err}"
+        res.as_ref().is_err_and(|e| e.is_tampered()),
+        "gpushare refused the planted socket as tampered: {err}"
     );
     assert_eq!(
         query(&pipe(&sb, 1), "get_default_active_thread_percentage"),

@@ -187,7 +187,8 @@ fn serve_answers_heals_a_killed_daemon_and_stops_on_sigterm() {
         assert!(events.contains(want), "{want} not in\n{events}");
     }
 
-    // The container is gone (no poststop): the pass drops it and stops the daemon.
+    // The container is gone (no poststop): the GPU's reaper (or, without one, the pass) drops
+    // it and stops the daemon; either is counted as a healing action.
     drop(c);
     wait_for(30, "the gone client dropped and its daemon stopped", || {
         let m = serve.metrics();

@@ -125,11 +125,10 @@ pub fn update(sd: &StateDir, f: impl FnOnce(&mut Counters)) -> Result<(), StateE
     }
     sd.ensure()?;
     let (path, lock_path) = paths(sd);
-    let lock =
-        crate::host::state::open_lock_file(&lock_path).map_err(|source| StateError::Lock {
-            path: lock_path.clone(),
-            source,
-        })?;
+    let lock = crate::host::lockfile::open(&lock_path).map_err(|source| StateError::Lock {
+        path: lock_path.clone(),
+        source,
+    })?;
     lock.lock().map_err(|source| StateError::Lock {
         path: lock_path.clone(),
         source,

@@ -6,6 +6,7 @@ pub mod acquire;
 pub mod counters;
 pub mod events;
 pub mod inventory;
+pub mod lockfile;
 pub mod mounts;
 pub mod mps;
 pub mod multiuser;

@@ -80,9 +80,12 @@ pub fn locate(mountinfo: &str, path: &Path) -> Option<(String, PathBuf)> {
         })
 }
 
-/// Whether a mount table binds the filesystem path (`dev`, `inner`) somewhere.
-pub fn binds(mountinfo: &str, dev: &str, inner: &Path) -> bool {
-    entries(mountinfo).any(|e| e.dev == dev && e.root == inner)
+/// Whether a mount table binds the filesystem path (`dev`, `inner`) somewhere other than at
+/// `host_at`, where the host itself mounts it: a mount namespace cloned from the host (any
+/// process that unshared one after the directory's own tmpfs was mounted) carries a copy of
+/// that mount at the same place, and is no container that was given the directory.
+pub fn binds(mountinfo: &str, dev: &str, inner: &Path, host_at: &Path) -> bool {
+    entries(mountinfo).any(|e| e.dev == dev && e.root == inner && e.mount_point != host_at)
 }
 
 /// The lowest pid of every other mount namespace that binds `dir` (a container that has it
@@ -120,7 +123,7 @@ pub fn holders_of(dir: &Path, skip: &[i32]) -> Vec<i32> {
         let Ok(mi) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
             continue;
         };
-        if binds(&mi, &dev, &inner) {
+        if binds(&mi, &dev, &inner, dir) {
             by_ns.insert(ns, pid);
         }
     }
@@ -166,9 +169,42 @@ mod tests {
 101 100 0:25 /gpushare/mps/abc/pipe /tmp/nvidia-mps rw - tmpfs tmpfs rw
 ";
         let p = |s: &str| PathBuf::from(s);
-        assert!(binds(container, "0:25", &p("/gpushare/mps/abc/pipe")));
-        assert!(!binds(container, "0:25", &p("/gpushare/mps/other/pipe")));
-        assert!(!binds(container, "0:99", &p("/gpushare/mps/abc/pipe")));
+        let host_at = p("/run/gpushare/mps/abc/pipe");
+        assert!(binds(
+            container,
+            "0:25",
+            &p("/gpushare/mps/abc/pipe"),
+            &host_at
+        ));
+        assert!(!binds(
+            container,
+            "0:25",
+            &p("/gpushare/mps/other/pipe"),
+            &host_at
+        ));
+        assert!(!binds(
+            container,
+            "0:99",
+            &p("/gpushare/mps/abc/pipe"),
+            &host_at
+        ));
+        // A namespace cloned from the host: the pipe directory's own tmpfs at the host's place.
+        let cloned = "\
+200 199 8:1 / / rw - ext4 /dev/sda1 rw
+201 200 0:27 / /run/gpushare/mps/abc/pipe rw - tmpfs tmpfs rw
+";
+        assert!(
+            !binds(cloned, "0:27", &p("/"), &host_at),
+            "a copy of the host's mount"
+        );
+        let given = "\
+300 299 0:50 / / rw - overlay overlay rw
+301 300 0:27 / /tmp/nvidia-mps ro - tmpfs tmpfs rw
+";
+        assert!(
+            binds(given, "0:27", &p("/"), &host_at),
+            "a container given it"
+        );
     }
 
     #[test]

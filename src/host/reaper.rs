@@ -72,7 +72,7 @@ fn try_lock(state: &StateDir, uuid: &str) -> Result<Option<Flock<File>>, ReaperE
             .create(dir)
             .map_err(err)?;
     }
-    let f = crate::host::state::open_lock_file(&path).map_err(err)?;
+    let f = crate::host::lockfile::open(&path).map_err(err)?;
     match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
         Ok(mut l) => {
             // Who holds it, for `StateDir::reaper_alive` (which reads instead of locking).
@@ -253,6 +253,10 @@ fn release(
     let host = Host::new(cfg, inventory.as_ref());
     let lines = host.release_exited(uuid)?;
     host.flush();
+    // What the reaper did is healing like gc's: counted and written to the event log with the
+    // same kinds (a dropped client, a stopped daemon), as each step is done.
+    crate::host::events::note_gc(&lines);
+    crate::host::events::flush_if_any(cfg);
     Ok(lines)
 }
 

@@ -490,8 +490,10 @@ impl Host<'_> {
                 continue;
             }
             if !ours {
-                problems.push(format!(
-                    "{}: compute mode EXCLUSIVE_PROCESS, which this policy never sets (mps.isolation is not \"gpu\" with exclusive_compute_mode); left as it is: if nobody set it on purpose, run `nvidia-smi -i {} -c DEFAULT`",
+                // Not gpushare's doing under this policy (an admin may have set it on purpose):
+                // said, not counted as a problem of gpushare's state.
+                report.push(format!(
+                    "{}: note: compute mode EXCLUSIVE_PROCESS, which this policy never sets (mps.isolation is not \"gpu\" with exclusive_compute_mode); left as it is: if nobody set it on purpose, run `nvidia-smi -i {} -c DEFAULT`",
                     g.uuid, g.index
                 ));
                 continue;

@@ -277,21 +277,6 @@ pub struct StateDir {
     root: PathBuf,
 }
 
-/// Opens (creating, 0600) a lock file in the state directory, never following a link there.
-///
-/// # Errors
-/// The open's error.
-pub fn open_lock_file(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)
-}
-
 impl StateDir {
     pub fn new(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
@@ -482,7 +467,7 @@ impl StateDir {
             path: path.clone(),
             source,
         };
-        let mut file = open_lock_file(&path).map_err(lock_err)?;
+        let mut file = crate::host::lockfile::open(&path).map_err(lock_err)?;
         match file.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {

@@ -19,6 +19,8 @@ pub const KEYS: &[(&str, &str)] = &[
     ("mps.start_timeout_seconds", "How long a new MPS daemon may take to answer."),
     ("mps.isolation", "Which containers share one MPS daemon on a GPU: \"gpu\" (all), \"group\" (per gpu.share.group) or \"container\" (one each)."),
     ("mps.groups", "Admin-defined groups: [mps.groups.NAME] with cores and memory, the limits that group's daemon enforces."),
+    ("mps.shm_size", "Size cap of each MPS domain's /dev/shm tmpfs (nosuid, nodev, noexec), the one its containers share; what engines give a container's /dev/shm by default."),
+    ("mps.pipe_readonly", "Mount the domain's MPS pipe directory read-only into containers; off until a GPU shows that clients attach through a read-only one (README)."),
     ("limit.library", "The interception library mounted into limit-mode containers."),
     ("timeslice.smi", "nvidia-smi, by name or path; used to set a GPU's time slice."),
     ("policy.modes", "The modes containers may ask for: any of \"mps\", \"timeslice\", \"limit\"."),
@@ -28,6 +30,10 @@ pub const KEYS: &[(&str, &str)] = &[
     ("policy.default_cores", "SM percentage of a container that names none (1 to 100, at most max_cores)."),
     ("runtime.next", "The runtimes gpushare-runtime runs next, the first found on PATH (never itself)."),
     ("runtime.hook", "gpushare-hook as containers' hooks name it; gpushare-runtime is expected next to it."),
+    ("serve.listen", "Address and port gpushare-hook serve answers /metrics and /healthz on."),
+    ("serve.gc_interval_seconds", "How often gpushare-hook serve runs the healing pass of gc (1 to 86400)."),
+    ("serve.events_file", "The JSON-lines event log (acquire, release, refusal, daemon and gc actions); unset: gpushare-events.jsonl next to log_file."),
+    ("profiles", "Named requests, offered as CDI devices gpushare.io/share=NAME: [profiles.NAME] with mode (required), cores, memory, group and timeslice, each meaning what the annotation of that name means."),
 ];
 
 /// Keys without a default value (absent from `Config::default()` when serialised), with a
@@ -35,6 +41,11 @@ pub const KEYS: &[(&str, &str)] = &[
 pub const OPTIONAL: &[(&str, &str)] = &[
     ("policy.max_memory", "[policy]\nmax_memory = \"40Gi\"\n"),
     ("mps.groups", "[mps.groups.ops]\ncores = 50\n"),
+    (
+        "serve.events_file",
+        "[serve]\nevents_file = \"/var/log/ev.jsonl\"\n",
+    ),
+    ("profiles", "[profiles.small]\nmode = \"mps\"\ncores = 25\n"),
 ];
 
 /// Every `section.key` of the default policy with its default as TOML.

@@ -38,6 +38,9 @@ const CREDENTIALS: &[u8] = b"OUTBCRED\0";
 const CLIENT_WORD: u32 = 4;
 const ANSWER_TEXT: u32 = 0;
 const ANSWER_END: u32 = 1;
+/// The lock file, in a domain's directory, that gpushare's conversations with its daemon take
+/// turns on.
+pub const SESSION_LOCK: &str = "control-session.lock";
 /// Largest answer packet read; longer text is cut (nothing gpushare asks for comes near).
 const MAX_PACKET: usize = 64 * 1024;
 /// Most answer packets one conversation reads before it calls the peer broken.
@@ -67,6 +70,14 @@ pub fn converse(
     commands: &[&str],
     timeout: Duration,
 ) -> Result<Answer, MpsError> {
+    // NVIDIA's daemon serves one control session at a time and resets any other: gpushare's
+    // own conversations with a domain (an acquire's check, gc, status, metrics) take turns on
+    // a lock in the domain's directory (root's; tenants see only `pipe` and `shm`), so that
+    // one of them never makes another take a healthy daemon for a hung one. A holder is done
+    // within its own deadline; past twice that, go ahead without the lock.
+    let _turn = pipe
+        .parent()
+        .and_then(|dir| crate::host::lockfile::lock_within(&dir.join(SESSION_LOCK), 2 * timeout));
     let deadline = Instant::now() + timeout;
     let unreachable = |source: Errno| MpsError::Unreachable {
         pipe: pipe.to_owned(),
