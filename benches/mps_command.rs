@@ -67,10 +67,22 @@ fn main() {
             .expect("answers");
         t.elapsed()
     };
-    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let limits = gpushare::vocab::Limits {
+        cores: 50,
+        memory_mib: Some(1024),
+    };
+    let refresh = |pipe: &Path| -> Duration {
+        let t = Instant::now();
+        control
+            .refresh(pipe, daemon, &limits)
+            .expect("defaults put back");
+        t.elapsed()
+    };
+    let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         a.push(plain(&dirs.pipe));
         b.push(proven(&dirs.pipe));
+        c.push(refresh(&dirs.pipe));
     }
     let med = |v: &mut Vec<Duration>| {
         v.sort();
@@ -79,7 +91,7 @@ fn main() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo")
         .map(|t| t.lines().count())
         .unwrap_or(0);
-    let (pa, pb) = (med(&mut a), med(&mut b));
+    let (pa, pb, pc) = (med(&mut a), med(&mut b), med(&mut c));
     println!(
         "daemon start until it answers, median of {}: {:.3} ms",
         starts.len(),
@@ -92,6 +104,7 @@ fn main() {
         pb - pa,
         pb / pa
     );
+    println!("  a joining acquire's check (defaults set and read back, proven) {pc:>7.3} ms");
     control.stop(&dirs.pipe, Some(daemon));
     dirs.remove();
 }

@@ -79,6 +79,43 @@ pub fn converse(
         .parent()
         .and_then(|dir| crate::host::lockfile::lock_within(&dir.join(SESSION_LOCK), 2 * timeout));
     let deadline = Instant::now() + timeout;
+    loop {
+        match converse_once(pipe, daemon, commands, deadline, timeout) {
+            // The daemon serves one control session at a time and resets any other (seen with
+            // driver 535: "Cannot send command to MPS control daemon process"): tried again
+            // until the deadline. The commands gpushare sends are idempotent.
+            Err(MpsError::Unreachable { source, .. })
+                if is_busy(&source) && Instant::now() + BUSY_PAUSE < deadline =>
+            {
+                std::thread::sleep(BUSY_PAUSE);
+            }
+            Err(MpsError::Unreachable { source, .. }) if is_busy(&source) => {
+                return Err(MpsError::NoAnswer {
+                    pipe: pipe.to_owned(),
+                    millis: timeout.as_millis() as u64,
+                })
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Pause before a conversation the daemon reset (it was busy with another) is tried again.
+const BUSY_PAUSE: Duration = Duration::from_millis(5);
+
+/// Whether an error says the daemon reset the conversation (busy with another session).
+fn is_busy(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ECONNRESET | libc::EPIPE))
+}
+
+/// One conversation of [`converse`], over by `deadline`.
+fn converse_once(
+    pipe: &Path,
+    daemon: ProcId,
+    commands: &[&str],
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<Answer, MpsError> {
     let unreachable = |source: Errno| MpsError::Unreachable {
         pipe: pipe.to_owned(),
         source: source.into(),
@@ -90,11 +127,11 @@ pub fn converse(
         deadline,
         timeout,
     };
-    let hello = c.recv_packet()?;
-    if hello != HELLO {
-        return Err(c.protocol(format!("greeting {hello:?}")));
+    let mut packet = Vec::with_capacity(MAX_PACKET);
+    c.recv_packet(&mut packet)?;
+    if packet != HELLO {
+        return Err(c.protocol(format!("greeting {packet:?}")));
     }
-    c.wait(PollFlags::POLLOUT)?;
     let creds = UnixCredentials::new();
     sendmsg::<()>(
         c.fd.as_raw_fd(),
@@ -117,7 +154,7 @@ pub fn converse(
     c.send(&0u64.to_le_bytes())?;
     let mut lines = Vec::new();
     for _ in 0..MAX_ANSWERS {
-        let packet = c.recv_packet()?;
+        c.recv_packet(&mut packet)?;
         let (kind, body) = packet
             .split_first_chunk::<4>()
             .ok_or_else(|| c.protocol(format!("short answer {packet:?}")))?;
@@ -245,12 +282,13 @@ impl Conversation {
         }
     }
 
+    /// Sends one packet; waits (until the deadline) only when the socket is full.
     fn send(&self, bytes: &[u8]) -> Result<(), MpsError> {
         loop {
-            self.wait(PollFlags::POLLOUT)?;
             match nix::sys::socket::send(self.fd.as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
                 Ok(_) => return Ok(()),
-                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => self.wait(PollFlags::POLLOUT)?,
                 Err(e) => {
                     return Err(MpsError::Unreachable {
                         pipe: self.pipe.clone(),
@@ -262,17 +300,18 @@ impl Conversation {
     }
 
     /// One packet; an end of stream is a broken protocol (the daemon always ends with type 1).
-    fn recv_packet(&self) -> Result<Vec<u8>, MpsError> {
-        let mut buf = vec![0u8; MAX_PACKET];
+    /// Waits (until the deadline) only when nothing has come yet.
+    fn recv_packet(&self, buf: &mut Vec<u8>) -> Result<(), MpsError> {
+        buf.resize(MAX_PACKET, 0);
         loop {
-            self.wait(PollFlags::POLLIN)?;
-            match recv(self.fd.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+            match recv(self.fd.as_raw_fd(), buf, MsgFlags::empty()) {
                 Ok(0) => return Err(self.protocol("the daemon hung up".into())),
                 Ok(n) => {
                     buf.truncate(n);
-                    return Ok(buf);
+                    return Ok(());
                 }
-                Err(Errno::EAGAIN | Errno::EINTR) => {}
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => self.wait(PollFlags::POLLIN)?,
                 Err(e) => {
                     return Err(MpsError::Unreachable {
                         pipe: self.pipe.clone(),
