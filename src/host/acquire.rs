@@ -382,10 +382,7 @@ impl<'a> Host<'a> {
             let checked = if d.process.is_alive() {
                 control.refresh(&dirs.pipe, d.process, &limits)
             } else {
-                Err(MpsError::Command {
-                    command: "check".into(),
-                    output: "its process is gone".into(),
-                })
+                Err(MpsError::Gone { pid: d.process.pid })
             };
             match checked {
                 Ok(()) => return Ok(()),

@@ -85,6 +85,10 @@ pub enum MpsError {
     Command { command: String, output: String },
     #[error("the MPS daemon gpushare started in {pipe} (pid {pid}) still runs; stop it before starting another there")]
     AlreadyServed { pipe: PathBuf, pid: i32 },
+    #[error("{binary} has no multi-user mode ({reason}); set [mps] multiuser = false, or give each uid its own domain")]
+    NoMultiUser { binary: PathBuf, reason: String },
+    #[error("the recorded MPS daemon (pid {pid}) is gone")]
+    Gone { pid: i32 },
 }
 
 impl MpsError {
@@ -315,9 +319,9 @@ impl MpsControl for Control {
         let flag = if multiuser {
             Some(
                 crate::host::multiuser::flag_for(&self.binary).map_err(|reason| {
-                    MpsError::Spawn {
+                    MpsError::NoMultiUser {
                         binary: self.binary.clone(),
-                        source: std::io::Error::new(std::io::ErrorKind::Unsupported, reason),
+                        reason,
                     }
                 })?,
             )
