@@ -281,6 +281,9 @@ fn done(cfg: &Config, state: &StateDir, uuid: &str, mine: Flock<File>) -> Option
     if !empty {
         return Some(mine);
     }
+    // No longer running as far as `StateDir::reaper_alive` can tell, before the lock goes: an
+    // acquire after this one drops its stale clients itself until the next reaper stamps.
+    let _ = mine.set_len(0);
     drop(mine);
     drop(gpu_lock);
     None

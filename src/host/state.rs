@@ -620,6 +620,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_reaper_is_alive_only_while_its_stamp_names_a_live_process() {
+        let t = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(t.path());
+        let uuid = "GPU-x";
+        assert!(!sd.reaper_alive(uuid), "no lock file");
+        let p = sd.reaper_lock_path(uuid);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let me = ProcId::of(std::process::id() as i32).unwrap();
+        let rows = [
+            (
+                "this process",
+                format!("{} {}\n", me.pid, me.start_time),
+                true,
+            ),
+            (
+                "a reused pid",
+                format!("{} {}\n", me.pid, me.start_time + 1),
+                false,
+            ),
+            ("cleared by a reaper that is done", String::new(), false),
+            ("no process", "0 0\n".to_owned(), false),
+            ("garbage", "pid start\n".to_owned(), false),
+        ];
+        for (what, text, alive) in rows {
+            fs::write(&p, text).unwrap();
+            assert_eq!(sd.reaper_alive(uuid), alive, "{what}");
+        }
+    }
+
+    #[test]
     fn safe_names() {
         for ok in [
             "abc",
