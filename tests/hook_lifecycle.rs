@@ -365,18 +365,7 @@ fn daemon_leaves_the_callers_cgroup() {
 }
 
 fn mps_query(sb: &Sandbox, cmd: &str) -> String {
-    let pipe = sb.domain_dir(0, "gpu").join("pipe");
-    let mut c = std::process::Command::new("nvidia-cuda-mps-control")
-        .env_clear()
-        .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut c.stdin.take().unwrap(), format!("{cmd}\n").as_bytes()).unwrap();
-    String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout)
-        .trim()
-        .to_owned()
+    common::mps_client(&sb.domain_dir(0, "gpu").join("pipe"), cmd)
 }
 
 #[test]

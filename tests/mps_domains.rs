@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::sync::Arc;
 
 use common::{daemons_under, spec, Cleanup, FakeContainer, Sandbox};
@@ -56,22 +56,7 @@ fn pipe_of(sb: &Sandbox, key: &str) -> std::path::PathBuf {
 
 /// Runs NVIDIA's control client on `pipe` as a tenant would from inside its container.
 fn control(pipe: &std::path::Path, cmd: &str) -> String {
-    let mut c = Command::new("nvidia-cuda-mps-control")
-        .env_clear()
-        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{cmd}\n").as_bytes())
-        .unwrap();
-    let out = c.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    common::mps_client(pipe, cmd)
 }
 
 fn group_policy(gpus: usize) -> Sandbox {

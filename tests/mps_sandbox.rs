@@ -148,18 +148,7 @@ fn kill_and_wait(root: &Path) -> i32 {
 
 /// What a plain control client (outside any sandbox) gets from the daemon behind `pipe`.
 fn query(pipe: &Path, cmd: &str) -> String {
-    let mut c = std::process::Command::new("nvidia-cuda-mps-control")
-        .env_clear()
-        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut c.stdin.take().unwrap(), format!("{cmd}\n").as_bytes()).unwrap();
-    String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout)
-        .trim()
-        .to_owned()
+    common::mps_client(pipe, cmd)
 }
 
 fn mps_spec(gpu: usize) -> serde_json::Value {

@@ -165,22 +165,7 @@ fn daemon_pid(sb: &Sandbox, key: &str) -> i32 {
 
 /// NVIDIA's client, run on the host against `pipe` (the test's own look at a daemon).
 fn ask(pipe: &Path, cmd: &str) -> String {
-    let mut c = Command::new("nvidia-cuda-mps-control")
-        .env_clear()
-        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{cmd}\n").as_bytes())
-        .unwrap();
-    let out = c.wait_with_output().unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    common::mps_client(pipe, cmd)
 }
 
 /// The pid listening on the unix socket `sock`, as the kernel says (`SO_PEERCRED`).

@@ -4,6 +4,7 @@
 //! is parsed as untrusted bytes: a wrong size, magic or version reads as nothing.
 
 use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use crate::host::state::StateDir;
@@ -45,8 +46,6 @@ pub fn used_on(path: &Path, uuid: &str) -> Option<u64> {
     f.take(SIZE as u64 + 1).read_to_end(&mut buf).ok()?;
     used_in(&buf, &want)
 }
-
-use std::os::unix::fs::OpenOptionsExt;
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))

@@ -535,3 +535,20 @@ pub fn process_gone(pid: i64) -> bool {
         })
         .unwrap_or(true)
 }
+
+/// NVIDIA's control client run on `pipe` with `cmd` on its stdin (as a tenant runs it, or as a
+/// test looks at a daemon independently of gpushare's own protocol code): its trimmed stdout.
+pub fn mps_client(pipe: &Path, cmd: &str) -> String {
+    let mut c = Command::new("nvidia-cuda-mps-control")
+        .env_clear()
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut c.stdin.take().unwrap(), format!("{cmd}\n").as_bytes()).unwrap();
+    String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout)
+        .trim()
+        .to_owned()
+}
