@@ -16,31 +16,13 @@
 source "$(dirname "$0")/lib.sh"
 need runc jq gzip sha256sum python3
 FIX=$GS_REPO/tests/fixtures/containerd
+need_containerd system "system trixie sid"
 case ${CRI_CONTAINERD:-system} in
-system)
-    need containerd ctr
-    CTD_PATH=$PATH
-    CASES="debian12-stock.toml kubeadm-systemd-cgroup.toml empty missing"
-    ;;
-trixie)
-    need_trixie usr/bin/containerd usr/bin/ctr usr/bin/containerd-shim-runc-v2
-    CTD_PATH=$TRIXIE/usr/bin:$PATH
-    CASES="debian13-stock.toml kubeadm-systemd-cgroup.toml empty"
-    ;;
-sid)
-    need_unpacked "$SID" usr/bin/containerd usr/bin/ctr usr/bin/containerd-shim-runc-v2
-    CTD_PATH=$SID/usr/bin:$PATH
-    CASES="containerd2-v3.toml debian13-stock.toml missing"
-    ;;
-*) fail "CRI_CONTAINERD must be system, trixie or sid" ;;
+system) CASES="debian12-stock.toml kubeadm-systemd-cgroup.toml empty missing" ;;
+trixie) CASES="debian13-stock.toml kubeadm-systemd-cgroup.toml empty" ;;
+sid) CASES="containerd2-v3.toml debian13-stock.toml missing" ;;
 esac
-PROTO=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
-need_trixie "$PROTO"
-[ -x "$PYTHON" ] && "$PYTHON" -c 'import grpc_tools' 2>/dev/null ||
-    skip "$PYTHON with grpcio-tools missing (scripts/install-deps.sh)"
-export CRI_GEN=$T/cri-gen
-"$PYTHON" "$GS_REPO/tests/cri/cri.py" gen "$CRI_GEN" "$TRIXIE/$PROTO" || fail "cannot compile the CRI api.proto"
-engine_version containerd env PATH="$CTD_PATH" containerd --version
+cri_client
 VERSION3=no
 [ "${CRI_CONTAINERD:-system}" = sid ] && VERSION3=yes
 

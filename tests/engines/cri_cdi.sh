@@ -8,24 +8,8 @@
 #   CRI_CONTAINERD=sid      containerd 2.x (Debian unstable): CDI on by default, config version 3
 source "$(dirname "$0")/lib.sh"
 need runc jq gzip sha256sum mknod
-case ${CRI_CONTAINERD:-trixie} in
-trixie)
-    need_trixie usr/bin/containerd usr/bin/ctr usr/bin/containerd-shim-runc-v2
-    CTD_PATH=$TRIXIE/usr/bin:$PATH
-    ;;
-sid)
-    need_unpacked "$SID" usr/bin/containerd usr/bin/ctr usr/bin/containerd-shim-runc-v2
-    CTD_PATH=$SID/usr/bin:$PATH
-    ;;
-*) fail "CRI_CONTAINERD must be trixie or sid" ;;
-esac
-PROTO=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
-need_trixie "$PROTO"
-[ -x "$PYTHON" ] && "$PYTHON" -c 'import grpc_tools' 2>/dev/null ||
-    skip "$PYTHON with grpcio-tools missing (scripts/install-deps.sh)"
-export CRI_GEN=$T/cri-gen
-"$PYTHON" "$GS_REPO/tests/cri/cri.py" gen "$CRI_GEN" "$TRIXIE/$PROTO" || fail "cannot compile the CRI api.proto"
-engine_version containerd env PATH="$CTD_PATH" containerd --version
+need_containerd trixie "trixie sid"
+cri_client
 
 C=$T/ctd
 mkdir -p "$C/cni/bin" "$C/cni/conf" "$C/logs" "$T/cdi"

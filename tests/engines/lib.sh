@@ -305,3 +305,36 @@ check_cdi_output() { # file: the CDI spec was applied (device nodes, mounts, env
     has 'update-ldcache' "$T/cdi-hook.log" || fail "the CDI spec's nvidia-cdi-hook did not run"
     ok "CDI applied: /dev/nvidia0, /dev/nvidiactl, libcuda mount, NVIDIA_VISIBLE_DEVICES=void, nvidia-cdi-hook ran"
 }
+
+# The containerd build $CRI_CONTAINERD names (default $1), one of the builds in $2: `system`
+# (this machine's), `trixie` (Debian 13, 1.7) or `sid` (Debian unstable, 2.x). Sets CTD_PATH.
+need_containerd() { # default allowed-builds
+    local build=${CRI_CONTAINERD:-$1}
+    case " $2 " in *" $build "*) ;; *) fail "CRI_CONTAINERD must be one of: $2" ;; esac
+    case $build in
+    system)
+        need containerd ctr
+        CTD_PATH=$PATH
+        ;;
+    trixie)
+        need_trixie usr/bin/containerd usr/bin/ctr usr/bin/containerd-shim-runc-v2
+        CTD_PATH=$TRIXIE/usr/bin:$PATH
+        ;;
+    sid)
+        need_unpacked "$SID" usr/bin/containerd usr/bin/ctr usr/bin/containerd-shim-runc-v2
+        CTD_PATH=$SID/usr/bin:$PATH
+        ;;
+    esac
+}
+
+# The CRI client (tests/cri/cri.py) with its stubs compiled into $CRI_GEN from Debian 13's
+# api.proto, and the containerd version on the log.
+cri_client() {
+    local proto=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
+    need_trixie "$proto"
+    [ -x "$PYTHON" ] && "$PYTHON" -c 'import grpc_tools' 2>/dev/null ||
+        skip "$PYTHON with grpcio-tools missing (scripts/install-deps.sh)"
+    export CRI_GEN=$T/cri-gen
+    "$PYTHON" "$GS_REPO/tests/cri/cri.py" gen "$CRI_GEN" "$TRIXIE/$proto" || fail "cannot compile the CRI api.proto"
+    engine_version containerd env PATH="$CTD_PATH" containerd --version
+}
