@@ -159,15 +159,41 @@ fn look(clients: &[ProcId]) -> Look {
 }
 
 /// Waits until one of `fds` or `inotify` is readable, or `timeout`; drains `inotify`.
-fn wait(fds: &[OwnedFd], inotify: &Inotify, timeout: Duration) {
-    let mut polls: Vec<PollFd<'_>> = fds
-        .iter()
-        .map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN))
-        .collect();
-    polls.push(PollFd::new(inotify.as_fd(), PollFlags::POLLIN));
-    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
-    let _ = nix::poll::poll(&mut polls, PollTimeout::from(ms));
-    while inotify.read_events().is_ok_and(|e| !e.is_empty()) {}
+/// Waits until a watched client's pidfd is readable (its process exited), `record` (the GPU's
+/// record file name) is written or removed, the watched directory goes, or `timeout` passes.
+/// Other names in the directory (other GPUs' records, every hook's lock files, temp files)
+/// change with each hook on the node: they do not wake the reaper.
+fn wait(fds: &[OwnedFd], inotify: &Inotify, record: &std::ffi::OsStr, timeout: Duration) {
+    let end = std::time::Instant::now() + timeout;
+    loop {
+        let mut polls: Vec<PollFd<'_>> = fds
+            .iter()
+            .map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN))
+            .collect();
+        polls.push(PollFd::new(inotify.as_fd(), PollFlags::POLLIN));
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        if nix::poll::poll(&mut polls, PollTimeout::from(ms)).is_ok_and(|n| n == 0) {
+            return;
+        }
+        let exited = polls[..fds.len()]
+            .iter()
+            .any(|p| p.revents().is_some_and(|r| !r.is_empty()));
+        let mut ours = false;
+        while let Ok(events) = inotify.read_events() {
+            if events.is_empty() {
+                break;
+            }
+            ours |= events.iter().any(|e| {
+                e.name.as_deref() == Some(record)
+                    || e.mask
+                        .intersects(AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_IGNORED)
+            });
+        }
+        if exited || ours || std::time::Instant::now() >= end {
+            return;
+        }
+    }
 }
 
 /// The reaper of GPU `uuid` (`gpushare-hook reap`). Returns at once when another reaper runs.
@@ -186,6 +212,11 @@ pub fn run(
         return Ok(());
     };
     let gpus = state.gpus_dir();
+    let record = state
+        .record_path(uuid)
+        .file_name()
+        .map(std::ffi::OsStr::to_owned)
+        .unwrap_or_default();
     let inotify =
         Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).map_err(|source| {
             ReaperError::Watch {
@@ -213,7 +244,7 @@ pub fn run(
             Ok(rec) => rec.as_ref().map(watched).unwrap_or_default(),
             Err(e) => {
                 tracing::warn!(uuid, error = %crate::vocab::chain(&e), "reaper: record unreadable; waiting");
-                wait(&[], &inotify, RESCAN);
+                wait(&[], &inotify, &record, RESCAN);
                 continue;
             }
         };
@@ -227,7 +258,7 @@ pub fn run(
             }
         }
         match look(&clients) {
-            Look::Wait(fds) => wait(&fds, &inotify, RESCAN),
+            Look::Wait(fds) => wait(&fds, &inotify, &record, RESCAN),
             Look::Exited => match release(cfg, uuid, open_inventory) {
                 Ok(lines) => {
                     for l in lines {
@@ -236,7 +267,7 @@ pub fn run(
                 }
                 Err(e) => {
                     tracing::warn!(uuid, error = %crate::vocab::chain(&e), "reaper: release failed; retrying");
-                    wait(&[], &inotify, RETRY);
+                    wait(&[], &inotify, &record, RETRY);
                 }
             },
         }
