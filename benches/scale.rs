@@ -56,6 +56,7 @@ fn populate(sd: &StateDir, gpus: u32, domains: usize, per_gpu: usize) {
                         pod: Some(format!("pod-{c}")),
                         container: Some("main".into()),
                     },
+                    cap: None,
                 },
             );
         }
@@ -180,6 +181,8 @@ fn main() {
             ordinal: 0,
         }],
         memory: Some(1 << 30),
+        cap: Some(1 << 30),
+        enforcement: None,
         cores: 100,
         cores_explicit: false,
         timeslice: None,
@@ -212,6 +215,7 @@ fn main() {
                         memory: Some(1 << 30),
                         domain: None,
                         kube: Default::default(),
+                        cap: None,
                     },
                 );
             }
@@ -350,6 +354,7 @@ fn main() {
                         memory: None,
                         domain: None,
                         kube: Default::default(),
+                        cap: None,
                     },
                 );
             }

@@ -156,6 +156,10 @@ pub struct PolicyConfig {
     pub max_memory: Option<String>,
     pub max_cores: u8,
     pub default_cores: u8,
+    /// The sum of the memory caps of a GPU's shares may be at most this times its memory.
+    pub memory_overcommit: f64,
+    /// How a share without a memory cap counts: as the whole GPU, or refused.
+    pub uncapped: crate::vocab::memcap::Uncapped,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -255,6 +259,8 @@ impl Default for PolicyConfig {
             max_memory: None,
             max_cores: 100,
             default_cores: 100,
+            memory_overcommit: 1.0,
+            uncapped: crate::vocab::memcap::Uncapped::WholeGpu,
         }
     }
 }
@@ -364,6 +370,12 @@ impl Config {
         }
         if self.policy.default_cores > self.policy.max_cores {
             return Err(invalid("[policy] default_cores is above max_cores"));
+        }
+        let oc = self.policy.memory_overcommit;
+        if !(oc.is_finite() && (0.1..=100.0).contains(&oc)) {
+            return Err(invalid(&format!(
+                "[policy] memory_overcommit {oc} must be a number from 0.1 to 100 (1.0: caps add up to at most the GPU's memory)"
+            )));
         }
         if self.lock_timeout_seconds == 0 || self.lock_timeout_seconds > 3600 {
             return Err(invalid("lock_timeout_seconds must be 1 to 3600"));

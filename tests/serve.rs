@@ -342,36 +342,6 @@ impl Drop for Prometheus {
     }
 }
 
-/// `cuprobe` (tests/limiter/cuprobe.c) built against the simulated driver, and the directory
-/// that makes the simulated driver loadable as libcuda.so.1.
-fn build_probe(dir: &std::path::Path) -> Option<(std::path::PathBuf, std::path::PathBuf)> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let simlib = dir.join("simlib");
-    let st = Command::new("sh")
-        .arg(root.join("simdriver/install-sim.sh"))
-        .arg(&simlib)
-        .arg(common::simdriver())
-        .stdout(Stdio::null())
-        .status()
-        .ok()?;
-    assert!(st.success(), "install-sim.sh failed");
-    let probe = dir.join("cuprobe");
-    let out = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&probe)
-        .arg(root.join("tests/limiter/cuprobe.c"))
-        .arg(format!("-L{}", simlib.display()))
-        .args(["-lcuda", "-lnvidia-ml", "-ldl"])
-        .output()
-        .ok()?;
-    assert!(
-        out.status.success(),
-        "cc cuprobe.c: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Some((probe, simlib))
-}
-
 #[test]
 fn a_real_prometheus_scrapes_per_container_series_with_the_limiters_account() {
     if !common::require(
@@ -392,7 +362,7 @@ fn a_real_prometheus_scrapes_per_container_series_with_the_limiters_account() {
         ),
     );
     let _c = Cleanup(sb.path().to_path_buf());
-    let (probe, simlib) = build_probe(sb.path()).expect("cc and install-sim.sh");
+    let (probe, simlib) = common::build_probe(sb.path()).expect("cc and install-sim.sh");
     // A limit pod on GPU 0 and an MPS pod on GPU 1, named as the kubelet names them.
     let bl = sb.bundle(
         "l",

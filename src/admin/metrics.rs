@@ -222,7 +222,7 @@ fn render_openmetrics(cfg: &Config, inventory: Option<&dyn Inventory>) -> String
         ("gpushare_domain_drift", "1 when the daemon's defaults differ from what gpushare set"),
         ("gpushare_domain_tampered", "1 when the domain's control socket is held by a process other than the daemon gpushare started"),
         ("gpushare_domain_clients", "Containers in the MPS isolation domain"),
-        ("gpushare_container_info", "A container with a share: its mode, domain and enforcing backend"),
+        ("gpushare_container_info", "A container with a share: its mode, domain, enforcing backend and what enforces its memory cap (memory_backend: driver, limiter, none)"),
         ("gpushare_container_memory_cap_bytes", "The container's device memory cap on the GPU"),
         ("gpushare_container_cores_ratio", "The container's share of the GPU's SMs, as a ratio"),
         ("gpushare_container_device_memory_used_bytes", "Device memory the container's processes hold on the GPU, from the limiter's account"),
@@ -313,8 +313,14 @@ fn render_openmetrics(cfg: &Config, inventory: Option<&dyn Inventory>) -> String
             info.push(("mode".into(), c.mode.to_string()));
             info.push(("domain".into(), c.domain.clone().unwrap_or_default()));
             info.push(("backend".into(), backend(c.mode).into()));
+            info.push((
+                "memory_backend".into(),
+                c.cap
+                    .as_ref()
+                    .map_or("none".into(), |k| k.enforcement.backend.to_string()),
+            ));
             g.set("gpushare_container_info", &info, 1.0);
-            if let Some(m) = c.memory {
+            if let Some(m) = c.cap.as_ref().map(|k| k.bytes).or(c.memory) {
                 g.set("gpushare_container_memory_cap_bytes", &cl, m as f64);
             }
             g.set(
@@ -322,8 +328,22 @@ fn render_openmetrics(cfg: &Config, inventory: Option<&dyn Inventory>) -> String
                 &cl,
                 f64::from(c.cores) / 100.0,
             );
-            if c.mode == Mode::Limit {
-                if let Some(used) = account::used_on(&account::region_path(&sd, id), &gpu.uuid) {
+            let driver_cgroup = c.cap.as_ref().and_then(|k| {
+                (k.enforcement.backend == crate::vocab::memcap::Backend::Driver)
+                    .then_some(k.enforcement.cgroup.as_deref())
+                    .flatten()
+            });
+            let used = match driver_cgroup {
+                Some(cg) => inventory
+                    .and_then(|i| i.memory_limits(gpu.index, cg).ok())
+                    .map(|l| l.used),
+                None if c.mode == Mode::Limit || c.cap.is_some() => {
+                    account::used_on(&account::region_path(&sd, id), &gpu.uuid)
+                }
+                None => None,
+            };
+            {
+                if let Some(used) = used {
                     g.set(
                         "gpushare_container_device_memory_used_bytes",
                         &cl,

@@ -22,6 +22,49 @@ pub struct ClientStatus {
     pub alive: bool,
     pub cores: u8,
     pub memory: Option<u64>,
+    /// Its memory cap for the whole container: bytes, what enforces it, and its use now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap: Option<CapStatus>,
+}
+
+/// A container's memory cap in `status`.
+#[derive(Debug, Serialize)]
+pub struct CapStatus {
+    pub bytes: u64,
+    pub backend: crate::vocab::memcap::Backend,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// Why the driver does not enforce it (limiter backend).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// Device memory the container uses now: NVML's `currentUsed` of its cgroup (driver), or
+    /// the limiter's account (limiter); `None` when neither could be read.
+    pub used: Option<u64>,
+}
+
+/// A client's cap with its current use.
+fn cap_status(
+    sd: &StateDir,
+    inventory: Option<&dyn Inventory>,
+    index: u32,
+    uuid: &str,
+    id: &str,
+    cap: &crate::host::state::Cap,
+) -> CapStatus {
+    let e = &cap.enforcement;
+    let used = match (&e.backend, &e.cgroup) {
+        (crate::vocab::memcap::Backend::Driver, Some(cg)) => inventory
+            .and_then(|i| i.memory_limits(index, cg).ok())
+            .map(|l| l.used),
+        _ => crate::host::account::used_on(&crate::host::account::region_path(sd, id), uuid),
+    };
+    CapStatus {
+        bytes: cap.bytes,
+        backend: e.backend,
+        cgroup: e.cgroup.clone(),
+        why: e.why.clone(),
+        used,
+    }
 }
 
 /// One MPS daemon in `status`.
@@ -192,6 +235,10 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
                     alive: c.process.is_none_or(|p| p.is_alive()),
                     cores: c.cores,
                     memory: c.memory,
+                    cap: c
+                        .cap
+                        .as_ref()
+                        .map(|k| cap_status(&sd, inventory, rec.index, &uuid, id, k)),
                 })
                 .collect(),
             error: None,
@@ -269,6 +316,19 @@ impl Report for Status {
                     c.cores,
                     c.memory.map_or("-".into(), crate::vocab::size::human),
                 ));
+                if let Some(k) = &c.cap {
+                    out.push_str(&format!(
+                        "    cap {} for the container, enforced by the {}{}  used {}\n",
+                        crate::vocab::size::human(k.bytes),
+                        k.backend,
+                        match (&k.cgroup, &k.why) {
+                            (Some(cg), _) => format!(" on {cg}"),
+                            (None, Some(why)) => format!(" ({why})"),
+                            _ => String::new(),
+                        },
+                        k.used.map_or("?".into(), crate::vocab::size::human),
+                    ));
+                }
             }
         }
         out

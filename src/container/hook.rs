@@ -78,9 +78,19 @@ pub fn create_runtime(
         crate::decide::profile::given(&c.spec.hooks.create_runtime, &c.spec.process.env, name)?;
         p.apply(&mut c.spec.annotations)?;
     }
-    let Some((plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory)? else {
+    let Some((mut plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory)? else {
         return Ok(Outcome::Nothing);
     };
+    if plan.cap.is_some() {
+        let gpus: Vec<u32> = plan.gpus.iter().map(|g| g.index).collect();
+        plan.enforcement = Some(crate::host::cgroup::choose(
+            inventory.as_ref(),
+            &gpus,
+            c.pid,
+            c.spec.linux.cgroups_path.as_deref(),
+            &c.id,
+        ));
+    }
     if dry_run {
         return Ok(Outcome::Done(plan));
     }

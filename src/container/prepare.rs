@@ -39,7 +39,9 @@ pub fn edit_for(plan: &Plan, cfg: &Config, key: &str, config_path: Option<&Path>
     }
     Edit {
         env: inject::container_env(plan),
-        preload: (plan.mode == Mode::Limit).then(|| inject::limiter_in_container(cfg)),
+        preload: plan
+            .uses_limiter()
+            .then(|| inject::limiter_in_container(cfg)),
         mounts: inject::bindings(plan, cfg, key),
         owned: Some(cfg.state_dir.clone()),
         hook: Some(HookCall {
@@ -292,6 +294,8 @@ mod tests {
                 ordinal: 0,
             }],
             memory: None,
+            cap: None,
+            enforcement: None,
             cores: 100,
             cores_explicit: false,
             timeslice: None,

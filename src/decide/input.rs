@@ -107,6 +107,9 @@ pub struct UserView {
 #[serde(default)]
 pub struct LinuxView {
     pub devices: Vec<DeviceView>,
+    /// `linux.cgroupsPath`: where the engine asked the runtime to put the container.
+    #[serde(rename = "cgroupsPath")]
+    pub cgroups_path: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

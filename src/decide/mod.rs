@@ -1,6 +1,7 @@
 //! Deciding, pure: the container's spec and the admin policy in, a [`plan::Plan`] out. Nothing
 //! here touches the host; tests compare plans as data and `--dry-run` prints them.
 
+pub mod admission;
 pub mod devices;
 pub mod domain;
 pub mod front;

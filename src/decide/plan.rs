@@ -9,6 +9,7 @@ use crate::decide::devices::{self, DeviceError};
 use crate::decide::domain::PlannedDomain;
 use crate::decide::input::SpecView;
 use crate::decide::request::Request;
+use crate::vocab::memcap::Enforcement;
 use crate::vocab::quantity::to_mib;
 use crate::vocab::Gpu;
 use crate::vocab::{Mode, Timeslice};
@@ -28,8 +29,17 @@ pub struct Plan {
     pub container: String,
     pub mode: Mode,
     pub gpus: Vec<PlannedGpu>,
-    /// Per-GPU device-memory cap in bytes.
+    /// Per-GPU device-memory limit in bytes (for `mps` the per-process pinned limit; a joiner
+    /// that names none is given its domain's).
     pub memory: Option<u64>,
+    /// Per-GPU memory cap for the whole container, all its processes together: the
+    /// `gpu.share.memory` it asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cap: Option<u64>,
+    /// What enforces [`Plan::cap`], once the hook knows the container's cgroup (`None` in a
+    /// spec edit, which comes before the container exists).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<Enforcement>,
     /// SM share in percent (100: no cap).
     pub cores: u8,
     /// Whether the container named its cores (otherwise they are its domain's or the policy's).
@@ -78,6 +88,8 @@ pub fn decide(
         mode: req.mode,
         gpus,
         memory: req.memory,
+        cap: req.memory,
+        enforcement: None,
         cores: req.cores,
         cores_explicit: req.cores_explicit,
         timeslice: req.timeslice,
@@ -112,21 +124,42 @@ impl Plan {
                         .collect();
                     env.push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), limits.join(",")));
                 }
+                env.extend(self.limiter_env());
             }
-            Mode::Limit => {
-                if let Some(m) = self.memory {
-                    for g in &self.gpus {
-                        env.push((
-                            format!("CUDA_DEVICE_MEMORY_LIMIT_{}", g.ordinal),
-                            m.to_string(),
-                        ));
-                    }
-                }
-                if self.cores < 100 {
-                    env.push(("CUDA_DEVICE_SM_LIMIT".into(), self.cores.to_string()));
-                }
+            Mode::Limit | Mode::Timeslice => env.extend(self.limiter_env()),
+        }
+        env
+    }
+
+    /// Whether the container gets the limiter preloaded: always in `limit` mode; in `mps` and
+    /// `timeslice` when it asked for a memory cap (the limiter keeps the container-wide
+    /// account, and reports the cap inside, whichever backend enforces it).
+    pub fn uses_limiter(&self) -> bool {
+        self.mode == Mode::Limit || self.cap.is_some()
+    }
+
+    /// The limiter's env: the container's cap per GPU (its CUDA ordinal), and in `limit` mode
+    /// the SM share (MPS enforces `mps` cores itself; `timeslice` takes none).
+    pub fn limiter_env(&self) -> Vec<(String, String)> {
+        let mut env = Vec::new();
+        if !self.uses_limiter() {
+            return env;
+        }
+        let cap = if self.mode == Mode::Limit {
+            self.memory
+        } else {
+            self.cap
+        };
+        if let Some(m) = cap {
+            for g in &self.gpus {
+                env.push((
+                    format!("CUDA_DEVICE_MEMORY_LIMIT_{}", g.ordinal),
+                    m.to_string(),
+                ));
             }
-            Mode::Timeslice => {}
+        }
+        if self.mode == Mode::Limit && self.cores < 100 {
+            env.push(("CUDA_DEVICE_SM_LIMIT".into(), self.cores.to_string()));
         }
         env
     }
@@ -193,8 +226,23 @@ mod tests {
                 ),
                 ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "30".into()),
                 ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), "0=4096M".into()),
+                // The container-wide cap, kept by the limiter's account.
+                (
+                    "CUDA_DEVICE_MEMORY_LIMIT_0".into(),
+                    (4u64 << 30).to_string()
+                ),
             ]
         );
+        assert!(plan.uses_limiter());
+        let uncapped = Plan {
+            cap: None,
+            ..plan.clone()
+        };
+        assert!(!uncapped.uses_limiter());
+        assert!(!uncapped
+            .container_env()
+            .iter()
+            .any(|(k, _)| k.starts_with("CUDA_DEVICE_")));
     }
 
     #[test]

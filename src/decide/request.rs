@@ -61,6 +61,8 @@ pub enum RequestError {
         mode: Mode,
         allowed: String,
     },
+    #[error("gpu.share={mode} without gpu.share.memory is refused on this node ([policy] uncapped = \"refuse\"): every share must name its memory cap, e.g. gpu.share.memory=8Gi")]
+    Uncapped { mode: Mode },
     #[error("unknown annotation {0:?}; valid keys are gpu.share, gpu.share.devices, gpu.share.memory, gpu.share.cores, gpu.share.timeslice, gpu.share.group")]
     UnknownKey(String),
     #[error("{key}: value is longer than 4096 bytes")]
@@ -276,7 +278,6 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
 
     let memory = match src.get(&MEMORY, fb)? {
         Some((key, v)) => {
-            not_for_timeslice(mode, key)?;
             let bytes = quantity::parse_memory(&v)
                 .map_err(|source| RequestError::Quantity { key, source })?;
             if let Some(max) = cfg.max_memory_bytes() {
@@ -289,6 +290,9 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
                 }
             }
             Some(bytes)
+        }
+        None if cfg.policy.uncapped == crate::vocab::memcap::Uncapped::Refuse => {
+            return Err(RequestError::Uncapped { mode });
         }
         None => None,
     };
@@ -537,6 +541,15 @@ mod tests {
                 }),
             ),
             (
+                "timeslice with a memory cap",
+                vec![("gpu.share", "timeslice"), ("gpu.share.memory", "1Gi")],
+                vec![],
+                Some(Request {
+                    memory: Some(1 << 30),
+                    ..req(Mode::Timeslice)
+                }),
+            ),
+            (
                 "env limits",
                 vec![],
                 vec![
@@ -630,12 +643,6 @@ mod tests {
                 vec![("gpu.share", "mps"), ("gpu.share.timeslice", "long")],
                 vec![],
                 "only applies to timeslice",
-            ),
-            (
-                "memory on timeslice",
-                vec![("gpu.share", "timeslice"), ("gpu.share.memory", "1Gi")],
-                vec![],
-                "only applies",
             ),
             (
                 "bad timeslice",
@@ -752,6 +759,28 @@ mod tests {
         for (input, want) in rows {
             assert_eq!(&parse_selector(input), want, "{input:?}");
         }
+    }
+
+    #[test]
+    fn uncapped_refuse_wants_a_memory_cap_in_every_mode() {
+        let mut cfg = Config::default();
+        cfg.policy.uncapped = crate::vocab::memcap::Uncapped::Refuse;
+        for mode in ["mps", "timeslice", "limit"] {
+            let e = run(&[("gpu.share", mode)], &[], &cfg).unwrap_err();
+            assert!(
+                e.to_string().contains("uncapped = \"refuse\""),
+                "{mode}: {e}"
+            );
+            // Positive control: the same request with a cap passes.
+            let ok = run(
+                &[("gpu.share", mode), ("gpu.share.memory", "1Gi")],
+                &[],
+                &cfg,
+            );
+            assert_eq!(ok.unwrap().unwrap().memory, Some(1 << 30), "{mode}");
+        }
+        // A container that asks for no share is not a share.
+        assert!(run(&[], &[], &cfg).unwrap().is_none());
     }
 
     #[test]

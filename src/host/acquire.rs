@@ -13,8 +13,9 @@ use crate::decide::plan::{Plan, PlannedGpu};
 use crate::host::events::{self, Event};
 use crate::host::mps::{Control, MpsControl, MpsDirs, MpsError};
 use crate::host::procinfo::ProcId;
-use crate::host::state::{now_seconds, Client, Daemon, Domain, Record, StateDir, StateError};
+use crate::host::state::{now_seconds, Cap, Client, Daemon, Domain, Record, StateDir, StateError};
 use crate::host::timeslice::{self, TimesliceError};
+use crate::vocab::memcap::{Backend, Enforcement, LIMIT_MAX};
 use crate::vocab::quantity::to_mib;
 use crate::vocab::{ComputeMode, Inventory, InventoryError, Isolation, Mode};
 
@@ -41,6 +42,16 @@ pub enum AcquireError {
     },
     #[error("an mps plan without an isolation domain")]
     NoDomain,
+    #[error(transparent)]
+    Overcommitted(#[from] crate::decide::admission::Overcommitted),
+    #[error("cannot set the driver's memory limit of {cap_mib}Mi on {cgroup} for GPU {index}, so the container would run uncapped; it is refused. Check `gpushare-hook doctor`, or ask an admin")]
+    DriverLimit {
+        index: u32,
+        cgroup: String,
+        cap_mib: u64,
+        #[source]
+        source: InventoryError,
+    },
 }
 
 /// What the doing layer works with: the policy, the state directory, the GPUs and the MPS
@@ -64,6 +75,8 @@ struct Done {
     domain: Option<String>,
     /// The compute mode this acquire changed away from.
     compute_mode_before: Option<ComputeMode>,
+    /// The cgroup whose driver memory limits this acquire set on this GPU.
+    driver_limit: Option<String>,
 }
 
 impl<'a> Host<'a> {
@@ -234,6 +247,7 @@ impl<'a> Host<'a> {
             started: None,
             domain: plan.domain.as_ref().map(|d| d.key.clone()),
             compute_mode_before: None,
+            driver_limit: None,
         };
         if let Some(serving) = rec.serving().filter(|_| !rec.clients.is_empty()) {
             if (serving == Mode::Mps) != (plan.mode == Mode::Mps) {
@@ -246,13 +260,15 @@ impl<'a> Host<'a> {
                 });
             }
         }
+        self.admit_memory(&rec, plan, gpu)?;
         let result = match plan.mode {
             Mode::Mps => {
                 let planned = plan.domain.as_ref().ok_or(AcquireError::NoDomain)?;
                 self.join_domain(&mut rec, plan, planned, &mut done)
             }
             _ => self.plain_share(&mut rec, plan, &mut done),
-        };
+        }
+        .and_then(|()| self.set_driver_limit(plan, gpu, &mut done));
         if let Err(e) = result {
             self.rollback(vec![done]);
             return Err(e);
@@ -283,6 +299,14 @@ impl<'a> Host<'a> {
                 memory,
                 domain: plan.domain.as_ref().map(|d| d.key.clone()),
                 kube: self.labels.clone(),
+                cap: plan.cap.map(|bytes| Cap {
+                    bytes,
+                    enforcement: plan.enforcement.clone().unwrap_or(Enforcement {
+                        backend: Backend::Limiter,
+                        cgroup: None,
+                        why: Some("the hook did not know the container's cgroup".into()),
+                    }),
+                }),
             },
         );
         rec.tidy();
@@ -292,6 +316,77 @@ impl<'a> Host<'a> {
         }
         crate::failpoint::hit("acquire-saved");
         Ok(done)
+    }
+
+    /// Refuses a request whose memory cap (or an uncapped share, counted as the whole GPU)
+    /// would take the caps of the GPU's shares above `[policy] memory_overcommit` times its
+    /// memory. A GPU whose size NVML does not report is not counted (logged).
+    fn admit_memory(
+        &self,
+        rec: &Record,
+        plan: &Plan,
+        gpu: &PlannedGpu,
+    ) -> Result<(), AcquireError> {
+        let total = match self.inventory.memory_total(gpu.index) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(
+                    uuid = %gpu.uuid,
+                    "memory caps not counted: GPU {} reports no size: {}",
+                    gpu.index,
+                    crate::vocab::chain(&e)
+                );
+                return Ok(());
+            }
+        };
+        let holders = rec
+            .clients
+            .iter()
+            .map(|(id, c)| (id.as_str(), c.cap.as_ref().map(|k| k.bytes)));
+        crate::decide::admission::admit(
+            gpu.index,
+            &gpu.uuid,
+            total,
+            holders,
+            plan.cap,
+            self.cfg.policy.memory_overcommit,
+        )?;
+        Ok(())
+    }
+
+    /// Sets the driver's memory limit of the container's cgroup on this GPU when the driver
+    /// backend enforces its cap; a failure refuses the container (never uncapped).
+    fn set_driver_limit(
+        &self,
+        plan: &Plan,
+        gpu: &PlannedGpu,
+        done: &mut Done,
+    ) -> Result<(), AcquireError> {
+        let (
+            Some(cap),
+            Some(Enforcement {
+                backend: Backend::Driver,
+                cgroup: Some(cgroup),
+                ..
+            }),
+        ) = (plan.cap, plan.enforcement.as_ref())
+        else {
+            return Ok(());
+        };
+        crate::failpoint::hit("acquire-driver-limit");
+        // Soft 0: only the hard cap. A soft limit raises every ancestor's `dmem.min`, and the
+        // runtime deletes the container's cgroup before poststop could lower it again, so the
+        // ancestors would keep the reservation (NVIDIA's MPS memory partitioning guide).
+        self.inventory
+            .set_memory_limits(gpu.index, cgroup, 0, cap)
+            .map_err(|source| AcquireError::DriverLimit {
+                index: gpu.index,
+                cgroup: cgroup.clone(),
+                cap_mib: to_mib(cap),
+                source,
+            })?;
+        done.driver_limit = Some(cgroup.clone());
+        Ok(())
     }
 
     /// `timeslice` / `limit`: stops leftover daemons, puts the GPU in DEFAULT, sets the slice.
@@ -526,6 +621,7 @@ impl<'a> Host<'a> {
             started: None,
             domain: None,
             compute_mode_before: None,
+            driver_limit: None,
         };
         self.ensure_daemon(rec, key, &mut done)
     }
@@ -628,6 +724,18 @@ impl<'a> Host<'a> {
             if let Some(p) = d.compute_mode_before {
                 let _ = self.inventory.set_compute_mode(d.gpu.index, p);
             }
+            if let Some(cgroup) = &d.driver_limit {
+                let held_before = d.before.as_ref().is_some_and(|r| {
+                    r.clients.values().any(|c| {
+                        c.cap
+                            .as_ref()
+                            .is_some_and(|k| k.enforcement.cgroup.as_deref() == Some(cgroup))
+                    })
+                });
+                if !held_before {
+                    let _ = clear_driver_limit(self.inventory, d.gpu.index, cgroup);
+                }
+            }
             let before = d
                 .before
                 .clone()
@@ -685,4 +793,27 @@ impl<'a> Host<'a> {
         self.state.save(&rec)?;
         Ok(enforced)
     }
+}
+
+/// Clears the driver's memory limits of `cgroup` on GPU `index` (soft 0, hard max). A cgroup
+/// that is gone has none left (removing a cgroup clears its limits): `Ok(false)`. A failure is
+/// logged and returned for the caller's report.
+pub(crate) fn clear_driver_limit(
+    inventory: &dyn Inventory,
+    index: u32,
+    cgroup: &str,
+) -> Result<bool, InventoryError> {
+    if !std::path::Path::new(cgroup).is_dir() {
+        return Ok(false);
+    }
+    inventory
+        .set_memory_limits(index, cgroup, 0, LIMIT_MAX)
+        .inspect_err(|e| {
+            tracing::warn!(
+                cgroup,
+                "cannot clear the driver's memory limit on GPU {index}: {}",
+                crate::vocab::chain(e)
+            );
+        })
+        .map(|()| true)
 }

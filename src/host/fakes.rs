@@ -31,6 +31,13 @@ pub(crate) struct FakeInventory {
     sets: RefCell<Vec<(u32, ComputeMode)>>,
     fail_set: RefCell<BTreeSet<u32>>,
     on_set: RefCell<Option<OnSet>>,
+    /// Each GPU's size (`None`: not reported).
+    memory: Cell<Option<u64>>,
+    /// The driver's cgroup memory limits: whether it has them, whether setting fails, and
+    /// every set asked for (GPU, cgroup, soft, hard).
+    driver_limits: Cell<bool>,
+    fail_limits: Cell<bool>,
+    limit_sets: RefCell<Vec<(u32, String, u64, u64)>>,
 }
 
 impl FakeInventory {
@@ -41,7 +48,29 @@ impl FakeInventory {
             sets: RefCell::new(Vec::new()),
             fail_set: RefCell::new(BTreeSet::new()),
             on_set: RefCell::new(None),
+            memory: Cell::new(None),
+            driver_limits: Cell::new(false),
+            fail_limits: Cell::new(false),
+            limit_sets: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Every GPU reports `bytes` of memory.
+    pub(crate) fn with_memory(self, bytes: u64) -> Self {
+        self.memory.set(Some(bytes));
+        self
+    }
+
+    /// The driver has cgroup memory limits (`fail`: and refuses every set).
+    pub(crate) fn with_driver_limits(self, fail: bool) -> Self {
+        self.driver_limits.set(true);
+        self.fail_limits.set(fail);
+        self
+    }
+
+    /// Every driver memory-limit set asked for: (GPU, cgroup, soft, hard).
+    pub(crate) fn limit_sets(&self) -> Vec<(u32, String, u64, u64)> {
+        self.limit_sets.borrow().clone()
     }
 
     /// The current compute mode of every GPU.
@@ -109,6 +138,34 @@ impl Inventory for FakeInventory {
         }
         if let Some(f) = self.on_set.borrow_mut().as_mut() {
             f(index, mode);
+        }
+        Ok(())
+    }
+
+    fn memory_total(&self, index: u32) -> Result<u64, InventoryError> {
+        self.memory
+            .get()
+            .ok_or_else(|| InventoryError::Unavailable(format!("no size for GPU {index}")))
+    }
+
+    fn has_memory_limits(&self, _index: u32) -> bool {
+        self.driver_limits.get()
+    }
+
+    fn set_memory_limits(
+        &self,
+        index: u32,
+        namespace: &str,
+        soft: u64,
+        hard: u64,
+    ) -> Result<(), InventoryError> {
+        self.limit_sets
+            .borrow_mut()
+            .push((index, namespace.to_owned(), soft, hard));
+        if !self.driver_limits.get() || self.fail_limits.get() {
+            return Err(InventoryError::Unavailable(
+                "injected: the driver refuses memory limits".into(),
+            ));
         }
         Ok(())
     }

@@ -5,6 +5,7 @@ use nvml_wrapper::enum_wrappers::device::ComputeMode as NvmlComputeMode;
 use nvml_wrapper::Nvml;
 
 use crate::config::Config;
+use crate::vocab::memcap::DriverLimits;
 use crate::vocab::{is_safe_name, ComputeMode, Gpu, Inventory, InventoryError};
 
 /// The real inventory, from the configured NVML library.
@@ -34,6 +35,9 @@ pub fn open_for_planning(cfg: &Config) -> Result<Box<dyn Inventory>, InventoryEr
 /// The real inventory: NVML, loaded from a configured library path.
 pub struct NvmlInventory {
     nvml: Nvml,
+    library: String,
+    /// NVML's cgroup memory limits, looked up on first need (`None` inside: not exported).
+    limits: std::sync::OnceLock<Option<crate::sys::NvmlMemoryLimits>>,
 }
 
 impl NvmlInventory {
@@ -49,7 +53,35 @@ impl NvmlInventory {
                 library: library.to_owned(),
                 source,
             })?;
-        Ok(Self { nvml })
+        Ok(Self {
+            nvml,
+            library: library.to_owned(),
+            limits: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn limits_fns(&self) -> Option<&crate::sys::NvmlMemoryLimits> {
+        self.limits
+            .get_or_init(|| crate::sys::NvmlMemoryLimits::open(&self.library))
+            .as_ref()
+    }
+
+    /// The functions and the device, or why not.
+    fn limits_on(
+        &self,
+        call: &'static str,
+        index: u32,
+    ) -> Result<(&crate::sys::NvmlMemoryLimits, nvml_wrapper::Device<'_>), InventoryError> {
+        let fns = self.limits_fns().ok_or(InventoryError::Code {
+            call,
+            code: NVML_ERROR_FUNCTION_NOT_FOUND,
+            what: "this driver's NVML does not export it (r615 or later has it)",
+        })?;
+        let dev = Self::call(
+            "nvmlDeviceGetHandleByIndex",
+            self.nvml.device_by_index(index),
+        )?;
+        Ok((fns, dev))
     }
 
     fn call<T>(
@@ -112,6 +144,67 @@ impl Inventory for NvmlInventory {
         )?;
         Ok(Self::call("nvmlDeviceGetMemoryInfo", dev.memory_info())?.total)
     }
+
+    /// Both functions exported (whether the driver takes a given cgroup is asked of it with
+    /// [`Inventory::memory_limits`]).
+    fn has_memory_limits(&self, _index: u32) -> bool {
+        self.limits_fns().is_some()
+    }
+
+    fn set_memory_limits(
+        &self,
+        index: u32,
+        namespace: &str,
+        soft: u64,
+        hard: u64,
+    ) -> Result<(), InventoryError> {
+        let (fns, dev) = self.limits_on(SET_LIMITS, index)?;
+        let ns = namespace_cstr(namespace, SET_LIMITS)?;
+        code(SET_LIMITS, fns.set(&dev, &ns, soft, hard))
+    }
+
+    fn memory_limits(&self, index: u32, namespace: &str) -> Result<DriverLimits, InventoryError> {
+        let (fns, dev) = self.limits_on(GET_LIMITS, index)?;
+        let ns = namespace_cstr(namespace, GET_LIMITS)?;
+        let (rc, soft, hard, used) = fns.get(&dev, &ns);
+        code(GET_LIMITS, rc)?;
+        Ok(DriverLimits { soft, hard, used })
+    }
+}
+
+const SET_LIMITS: &str = "nvmlDeviceSetMemoryLimits_v1";
+const GET_LIMITS: &str = "nvmlDeviceGetMemoryLimits_v1";
+const NVML_ERROR_FUNCTION_NOT_FOUND: u32 = 13;
+
+fn namespace_cstr(
+    namespace: &str,
+    call: &'static str,
+) -> Result<std::ffi::CString, InventoryError> {
+    std::ffi::CString::new(namespace).map_err(|_| InventoryError::Code {
+        call,
+        code: 2,
+        what: "the cgroup path has a NUL byte",
+    })
+}
+
+/// An NVML return code as a result, with nvml.h's meaning of the codes these calls return.
+fn code(call: &'static str, rc: u32) -> Result<(), InventoryError> {
+    let what = match rc {
+        0 => return Ok(()),
+        1 => "NVML is not initialised",
+        2 => "invalid argument",
+        3 => "not supported on this GPU or driver",
+        4 => "no permission (setting limits needs root)",
+        6 => "no such cgroup, or its cgroup has no dmem controller",
+        13 => "not in this driver's NVML",
+        15 => "the GPU is lost",
+        _ => "driver error",
+    };
+    Err(InventoryError::Code {
+        call,
+        code: rc,
+        what,
+    })
 }
 
 /// An inventory for when NVML cannot be loaded: every call fails with

@@ -3,6 +3,7 @@
 
 pub mod account;
 pub mod acquire;
+pub mod cgroup;
 pub mod counters;
 pub mod events;
 pub mod inventory;
@@ -21,5 +22,7 @@ pub mod timeslice;
 
 #[cfg(test)]
 pub(crate) mod fakes;
+#[cfg(test)]
+mod memcap_tests;
 #[cfg(test)]
 mod tests;

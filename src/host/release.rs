@@ -108,6 +108,7 @@ impl Host<'_> {
                 "{uuid}: dropped client {id}, whose process is gone"
             ));
         }
+        self.clear_driver_limits(&before, &rec, &mut did);
         for (domain, key) in rec.prune_reservations(now_seconds()) {
             did.push(format!(
                 "{uuid}: dropped the expired reservation of {key} in domain {domain}"
@@ -212,6 +213,29 @@ impl Host<'_> {
             self.state.save(&rec)?;
         }
         Ok(did)
+    }
+
+    /// Clears the driver memory limits of the clients `before` had and `after` has not.
+    fn clear_driver_limits(&self, before: &Record, after: &Record, did: &mut Vec<String>) {
+        let uuid = &before.uuid;
+        for (id, c) in &before.clients {
+            if after.clients.contains_key(id) {
+                continue;
+            }
+            let Some(cgroup) = c.cap.as_ref().and_then(|k| k.enforcement.cgroup.as_deref()) else {
+                continue;
+            };
+            match crate::host::acquire::clear_driver_limit(self.inventory, before.index, cgroup) {
+                Ok(true) => did.push(format!(
+                    "{uuid}: cleared the driver's memory limit of {id} on {cgroup}"
+                )),
+                Ok(false) => {}
+                Err(e) => did.push(format!(
+                    "{uuid}: cannot clear the driver's memory limit of {id} on {cgroup}: {}",
+                    crate::vocab::chain(&e)
+                )),
+            }
+        }
     }
 
     /// The check of domain `key`'s daemon `daemon` a joining container gets: it answers in
@@ -359,6 +383,7 @@ impl Host<'_> {
                                 memory: None,
                                 domain: Some(key.clone()),
                                 kube: Default::default(),
+                                cap: None,
                             },
                         );
                         clients += 1;

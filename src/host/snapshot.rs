@@ -220,6 +220,28 @@ impl Inventory for Snapshotted {
         self.real()?.set_compute_mode(index, mode)
     }
 
+    fn has_memory_limits(&self, index: u32) -> bool {
+        self.real().is_ok_and(|r| r.has_memory_limits(index))
+    }
+
+    fn set_memory_limits(
+        &self,
+        index: u32,
+        namespace: &str,
+        soft: u64,
+        hard: u64,
+    ) -> Result<(), InventoryError> {
+        self.real()?.set_memory_limits(index, namespace, soft, hard)
+    }
+
+    fn memory_limits(
+        &self,
+        index: u32,
+        namespace: &str,
+    ) -> Result<crate::vocab::memcap::DriverLimits, InventoryError> {
+        self.real()?.memory_limits(index, namespace)
+    }
+
     fn memory_total(&self, index: u32) -> Result<u64, InventoryError> {
         if let Some(e) = self
             .snapshot

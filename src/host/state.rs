@@ -89,6 +89,17 @@ pub struct Client {
     /// The container's Kubernetes names, when a CRI engine gave them (for metrics).
     #[serde(default, skip_serializing_if = "KubeLabels::is_empty")]
     pub kube: KubeLabels,
+    /// Its memory cap for the whole container, and what enforces it (`None`: uncapped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<Cap>,
+}
+
+/// A container's memory cap on one GPU (all its processes together) and what enforces it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cap {
+    pub bytes: u64,
+    #[serde(flatten)]
+    pub enforcement: crate::vocab::memcap::Enforcement,
 }
 
 /// An MPS control daemon.
@@ -767,6 +778,7 @@ mod tests {
                 memory: None,
                 domain: Some("gpu".into()),
                 kube: KubeLabels::default(),
+                cap: None,
             },
         );
         sd.save(&r).unwrap();

@@ -56,6 +56,13 @@ pub enum InventoryError {
     NotLoaded(#[source] std::sync::Arc<InventoryError>),
     #[error("the GPUs NVML lists differ from those saved in {path}, which was dropped; retry")]
     Changed { path: String },
+    /// A raw NVML return code from a call nvml-wrapper does not know (the r615 memory limits).
+    #[error("NVML {call} failed: {what} (code {code})")]
+    Code {
+        call: &'static str,
+        code: u32,
+        what: &'static str,
+    },
     #[error("NVML reports a GPU UUID {0:?} that is not a safe name")]
     BadUuid(String),
 }
@@ -99,4 +106,42 @@ pub trait Inventory {
     /// succeeded, so that a refused one leaves the state directory as it was. The default:
     /// nothing to keep.
     fn remember(&self) {}
+    /// Whether the driver has cgroup memory limits (NVML exports `nvmlDeviceSetMemoryLimits_v1`
+    /// and `nvmlDeviceGetMemoryLimits_v1`, r615 and later, and answers for GPU `index`). The
+    /// default: no.
+    fn has_memory_limits(&self, index: u32) -> bool {
+        let _ = index;
+        false
+    }
+    /// Sets the driver's memory limits of the cgroup directory `namespace` on GPU `index`
+    /// (soft 0 and hard [`crate::vocab::memcap::LIMIT_MAX`] clear them).
+    ///
+    /// # Errors
+    /// When the driver has no such limits or refuses.
+    fn set_memory_limits(
+        &self,
+        index: u32,
+        namespace: &str,
+        soft: u64,
+        hard: u64,
+    ) -> Result<(), InventoryError> {
+        let _ = (index, namespace, soft, hard);
+        Err(InventoryError::Unavailable(
+            "this inventory has no driver memory limits".into(),
+        ))
+    }
+    /// The driver's memory limits of the cgroup directory `namespace` on GPU `index`.
+    ///
+    /// # Errors
+    /// When the driver has no such limits or cannot answer.
+    fn memory_limits(
+        &self,
+        index: u32,
+        namespace: &str,
+    ) -> Result<crate::vocab::memcap::DriverLimits, InventoryError> {
+        let _ = (index, namespace);
+        Err(InventoryError::Unavailable(
+            "this inventory has no driver memory limits".into(),
+        ))
+    }
 }

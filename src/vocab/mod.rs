@@ -5,6 +5,7 @@
 pub mod chain;
 pub mod domain;
 pub mod gpu;
+pub mod memcap;
 pub mod mode;
 pub mod names;
 pub mod quantity;

@@ -54,6 +54,9 @@ pub fn require(what: &str, cmds: &[&str]) -> bool {
     false
 }
 
+/// The overcommit the sandboxes' policies set unless a test sets its own.
+const SHARING_OVERCOMMIT: &str = "memory_overcommit = 100.0";
+
 /// A private world for one test: state dir, simulated-driver state, policy file, log.
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
@@ -117,6 +120,16 @@ impl Sandbox {
             (top, tables)
         };
         let has_nvml = tables.iter().any(|l| l.trim() == "[nvml]");
+        // Tests of other features share GPUs among containers that name no memory cap; the
+        // admission by memory (`uncapped = "whole-gpu"`, overcommit 1.0 by default) has tests of
+        // its own that set these keys.
+        let mut tables = tables;
+        if !extra.contains("memory_overcommit") && !extra.contains("uncapped") {
+            match tables.iter().position(|l| l.trim() == "[policy]") {
+                Some(i) => tables.insert(i + 1, SHARING_OVERCOMMIT),
+                None => tables.extend(["[policy]", SHARING_OVERCOMMIT]),
+            }
+        }
         let timeout = if extra.contains("lock_timeout_seconds") {
             ""
         } else {
@@ -551,4 +564,34 @@ pub fn mps_client(pipe: &Path, cmd: &str) -> String {
     String::from_utf8_lossy(&c.wait_with_output().unwrap().stdout)
         .trim()
         .to_owned()
+}
+
+/// `cuprobe` (tests/limiter/cuprobe.c) built against the simulated driver, and the directory
+/// that makes the simulated driver loadable as libcuda.so.1.
+pub fn build_probe(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let simlib = dir.join("simlib");
+    let st = Command::new("sh")
+        .arg(root.join("simdriver/install-sim.sh"))
+        .arg(&simlib)
+        .arg(simdriver())
+        .stdout(Stdio::null())
+        .status()
+        .ok()?;
+    assert!(st.success(), "install-sim.sh failed");
+    let probe = dir.join("cuprobe");
+    let out = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&probe)
+        .arg(root.join("tests/limiter/cuprobe.c"))
+        .arg(format!("-L{}", simlib.display()))
+        .args(["-lcuda", "-lnvidia-ml", "-ldl"])
+        .output()
+        .ok()?;
+    assert!(
+        out.status.success(),
+        "cc cuprobe.c: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some((probe, simlib))
 }

@@ -168,6 +168,7 @@ fn gpu_checks(cfg: &Config, inv: &NvmlInventory, out: &mut Vec<Check>) {
         Verdict::Ok,
         format!("{}: {} GPU(s)", cfg.nvml.library, gpus.len()),
     ));
+    out.push(memory_cap_check(cfg, inv, gpus[0].index));
     let status = crate::admin::status::status(cfg, Some(inv));
     for g in gpus {
         let name = format!("gpu {}", g.index);
@@ -233,6 +234,61 @@ fn gpu_checks(cfg: &Config, inv: &NvmlInventory, out: &mut Vec<Check>) {
             (m, None) => (Verdict::Ok, format!("{} compute mode {m}{size}", g.uuid)),
         };
         out.push(check(&name, v, d));
+    }
+}
+
+/// Which backend enforces containers' memory caps on this node, and the admission policy.
+fn memory_cap_check(cfg: &Config, inv: &NvmlInventory, first_gpu: u32) -> Check {
+    let policy = format!(
+        "admission: caps add up to at most {} x each GPU's memory, an uncapped share {}",
+        cfg.policy.memory_overcommit,
+        match cfg.policy.uncapped {
+            crate::vocab::memcap::Uncapped::WholeGpu => "counts as the whole GPU",
+            crate::vocab::memcap::Uncapped::Refuse => "is refused",
+        }
+    );
+    let limiter_ok = cfg.limit.library.is_file();
+    let unified = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|mi| crate::host::cgroup::unified_dir(&mi, "/"));
+    let driver = match (inv.has_memory_limits(first_gpu), &unified) {
+        (false, _) => Err(
+            "NVML does not export nvmlDeviceSetMemoryLimits_v1 (driver r615 or later has it)"
+                .to_owned(),
+        ),
+        (true, None) => {
+            Err("no cgroup v2 hierarchy is mounted; the driver's limits need cgroup v2".to_owned())
+        }
+        (true, Some(root)) => inv
+            .memory_limits(first_gpu, &root.display().to_string())
+            .map(|_| root.display().to_string())
+            .map_err(|e| {
+                format!(
+                    "the driver does not take limits on {}: {}",
+                    root.display(),
+                    crate::vocab::chain(&e)
+                )
+            }),
+    };
+    match (driver, limiter_ok) {
+        (Ok(root), _) => check(
+            "memory caps",
+            Verdict::Ok,
+            format!("driver: NVML's cgroup memory limits on {root}, set on each container's own cgroup; {policy}"),
+        ),
+        (Err(why), true) => check(
+            "memory caps",
+            Verdict::Ok,
+            format!("limiter (cooperative: a process that drops the preload escapes it): {why}; {policy}"),
+        ),
+        (Err(why), false) => check(
+            "memory caps",
+            Verdict::Fail,
+            format!(
+                "no backend: {why}, and the limiter {} is missing, so every request with gpu.share.memory is refused; install it or set [limit] library; {policy}",
+                cfg.limit.library.display()
+            ),
+        ),
     }
 }
 

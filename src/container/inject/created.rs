@@ -65,12 +65,12 @@ pub fn inject(
     bundle: &Path,
     pid: Option<i32>,
 ) -> Result<(), InjectError> {
-    if plan.mode == Mode::Timeslice {
+    if plan.mode == Mode::Timeslice && !plan.uses_limiter() {
         return Ok(());
     }
     let sd = StateDir::new(&cfg.state_dir);
     let mut key = plan.container.clone();
-    if plan.mode == Mode::Limit {
+    if plan.uses_limiter() {
         if let Some(k) = edited_key(&spec.mounts, &sd) {
             key = k;
         }

@@ -41,43 +41,40 @@ pub fn prepare_host(
     rootfs: Option<&Path>,
 ) -> Result<(), InjectError> {
     let sd = StateDir::new(&cfg.state_dir);
-    match plan.mode {
-        Mode::Mps => {
-            if let Some(gpu) = plan.gpus.first() {
-                sd.mps_dirs(&gpu.uuid, plan.domain_key())
-                    .prepare(cfg.mps.shm_bytes())?;
-            }
-            Ok(())
+    if plan.mode == Mode::Mps {
+        if let Some(gpu) = plan.gpus.first() {
+            sd.mps_dirs(&gpu.uuid, plan.domain_key())
+                .prepare(cfg.mps.shm_bytes())?;
         }
-        Mode::Limit => {
-            if !cfg.limit.library.is_file() {
-                return Err(InjectError::NoLimiter(cfg.limit.library.clone()));
-            }
-            // An image the limiter cannot load into is refused before anything is written.
-            if let Some(r) = rootfs {
-                super::libc::check(r)?;
-            }
-            let image = match rootfs {
-                Some(r) => rootfs::read_image_file(r, PRELOAD_IN_CONTAINER).map_err(|source| {
-                    InjectError::Image {
-                        what: PRELOAD_IN_CONTAINER,
-                        source,
-                    }
-                })?,
-                None => None,
-            };
-            let dir = sd.container_dir(key);
-            if key.starts_with(PENDING_PREFIX) {
-                sweep_pending(&sd, PENDING_MAX_AGE);
-            }
-            let res = write_container_dir(&sd, &dir, plan, cfg, image.as_deref());
-            if res.is_err() {
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-            res
-        }
-        Mode::Timeslice => Ok(()),
     }
+    if !plan.uses_limiter() {
+        return Ok(());
+    }
+    if !cfg.limit.library.is_file() {
+        return Err(InjectError::NoLimiter(cfg.limit.library.clone()));
+    }
+    // An image the limiter cannot load into is refused before anything is written.
+    if let Some(r) = rootfs {
+        super::libc::check(r)?;
+    }
+    let image = match rootfs {
+        Some(r) => rootfs::read_image_file(r, PRELOAD_IN_CONTAINER).map_err(|source| {
+            InjectError::Image {
+                what: PRELOAD_IN_CONTAINER,
+                source,
+            }
+        })?,
+        None => None,
+    };
+    let dir = sd.container_dir(key);
+    if key.starts_with(PENDING_PREFIX) {
+        sweep_pending(&sd, PENDING_MAX_AGE);
+    }
+    let res = write_container_dir(&sd, &dir, plan, cfg, image.as_deref());
+    if res.is_err() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    res
 }
 
 fn write_container_dir(
@@ -115,7 +112,10 @@ fn write_container_dir(
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777))
         .map_err(host(&shared))?;
     let mut limits = String::from("# gpushare limits for this container\n");
-    for (k, v) in container_env(plan) {
+    for (k, v) in container_env(plan)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("CUDA_DEVICE_"))
+    {
         limits.push_str(&format!("{k}={v}\n"));
     }
     let lp = dir.join("limits");

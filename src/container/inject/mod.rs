@@ -116,65 +116,62 @@ pub fn limiter_in_container(cfg: &Config) -> String {
 /// per-container directory (the container id, or a pending name).
 pub fn bindings(plan: &Plan, cfg: &Config, key: &str) -> Vec<Binding> {
     let sd = StateDir::new(&cfg.state_dir);
-    match plan.mode {
-        Mode::Mps => {
-            let Some(gpu) = plan.gpus.first() else {
-                return Vec::new();
-            };
-            let dirs = sd.mps_dirs(&gpu.uuid, plan.domain_key());
-            vec![
-                Binding {
-                    source: dirs.pipe,
-                    target: MPS_PIPE_IN_CONTAINER.into(),
-                    dir: true,
-                    readonly: cfg.mps.pipe_readonly,
-                },
-                Binding {
-                    source: dirs.shm,
-                    target: "/dev/shm".into(),
-                    dir: true,
-                    readonly: false,
-                },
-            ]
-        }
-        Mode::Limit => {
-            let dir = sd.container_dir(key);
-            vec![
-                Binding {
-                    source: cfg.limit.library.clone(),
-                    target: limiter_in_container(cfg),
-                    dir: false,
-                    readonly: true,
-                },
-                Binding {
-                    source: dir.join("limits"),
-                    target: LIMITS_IN_CONTAINER.into(),
-                    dir: false,
-                    readonly: true,
-                },
-                Binding {
-                    source: dir.join("shared"),
-                    target: SHARED_IN_CONTAINER.into(),
-                    dir: true,
-                    readonly: false,
-                },
-                Binding {
-                    source: dir.join("ld.so.preload"),
-                    target: PRELOAD_IN_CONTAINER.into(),
-                    dir: false,
-                    readonly: true,
-                },
-            ]
-        }
-        Mode::Timeslice => Vec::new(),
+    let mut out = Vec::new();
+    if plan.mode == Mode::Mps {
+        let Some(gpu) = plan.gpus.first() else {
+            return Vec::new();
+        };
+        let dirs = sd.mps_dirs(&gpu.uuid, plan.domain_key());
+        out.push(Binding {
+            source: dirs.pipe,
+            target: MPS_PIPE_IN_CONTAINER.into(),
+            dir: true,
+            readonly: cfg.mps.pipe_readonly,
+        });
+        out.push(Binding {
+            source: dirs.shm,
+            target: "/dev/shm".into(),
+            dir: true,
+            readonly: false,
+        });
     }
+    if plan.uses_limiter() {
+        let dir = sd.container_dir(key);
+        out.extend([
+            Binding {
+                source: cfg.limit.library.clone(),
+                target: limiter_in_container(cfg),
+                dir: false,
+                readonly: true,
+            },
+            Binding {
+                source: dir.join("limits"),
+                target: LIMITS_IN_CONTAINER.into(),
+                dir: false,
+                readonly: true,
+            },
+            Binding {
+                source: dir.join("shared"),
+                target: SHARED_IN_CONTAINER.into(),
+                dir: true,
+                readonly: false,
+            },
+            Binding {
+                source: dir.join("ld.so.preload"),
+                target: PRELOAD_IN_CONTAINER.into(),
+                dir: false,
+                readonly: true,
+            },
+        ]);
+    }
+    out
 }
 
 /// The env the container gets: the plan's, plus the limiter's shared cache in limit mode.
 /// (`LD_PRELOAD` is appended separately by the spec edit.)
 pub fn container_env(plan: &Plan) -> Vec<(String, String)> {
     let mut env = plan.container_env();
-    if plan.mode == Mode::Limit {
+    if plan.uses_limiter() {
         env.push((
             "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
             SHARED_CACHE_IN_CONTAINER.into(),
@@ -312,6 +309,8 @@ mod tests {
                 ordinal: 0,
             }],
             memory: Some(1 << 30),
+            cap: Some(1 << 30),
+            enforcement: None,
             cores: 50,
             cores_explicit: true,
             timeslice: None,
@@ -348,6 +347,22 @@ mod tests {
             ]
         );
         assert!(lim[2].source.starts_with("/s/containers/c1"));
-        assert!(bindings(&plan(Mode::Timeslice), &cfg, "c1").is_empty());
+        // A memory cap brings the limiter to timeslice and mps too; without one, nothing.
+        let capped = |mode| {
+            let p = plan(mode);
+            bindings(&p, &cfg, "c1")
+                .iter()
+                .map(|b| b.target.clone())
+                .collect::<Vec<_>>()
+        };
+        let limiter_targets: Vec<String> = lim.iter().map(|b| b.target.clone()).collect();
+        assert_eq!(capped(Mode::Timeslice), limiter_targets);
+        assert_eq!(capped(Mode::Mps)[2..], limiter_targets[..]);
+        let uncapped = |mode| Plan {
+            cap: None,
+            ..plan(mode)
+        };
+        assert!(bindings(&uncapped(Mode::Timeslice), &cfg, "c1").is_empty());
+        assert_eq!(bindings(&uncapped(Mode::Mps), &cfg, "c1").len(), 2);
     }
 }

@@ -1,0 +1,377 @@
+//! Which cgroup is a container's own, and which backend enforces its memory cap: the deciding
+//! is pure (the texts of `/proc/<pid>/cgroup` and `/proc/self/mountinfo` in, a path or a
+//! reason out); [`choose`] reads them and asks the driver.
+//!
+//! The driver's limits (`nvmlDeviceSetMemoryLimits_v1`) name a cgroup v2 directory by its full
+//! path. The container's init process, at createRuntime, has not run a line of the image yet,
+//! so its `/proc/<pid>/cgroup` is where the runtime put it; `linux.cgroupsPath` (cgroupfs or
+//! systemd form) must agree with it, so that a limit never lands on a cgroup the container
+//! shares with others (the engine's slice, a user session, the root).
+
+use std::path::{Path, PathBuf};
+
+use crate::vocab::memcap::{Backend, Enforcement};
+use crate::vocab::Inventory;
+
+/// Where a container's processes are, as the kernel lists them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ProcCgroups {
+    /// The unified (v2) hierarchy's path (`0::<path>`).
+    pub unified: Option<String>,
+    /// The v1 `memory` controller's path.
+    pub memory_v1: Option<String>,
+}
+
+/// Parses `/proc/<pid>/cgroup`.
+pub fn parse_proc_cgroup(text: &str) -> ProcCgroups {
+    let mut out = ProcCgroups::default();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if id == "0" && controllers.is_empty() {
+            out.unified = Some(path.to_owned());
+        } else if controllers.split(',').any(|c| c == "memory") {
+            out.memory_v1 = Some(path.to_owned());
+        }
+    }
+    out
+}
+
+/// The cgroup path `linux.cgroupsPath` asks for: systemd's `slice:prefix:name` form (runc's
+/// `--systemd-cgroup`, podman, CRI engines with `SystemdCgroup`) expanded as systemd names
+/// units, else the cgroupfs path itself (made absolute).
+pub fn expected_path(cgroups_path: &str) -> Option<String> {
+    let parts: Vec<&str> = cgroups_path.split(':').collect();
+    match parts.as_slice() {
+        [slice, prefix, name] => {
+            let unit = if name.ends_with(".slice") || name.ends_with(".scope") {
+                (*name).to_owned()
+            } else if prefix.is_empty() {
+                format!("{name}.scope")
+            } else {
+                format!("{prefix}-{name}.scope")
+            };
+            let slice = if slice.is_empty() {
+                "system.slice"
+            } else {
+                slice
+            };
+            Some(format!("{}/{unit}", expand_slice(slice)?))
+        }
+        [path] if !path.is_empty() => Some(if path.starts_with('/') {
+            (*path).to_owned()
+        } else {
+            format!("/{path}")
+        }),
+        _ => None,
+    }
+}
+
+/// `a-b.slice` → `/a.slice/a-b.slice` (systemd.slice(5)); `-.slice` is the root.
+fn expand_slice(slice: &str) -> Option<String> {
+    let stem = slice.strip_suffix(".slice")?;
+    if stem == "-" {
+        return Some(String::new());
+    }
+    if stem.is_empty() || stem.starts_with('-') || stem.ends_with('-') || stem.contains("--") {
+        return None;
+    }
+    let mut path = String::new();
+    let mut prefix = String::new();
+    for part in stem.split('-') {
+        if !prefix.is_empty() {
+            prefix.push('-');
+        }
+        prefix.push_str(part);
+        path.push('/');
+        path.push_str(&prefix);
+        path.push_str(".slice");
+    }
+    Some(path)
+}
+
+/// Whether `path` (the kernel's) is the container's own cgroup: not the root; the one
+/// `cgroups_path` asks for (or a child of it: crun puts the payload in `<scope>/container`);
+/// without a `cgroups_path`, one whose last component names the container id (runc's default
+/// cgroupfs path is `/<id>`).
+pub fn is_own(path: &str, cgroups_path: Option<&str>, id: &str) -> bool {
+    if path == "/" || path.is_empty() || path.contains("/../") || path.ends_with("/..") {
+        return false;
+    }
+    match cgroups_path.and_then(expected_path) {
+        Some(want) => {
+            let want = want.trim_end_matches('/');
+            !want.is_empty()
+                && (path == want
+                    || path.ends_with(&format!("/{}", want.trim_start_matches('/')))
+                    || path.starts_with(&format!("{want}/")))
+        }
+        None => path
+            .rsplit('/')
+            .next()
+            .is_some_and(|leaf| !id.is_empty() && leaf.contains(id)),
+    }
+}
+
+/// The full path of cgroup v2 `path` under a mount of the unified hierarchy, from the host's
+/// `/proc/self/mountinfo` (the first `cgroup2` mount whose root contains it).
+pub fn unified_dir(mountinfo: &str, path: &str) -> Option<PathBuf> {
+    crate::host::mounts::entries(mountinfo)
+        .filter(|e| e.fstype == "cgroup2")
+        .find_map(|e| {
+            let rel = Path::new(path).strip_prefix(&e.root).ok()?;
+            Some(e.mount_point.join(rel))
+        })
+}
+
+/// Why the driver's limits cannot take a container's cgroup (then the limiter enforces).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoDriverCgroup {
+    /// The container is in no cgroup v2 of its own.
+    NotOwn(String),
+    /// The container's memory is accounted in a cgroup v1 hierarchy only.
+    V1Only(String),
+    /// No `cgroup2` mount on the host shows the container's cgroup.
+    NotMounted(String),
+}
+
+impl std::fmt::Display for NoDriverCgroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoDriverCgroup::NotOwn(p) => write!(
+                f,
+                "the container has no cgroup v2 of its own (its unified cgroup is {p:?})"
+            ),
+            NoDriverCgroup::V1Only(p) => write!(
+                f,
+                "the node accounts memory in cgroup v1 ({p:?}); the driver's limits need cgroup v2"
+            ),
+            NoDriverCgroup::NotMounted(p) => {
+                write!(f, "no cgroup2 mount shows the container's cgroup {p:?}")
+            }
+        }
+    }
+}
+
+/// The directory the driver's limits are set on for a container, or why there is none.
+///
+/// # Errors
+/// [`NoDriverCgroup`]: the limiter enforces the cap instead.
+pub fn driver_dir(
+    proc_cgroup: &str,
+    mountinfo: &str,
+    cgroups_path: Option<&str>,
+    id: &str,
+) -> Result<PathBuf, NoDriverCgroup> {
+    let p = parse_proc_cgroup(proc_cgroup);
+    let unified = p.unified.unwrap_or_default();
+    if !is_own(&unified, cgroups_path, id) {
+        // A hybrid node that keeps memory in v1 and the unified hierarchy empty says so.
+        return Err(match p.memory_v1 {
+            Some(v1) => NoDriverCgroup::V1Only(v1),
+            None => NoDriverCgroup::NotOwn(unified),
+        });
+    }
+    unified_dir(mountinfo, &unified).ok_or(NoDriverCgroup::NotMounted(unified))
+}
+
+/// Chooses the backend of a container's memory cap: the driver's cgroup limits when the
+/// container (init process `pid`, still the runtime's at createRuntime) has a cgroup v2 of its
+/// own and the driver answers a read of its limits on every GPU of the plan; else the limiter.
+pub fn choose(
+    inventory: &dyn Inventory,
+    gpus: &[u32],
+    pid: Option<i32>,
+    cgroups_path: Option<&str>,
+    id: &str,
+) -> Enforcement {
+    let limiter = |why: String| Enforcement {
+        backend: Backend::Limiter,
+        cgroup: None,
+        why: Some(why),
+    };
+    let Some(pid) = pid.filter(|p| *p > 0) else {
+        return limiter("the runtime gave no container pid".into());
+    };
+    let read = |p: &str| {
+        std::fs::File::open(p)
+            .and_then(|f| crate::vocab::read_capped(f, 1 << 20))
+            .ok()
+            .flatten()
+            .ok_or(())
+    };
+    let (Ok(proc_cgroup), Ok(mountinfo)) = (
+        read(&format!("/proc/{pid}/cgroup")),
+        read("/proc/self/mountinfo"),
+    ) else {
+        return limiter(format!("cannot read the cgroup of pid {pid}"));
+    };
+    let dir = match driver_dir(
+        &String::from_utf8_lossy(&proc_cgroup),
+        &String::from_utf8_lossy(&mountinfo),
+        cgroups_path,
+        id,
+    ) {
+        Ok(d) => d.display().to_string(),
+        Err(why) => return limiter(why.to_string()),
+    };
+    for &index in gpus {
+        if let Err(e) = inventory.memory_limits(index, &dir) {
+            return limiter(format!(
+                "the driver does not take limits on {dir} for GPU {index}: {}",
+                crate::vocab::chain(&e)
+            ));
+        }
+    }
+    Enforcement {
+        backend: Backend::Driver,
+        cgroup: Some(dir),
+        why: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_cgroup_of_v2_hybrid_and_v1() {
+        let v2 = parse_proc_cgroup("0::/system.slice/docker-abc.scope\n");
+        assert_eq!(
+            v2.unified.as_deref(),
+            Some("/system.slice/docker-abc.scope")
+        );
+        assert_eq!(v2.memory_v1, None);
+        let hybrid = parse_proc_cgroup(
+            "9:name=systemd:/\n4:memory:/docker/abc\n1:cpu,cpuacct:/docker/abc\n0::/\n",
+        );
+        assert_eq!(hybrid.memory_v1.as_deref(), Some("/docker/abc"));
+        assert_eq!(hybrid.unified.as_deref(), Some("/"));
+        assert_eq!(parse_proc_cgroup("garbage\n"), ProcCgroups::default());
+    }
+
+    #[test]
+    fn cgroups_path_forms() {
+        let rows = [
+            // runc/containerd with SystemdCgroup, Docker's systemd driver.
+            ("system.slice:docker:abc", Some("/system.slice/docker-abc.scope")),
+            // kubelet's pod slices.
+            (
+                "kubepods-besteffort-pod12.slice:cri-containerd:abc",
+                Some("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12.slice/cri-containerd-abc.scope"),
+            ),
+            // podman.
+            ("machine.slice:libpod:abc", Some("/machine.slice/libpod-abc.scope")),
+            (":runc:abc", Some("/system.slice/runc-abc.scope")),
+            ("-.slice:x:abc", Some("/x-abc.scope")),
+            // cgroupfs.
+            ("/docker/abc", Some("/docker/abc")),
+            ("kubepods/besteffort/pod12/abc", Some("/kubepods/besteffort/pod12/abc")),
+            // Malformed.
+            ("bad--name.slice:x:abc", None),
+            ("noslice:x:abc", None),
+            ("a:b", None),
+            ("", None),
+        ];
+        for (raw, want) in rows {
+            assert_eq!(expected_path(raw).as_deref(), want, "{raw}");
+        }
+    }
+
+    #[test]
+    fn own_cgroup_table() {
+        let rows = [
+            (
+                "/system.slice/docker-abc.scope",
+                Some("system.slice:docker:abc"),
+                "abc",
+                true,
+            ),
+            // crun's payload sub-cgroup.
+            (
+                "/machine.slice/libpod-abc.scope/container",
+                Some("machine.slice:libpod:abc"),
+                "abc",
+                true,
+            ),
+            // The engine's slice, not the container's scope.
+            (
+                "/system.slice",
+                Some("system.slice:docker:abc"),
+                "abc",
+                false,
+            ),
+            // A nested cgroup namespace shows the path below its root.
+            ("/outer/docker/abc", Some("/docker/abc"), "abc", true),
+            ("/docker/abcd", Some("/docker/abc"), "abc", false),
+            // runc's default cgroupfs path is /<id>.
+            ("/abc", None, "abc", true),
+            ("/user.slice/session-1.scope", None, "abc", false),
+            ("/", Some("/"), "abc", false),
+            ("/", None, "abc", false),
+            ("/docker/../abc", None, "abc", false),
+        ];
+        for (path, cp, id, want) in rows {
+            assert_eq!(is_own(path, cp, id), want, "{path} {cp:?}");
+        }
+    }
+
+    #[test]
+    fn driver_dir_from_mountinfo() {
+        let mi = "30 1 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            driver_dir(
+                "0::/system.slice/docker-abc.scope\n",
+                mi,
+                Some("system.slice:docker:abc"),
+                "abc"
+            ),
+            Ok(PathBuf::from(
+                "/sys/fs/cgroup/system.slice/docker-abc.scope"
+            ))
+        );
+        // Hybrid, memory in v1 and the container in the unified root: nothing of its own.
+        assert!(matches!(
+            driver_dir(
+                "4:memory:/docker/abc\n0::/\n",
+                mi,
+                Some("/docker/abc"),
+                "abc"
+            ),
+            Err(NoDriverCgroup::V1Only(_))
+        ));
+        // Hybrid with a unified scope of its own: the driver is asked (it may answer no).
+        assert!(driver_dir(
+            "4:memory:/docker/abc\n0::/docker/abc\n",
+            mi,
+            Some("/docker/abc"),
+            "abc"
+        )
+        .is_ok());
+        // The root cgroup is never the container's.
+        assert!(matches!(
+            driver_dir("0::/\n", mi, None, "abc"),
+            Err(NoDriverCgroup::NotOwn(_))
+        ));
+        // No cgroup2 mount.
+        let v1only = "30 1 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n";
+        assert!(matches!(
+            driver_dir("0::/abc\n", v1only, None, "abc"),
+            Err(NoDriverCgroup::NotMounted(_))
+        ));
+        // A mount of a sub-tree (a cgroup namespace's view): the path below its root.
+        let sub = "31 1 0:26 /kubepods /mnt/cg rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            driver_dir(
+                "0::/kubepods/pod1/abc\n",
+                sub,
+                Some("/kubepods/pod1/abc"),
+                "abc"
+            ),
+            Ok(PathBuf::from("/mnt/cg/pod1/abc"))
+        );
+    }
+}
