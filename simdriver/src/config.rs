@@ -29,6 +29,9 @@ pub struct Config {
     /// `GPUSHARE_SIM_PITCH_ALIGN`: row alignment of `cuMemAllocPitch` and CUDA arrays, bytes (a
     /// power of two; 512 by default).
     pub pitch_align: u64,
+    /// `GPUSHARE_SIM_MEMORY_LIMITS`: whether the r615 cgroup memory-limit functions exist
+    /// (`0` models an older driver: they answer `NVML_ERROR_FUNCTION_NOT_FOUND`).
+    pub memory_limits: bool,
 }
 
 fn warn(msg: &str) {
@@ -77,6 +80,14 @@ fn parse_u64(name: &str, default: u64) -> u64 {
     }
 }
 
+/// Parses an on/off switch that defaults to on: `0`, `false`, `off` and `no` turn it off.
+pub fn parse_switch(raw: Option<&str>) -> bool {
+    !matches!(
+        raw.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
+        Some("0" | "false" | "off" | "no")
+    )
+}
+
 impl Config {
     fn from_env() -> Config {
         let devices = parse_devices(std::env::var("GPUSHARE_SIM_DEVICES").ok().as_deref());
@@ -105,6 +116,9 @@ impl Config {
                     512
                 }
             },
+            memory_limits: parse_switch(
+                std::env::var("GPUSHARE_SIM_MEMORY_LIMITS").ok().as_deref(),
+            ),
         }
     }
 }
@@ -183,6 +197,21 @@ mod tests {
         ];
         for (what, raw, want) in cases {
             assert_eq!(&parse_devices(*raw), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn switch_parse() {
+        let cases: &[(Option<&str>, bool)] = &[
+            (None, true),
+            (Some(""), true),
+            (Some("1"), true),
+            (Some("0"), false),
+            (Some(" off "), false),
+            (Some("FALSE"), false),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(parse_switch(*raw), *want, "{raw:?}");
         }
     }
 

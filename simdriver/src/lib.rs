@@ -12,6 +12,7 @@
 //! | `GPUSHARE_SIM_KERNEL_US` | simulated GPU time of one kernel launch, microseconds | `500` |
 //! | `GPUSHARE_SIM_CTX_MIB` | device memory a context itself occupies, MiB | `0` |
 //! | `GPUSHARE_SIM_PITCH_ALIGN` | row alignment of pitched memory and CUDA arrays, bytes | `512` |
+//! | `GPUSHARE_SIM_MEMORY_LIMITS` | `0` (or `false`/`off`/`no`) models a driver older than r615: `nvmlDeviceSetMemoryLimits_v1`/`nvmlDeviceGetMemoryLimits_v1` return `NVML_ERROR_FUNCTION_NOT_FOUND` (13) and touch no state | on |
 //!
 //! GPU `i`: UUID `GPU-5a1e0000-0000-4000-8000-{i:012x}`, name
 //! `Simulated GPU (gpushare test driver)`, minor number `i`, NVML index `i` (CUDA ordinal `i`
@@ -26,11 +27,37 @@
 //!   per GPU, simulated busy time). NVML memory info, running processes and utilisation sum the
 //!   records of live processes; a dead process's record (pid gone, or start time from
 //!   `/proc/<pid>/stat` field 22 changed) is ignored and removed, so its memory comes back.
+//! - `memlimits.<i>/<st_dev>.<st_ino>`: r615 cgroup memory limits of one cgroup v2 directory on
+//!   GPU `i` (text `soft=<n>`, `hard=<n>`, `namespace=<path>` lines; temp file + rename; removed
+//!   when cleared). See [`memlimits`].
+//! - `nvml-memory-limits.log`: one JSON line per call of either memory-limit function (success
+//!   or not), e.g. `{"call":"set","index":0,"namespace":"/sys/fs/cgroup/x","soft":1,"hard":2,
+//!   "result":0}` and `{"call":"get",…,"currentUsed":0,"result":0}`; unknown fields are `null`.
 //!
 //! NVML: calls before `nvmlInit*` return `NVML_ERROR_UNINITIALIZED`, a bad index or handle
 //! `NVML_ERROR_INVALID_ARGUMENT`, a too-small buffer `NVML_ERROR_INSUFFICIENT_SIZE`. Handles
 //! are pointers into a static table and are validated when passed back. Utilisation sample
 //! timestamps are CLOCK_MONOTONIC microseconds.
+//!
+//! NVML r615 (CUDA 13.4) cgroup memory limits, as NVIDIA documents them:
+//! `nvmlDeviceSetMemoryLimits_v1(device, nvmlSetMemoryLimits_v1_t *)` (24 bytes: `nameSpace`,
+//! `softLimit`, `hardLimit`) and `nvmlDeviceGetMemoryLimits_v1(device,
+//! nvmlGetMemoryLimits_v1_t *)` (32 bytes: `nameSpace` in; `softLimit`, `hardLimit`,
+//! `currentUsed` out). `nameSpace` is the full path of a cgroup v2 directory. Set needs euid 0
+//! (`NVML_ERROR_NO_PERMISSION`); a null pointer or `nameSpace`, or soft > hard with hard below
+//! `NVML_DEVICE_MEMORY_LIMIT_MAX` (`u64::MAX`), is `NVML_ERROR_INVALID_ARGUMENT`; a missing
+//! directory `NVML_ERROR_NOT_FOUND`. Soft 0 / hard MAX clears, and is what get reads when no
+//! limit is set; removing the cgroup clears its limits. `currentUsed` is the device memory of
+//! the live simulated processes in the cgroup (its `cgroup.procs` and those of the cgroups below
+//! it). A hard limit makes the CUDA side of a process in that cgroup (found from
+//! `/proc/self/cgroup` and the cgroup2 mounts in `/proc/self/mountinfo`, matched by the
+//! directory's `st_dev`/`st_ino`) fail an allocation that would take the cgroup past it with
+//! `CUDA_ERROR_OUT_OF_MEMORY`, and caps what `cuMemGetInfo*` and `nvmlDeviceGetMemoryInfo*`
+//! report there (total = min(device, hard), free = the room left). The soft limit is stored and
+//! read back only. A real pre-r615 `libnvidia-ml.so.1` lacks both symbols; this one library
+//! cannot hide them, so callers must treat a missing symbol and `NVML_ERROR_FUNCTION_NOT_FOUND`
+//! or `NVML_ERROR_NOT_SUPPORTED` alike. Also subject to `GPUSHARE_SIM_FAIL`. What goes beyond
+//! NVIDIA's documentation is listed in [`cuda::guesses`].
 //!
 //! CUDA: allocations are bookkeeping only (fake device pointers, no host memory behind them),
 //! owned by the context that was current (freed when it is destroyed, as a real driver does;
@@ -49,7 +76,11 @@
 //! `install-sim.sh DIR` creates `DIR/libcuda.so.1` and `DIR/libnvidia-ml.so.1` symlinks to the
 //! built library, for `LD_LIBRARY_PATH`.
 
+pub mod cgroup;
+#[cfg(test)]
+mod cgroup_e2e;
 pub mod config;
 pub mod cuda;
+pub mod memlimits;
 pub mod nvml;
 pub mod state;

@@ -8,13 +8,18 @@ use crate::state;
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void, CStr};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+mod limits;
+pub use limits::*;
+
 pub type NvmlReturn = c_uint;
 pub const SUCCESS: NvmlReturn = 0;
 pub const UNINITIALIZED: NvmlReturn = 1;
 pub const INVALID_ARGUMENT: NvmlReturn = 2;
 pub const NOT_SUPPORTED: NvmlReturn = 3;
+pub const NO_PERMISSION: NvmlReturn = 4;
 pub const NOT_FOUND: NvmlReturn = 6;
 pub const INSUFFICIENT_SIZE: NvmlReturn = 7;
+pub const FUNCTION_NOT_FOUND: NvmlReturn = 13;
 pub const UNKNOWN: NvmlReturn = 999;
 
 static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
@@ -156,8 +161,10 @@ pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
         UNINITIALIZED => c"Uninitialized",
         INVALID_ARGUMENT => c"Invalid Argument",
         NOT_SUPPORTED => c"Not Supported",
+        NO_PERMISSION => c"Insufficient Permissions",
         NOT_FOUND => c"Not Found",
         INSUFFICIENT_SIZE => c"Insufficient Size",
+        FUNCTION_NOT_FOUND => c"Function Not Found",
         UNKNOWN => c"Unknown Error",
         _ => c"Unknown Error",
     };
@@ -410,9 +417,12 @@ pub extern "C" fn nvmlDeviceSetComputeMode(device: NvmlDevice, mode: c_uint) -> 
 
 pub use cuda_abi::nvml::{Memory, MemoryV2, MEMORY_V2};
 
+/// `(total, used)` of GPU `i` as the calling process sees it: capped by its cgroup's hard
+/// memory limit, if one applies (used is then what the limit leaves unavailable).
 fn mem_of(i: usize) -> (u64, u64) {
     let total = config().devices[i];
-    (total, state::used_on(i).min(total))
+    let (total, free) = crate::memlimits::view(i, total, state::used_on(i).min(total));
+    (total, total - free)
 }
 
 /// # Safety

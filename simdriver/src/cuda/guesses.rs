@@ -34,6 +34,30 @@
 //!    launch, growing in [`POOL_CHUNK`] steps; freed graph memory stays in that pool until
 //!    `cuDeviceGraphMemTrim` (synchronisation does not release it). Launching a graph whose
 //!    allocation from the previous launch is still live fails with `CUDA_ERROR_INVALID_VALUE`.
+//! 8. **r615 cgroup memory limits** (`nvmlDeviceSetMemoryLimits_v1`/`…Get…`, see
+//!    `memlimits.rs`; `tests/gpu/guesses.c` does not probe these yet, they need an r615
+//!    driver). Beyond NVIDIA's documentation the simulated driver assumes:
+//!    - set checks its arguments (null pointer or `nameSpace`, soft > hard) before privilege, and
+//!      privilege before looking at the path;
+//!    - get on a path that does not exist is `NVML_ERROR_NOT_FOUND` too (documented for set
+//!      only); a relative path, or an existing path that is not a cgroup v2 directory (a plain
+//!      directory, a cgroup v1 one), is `NVML_ERROR_INVALID_ARGUMENT` for both;
+//!    - a limit belongs to the cgroup, not the path: the same cgroup through another cgroup2
+//!      mount point reads the same limits, and a cgroup removed and created again under the same
+//!      name has none;
+//!    - limits are hierarchical: a process is held to the hard limit of its cgroup and of every
+//!      ancestor, and a cgroup's use (`currentUsed`, enforcement) counts the processes of the
+//!      cgroups below it as well; the use is summed from the pids `cgroup.procs` shows to the
+//!      reader, as the simulated per-process records name them;
+//!    - every device-memory allocation counts against the hard limit (plain, pitched, managed,
+//!      legacy, arrays, `cuMemCreate`, pool and graph-pool growth), except a context's own
+//!      footprint (`GPUSHARE_SIM_CTX_MIB`), which is taken without a check;
+//!    - the soft limit changes nothing (no memory pressure is modelled);
+//!    - in a limited cgroup, `cuMemGetInfo*` free and NVML free are also never more than the
+//!      device has free, NVML used is total minus free, and `cuDeviceTotalMem*` still reports the
+//!      whole device;
+//!    - a limit applies from the next allocation or query on, also to processes already
+//!      running in the cgroup and to ones moved into it later.
 
 /// Alignment of a whole CUDA array's memory.
 pub const ARRAY_ALIGN: u64 = 64 << 10;

@@ -54,6 +54,10 @@ pub(super) fn device_take(dev: usize, size: u64) -> Result<(), CuResult> {
     {
         return Err(OUT_OF_MEMORY);
     }
+    // The r615 cgroup hard limit (memlimits.rs): every allocation path comes through here.
+    if !crate::memlimits::fits(dev, size) {
+        return Err(OUT_OF_MEMORY);
+    }
     if let Some(r) = rec {
         let now = r.mem_used.fetch_add(size, Ordering::Relaxed) + size;
         PEAK[dev].fetch_max(now, Ordering::Relaxed);
@@ -380,12 +384,13 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     SUCCESS
 }
 
-/// Free and total memory of the current context's device.
+/// Free and total memory of the current context's device, capped by the hard memory limit of
+/// this process's cgroup if one applies (memlimits.rs).
 fn mem_info() -> Result<(usize, usize), CuResult> {
     let (_, dev) = current_ctx()?;
     let t = config().devices[dev];
-    let used = state::used_on(dev).min(t);
-    Ok(((t - used) as usize, t as usize))
+    let (total, free) = crate::memlimits::view(dev, t, state::used_on(dev).min(t));
+    Ok((free as usize, total as usize))
 }
 
 /// TEST-ONLY probe (not a CUDA entry point): the most device memory this process has held at
