@@ -130,15 +130,17 @@ fn serve() {
     }
 }
 
-/// A running command server.
-struct Server {
+/// A running command server (also used by `mps_e2e`).
+pub(crate) struct Server {
     child: Child,
     stdin: ChildStdin,
     out: BufReader<ChildStdout>,
 }
 
 impl Server {
-    fn spawn(state: &Path, env: &[(&str, &str)]) -> Server {
+    /// Starts a command server with its own `state` directory and `env` on top of this
+    /// process's environment, less any `GPUSHARE_SIM_*` and `CUDA_MPS_*` variables.
+    pub(crate) fn spawn(state: &Path, env: &[(&str, &str)]) -> Server {
         let name = module_path!()
             .split_once("::")
             .map_or("", |(_, rest)| rest)
@@ -147,7 +149,7 @@ impl Server {
         let mut c = Command::new(std::env::current_exe().expect("test binary"));
         c.args(["--exact", &name, "--nocapture", "--test-threads=1"]);
         for (k, _) in std::env::vars() {
-            if k.starts_with("GPUSHARE_SIM_") {
+            if k.starts_with("GPUSHARE_SIM_") || k.starts_with("CUDA_MPS_") {
                 c.env_remove(k);
             }
         }
@@ -172,7 +174,7 @@ impl Server {
     }
 
     /// Sends `cmd`, returns the numbers of its answer.
-    fn ask(&mut self, cmd: &str) -> Vec<u64> {
+    pub(crate) fn ask(&mut self, cmd: &str) -> Vec<u64> {
         writeln!(self.stdin, "{cmd}").expect("write command");
         let mut line = String::new();
         loop {
@@ -202,7 +204,8 @@ fn skip(name: &str, why: &str) {
     eprintln!("\n*** SKIPPED {name}: {why} ***\n");
 }
 
-fn scratch(name: &str) -> PathBuf {
+/// A fresh scratch directory under the system temp directory.
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("gpushare-sim-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("scratch dir");

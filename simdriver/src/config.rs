@@ -34,7 +34,8 @@ pub struct Config {
     pub memory_limits: bool,
 }
 
-fn warn(msg: &str) {
+/// Prints a one-line TEST-ONLY warning on stderr.
+pub(crate) fn warn(msg: &str) {
     use std::io::Write;
     let line = format!("gpushare-simdriver (TEST-ONLY): warning: {msg}\n");
     let _ = std::io::stderr().write_all(line.as_bytes());

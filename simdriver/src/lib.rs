@@ -59,6 +59,22 @@
 //! or `NVML_ERROR_NOT_SUPPORTED` alike. Also subject to `GPUSHARE_SIM_FAIL`. What goes beyond
 //! NVIDIA's documentation is listed in [`cuda::guesses`].
 //!
+//! MPS client pinned device memory limit (TEST-ONLY model of NVIDIA MPS's
+//! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, no MPS daemon or server is simulated): a process is an
+//! MPS client when `CUDA_MPS_PIPE_DIRECTORY` is set and non-empty in its environment. A
+//! client's `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` is a comma list of `<device>=<size>`: the device
+//! a CUDA ordinal or a GPU UUID (or a unique prefix of one from `GPU-` on), the size an integer
+//! followed by `M` or `G` (`MB`/`GB` and lower case too; MiB and GiB), e.g. `0=1G,1=512M`. It
+//! caps the device memory that process itself holds on that device: an allocation that would
+//! take its own use (including its context footprint) past the limit fails with
+//! `CUDA_ERROR_OUT_OF_MEMORY` (every allocation path, as for the cgroup limit), and
+//! `cuMemGetInfo*` reports total = min(what it reports otherwise, limit) and free = the room left
+//! under the limit (never more than otherwise). NVML, `cuDeviceTotalMem*` and other processes
+//! are unaffected. Both variables are read once per process, at `cuInit`; a malformed value (any
+//! bad entry, an unknown device, a size without `M`/`G`) is ignored as a whole with a one-line
+//! warning on stderr; without `CUDA_MPS_PIPE_DIRECTORY` the limit variable is ignored. See
+//! [`mps`]; what goes beyond NVIDIA's documentation is listed in [`cuda::guesses`].
+//!
 //! CUDA: allocations are bookkeeping only (fake device pointers, no host memory behind them),
 //! owned by the context that was current (freed when it is destroyed, as a real driver does;
 //! `cuMemCreate` memory belongs to the process); arrays take driver-like rounded sizes; host
@@ -82,5 +98,8 @@ mod cgroup_e2e;
 pub mod config;
 pub mod cuda;
 pub mod memlimits;
+pub mod mps;
+#[cfg(test)]
+mod mps_e2e;
 pub mod nvml;
 pub mod state;

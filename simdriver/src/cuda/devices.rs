@@ -16,6 +16,8 @@ pub extern "C" fn cuInit(flags: c_uint) -> CuResult {
         return INVALID_VALUE;
     }
     let _ = config();
+    // An MPS client reads its limits when CUDA initialises (mps.rs).
+    let _ = crate::mps::client_limits();
     INITIALIZED.store(true, Ordering::Release);
     SUCCESS
 }

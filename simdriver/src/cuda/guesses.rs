@@ -58,6 +58,31 @@
 //!      whole device;
 //!    - a limit applies from the next allocation or query on, also to processes already
 //!      running in the cgroup and to ones moved into it later.
+//! 9. **MPS client pinned device memory limit** (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`, see
+//!    `mps.rs`; not probed by `tests/gpu/guesses.c`). No MPS daemon or server is simulated.
+//!    Beyond NVIDIA's MPS documentation the simulated driver assumes:
+//!    - a process is an MPS client exactly when `CUDA_MPS_PIPE_DIRECTORY` is set and non-empty
+//!      (a real client is one that reached a running control daemon, by default through
+//!      `/tmp/nvidia-mps` even with the variable unset);
+//!    - size qualifiers are binary (`M` = MiB, `G` = GiB), `MB`/`GB` and lower case are accepted
+//!      as well, and a size without a qualifier, a fraction or another unit is malformed;
+//!    - a device key is a CUDA ordinal (no `CUDA_VISIBLE_DEVICES` remapping is simulated) or a
+//!      GPU UUID or unique `GPU-` prefix; a later entry for the same device replaces an earlier
+//!      one; a value without `=` (one size for every device) is malformed;
+//!    - a malformed value, including one that names a device the process does not have, is
+//!      ignored as a whole with a warning on stderr (no CUDA error at `cuInit`);
+//!    - `0M` is a limit of zero bytes (every allocation fails), not "no limit";
+//!    - the limit counts the process's own device memory on that device, its context footprint
+//!      (`GPUSHARE_SIM_CTX_MIB`, taken without a check) and pool reserve included, and applies to
+//!      every allocation path; it is read once, at `cuInit` (or the first allocation or memory
+//!      query, if earlier), so later changes to the environment are not seen;
+//!    - `cuMemGetInfo*` reports total = min(device total or cgroup cap, limit) and free = the room
+//!      left under the limit (never more than the device or cgroup free). UNCONFIRMED and
+//!      possibly wrong: one public report of a real client with `0=1G` shows `cuMemGetInfo`
+//!      free capped near 1 GiB but total still the whole device;
+//!    - NVML (`nvmlDeviceGetMemoryInfo*`), `cuDeviceTotalMem*` and other processes do not see it;
+//!      the control daemon's `set_default_device_pinned_mem_limit`/`set_device_pinned_mem_limit`
+//!      (which the documentation says the variable can only lower) are not modelled.
 
 /// Alignment of a whole CUDA array's memory.
 pub const ARRAY_ALIGN: u64 = 64 << 10;

@@ -58,6 +58,10 @@ pub(super) fn device_take(dev: usize, size: u64) -> Result<(), CuResult> {
     if !crate::memlimits::fits(dev, size) {
         return Err(OUT_OF_MEMORY);
     }
+    // The MPS client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT on its own use (mps.rs).
+    if !crate::mps::fits(dev, own, size) {
+        return Err(OUT_OF_MEMORY);
+    }
     if let Some(r) = rec {
         let now = r.mem_used.fetch_add(size, Ordering::Relaxed) + size;
         PEAK[dev].fetch_max(now, Ordering::Relaxed);
@@ -385,11 +389,13 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 }
 
 /// Free and total memory of the current context's device, capped by the hard memory limit of
-/// this process's cgroup if one applies (memlimits.rs).
+/// this process's cgroup if one applies (memlimits.rs), then by its MPS client limit (mps.rs).
 fn mem_info() -> Result<(usize, usize), CuResult> {
     let (_, dev) = current_ctx()?;
     let t = config().devices[dev];
     let (total, free) = crate::memlimits::view(dev, t, state::used_on(dev).min(t));
+    let own = record(dev).map_or(0, |r| r.mem_used.load(Ordering::Relaxed));
+    let (total, free) = crate::mps::view(dev, total, free, own);
     Ok((free as usize, total as usize))
 }
 
