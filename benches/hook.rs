@@ -3,10 +3,17 @@
 //! - the no-share fast path (target: within 3x the floor and under 2 ms),
 //! - an MPS acquire with the daemon already running (target: under 10 ms),
 //! - 32 concurrent acquires on one GPU (total time), cold and warm;
-//! - the same with four MPS isolation domains on one GPU (`isolation = "group"`).
+//! - the same with four MPS isolation domains on one GPU (`isolation = "group"`);
+//! - createRuntime with a memory cap for the whole container, per backend: the limiter
+//!   (preloaded in `timeslice` and `mps` mode) and the driver's cgroup limits (the simulated
+//!   r615 NVML, on a cgroup v2 of the container's own), against the same mode uncapped.
 //!
 //! Uses the TEST-ONLY simulated NVML and the real `nvidia-cuda-mps-control`.
 //! Run: `scripts/bench-hook.sh` (or `cargo bench --bench hook` after `cargo build --release --workspace`).
+
+#[allow(dead_code)]
+#[path = "../tests/common/cgroup2.rs"]
+mod cgroup2;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -50,10 +57,14 @@ fn main() {
             "the temp dir's file system (tmpfs mount failed)"
         }
     );
+    let limiter = sim.with_file_name("libgpushare_limiter.so");
+    // Many uncapped shares on one GPU: the admission by memory counts them as the whole GPU
+    // each unless overcommitted.
+    let policy = format!("[limit]\nlibrary = {limiter:?}\n[policy]\nmemory_overcommit = 100.0\n");
     std::fs::write(
         d.join("config.toml"),
         format!(
-            "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n",
+            "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n{policy}",
             d.join("state"),
             d.join("log"),
             sim
@@ -84,10 +95,15 @@ fn main() {
     .unwrap();
     let mut v: serde_json::Value = serde_json::from_str(&fixture).unwrap();
     v["root"]["path"] = serde_json::json!("rootfs");
+    let capped_mps_cfg = v.to_string();
+    // The MPS cases without a memory cap, as measured before caps brought the limiter in.
+    v["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("gpu.share.memory");
     let mps_cfg = v.to_string();
     let ann = v["annotations"].as_object_mut().unwrap();
     ann.remove("gpu.share");
-    ann.remove("gpu.share.memory");
     let plain_cfg = v.to_string();
     assert!(!plain_cfg.contains("gpu.share"), "fixture edit failed");
     let plain = bundle("plain", &plain_cfg);
@@ -217,7 +233,7 @@ fn main() {
     std::fs::write(
         d.join("config.toml"),
         format!(
-            "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n[mps]\nisolation = \"group\"\n",
+            "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n[mps]\nisolation = \"group\"\n{policy}",
             d.join("state"),
             d.join("log"),
             sim
@@ -277,6 +293,122 @@ fn main() {
         let _ = h.kill();
         let _ = h.wait();
     }
+
+    // Memory caps: createRuntime + poststop rounds per backend, alternating, against the same
+    // mode uncapped. The driver case puts the container process in a cgroup v2 of its own
+    // (`linux.cgroupsPath`), on a private cgroup2 mount.
+    let cg = cgroup2::Cgroup2::new(&d.join("cg2"), "gpushare-bench");
+    let with_ann = |base: &str, edit: &dyn Fn(&mut serde_json::Value)| -> String {
+        let mut v: serde_json::Value = serde_json::from_str(base).unwrap();
+        edit(&mut v);
+        v.to_string()
+    };
+    let ts = |cap: bool, cgroup: bool| {
+        with_ann(&plain_cfg, &|v| {
+            v["annotations"]["gpu.share"] = serde_json::json!("timeslice");
+            if cap {
+                v["annotations"]["gpu.share.memory"] = serde_json::json!("1Gi");
+            }
+            if cgroup {
+                v["linux"]["cgroupsPath"] = serde_json::json!("/gpushare-bench");
+            }
+        })
+    };
+    let glibc = |b: &Path| {
+        for (host, inside) in [
+            ("/lib64/ld-linux-x86-64.so.2", "lib64/ld-linux-x86-64.so.2"),
+            (
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "lib/x86_64-linux-gnu/libc.so.6",
+            ),
+        ] {
+            let to = b.join("rootfs").join(inside);
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(host, to).unwrap();
+        }
+        b.to_path_buf()
+    };
+    let cases: Vec<(&str, PathBuf, bool)> = vec![
+        (
+            "timeslice, uncapped",
+            bundle("ts", &ts(false, false)),
+            false,
+        ),
+        (
+            "timeslice, 1Gi cap, limiter",
+            glibc(&bundle("ts-lim", &ts(true, false))),
+            false,
+        ),
+        (
+            "timeslice, 1Gi cap, driver",
+            glibc(&bundle("ts-drv", &ts(true, true))),
+            true,
+        ),
+        ("mps warm, uncapped", mps.clone(), false),
+        (
+            "mps warm, 1Gi cap, limiter",
+            glibc(&bundle("mps-lim", &capped_mps_cfg)),
+            false,
+        ),
+        (
+            "mps warm, 1Gi cap, driver",
+            glibc(&bundle(
+                "mps-drv",
+                &with_ann(&capped_mps_cfg, &|v| {
+                    v["linux"]["cgroupsPath"] = serde_json::json!("/gpushare-bench");
+                }),
+            )),
+            true,
+        ),
+    ];
+    let mut in_cgroup = sleeper();
+    let have_cgroup = cg.as_ref().is_some_and(|c| c.enter(in_cgroup.id()));
+    // timeslice and mps cannot share a GPU: the three timeslice cases first, then the three
+    // mps ones with a holder keeping the daemon warm.
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); cases.len()];
+    let mut mps_holder = None;
+    for half in [0..3, 3..6] {
+        if half.start == 3 {
+            let h = sleeper();
+            run(&hook, &["createRuntime"], &state("mh", h.id(), &mps));
+            mps_holder = Some(h);
+        }
+        for i in 0..rounds {
+            for k in half.clone() {
+                let (_, b, driver) = &cases[k];
+                if *driver && !have_cgroup {
+                    continue;
+                }
+                let pid = if *driver { in_cgroup.id() } else { client.id() };
+                let id = format!("m{k}-{i}");
+                times[k].push(run(&hook, &["createRuntime"], &state(&id, pid, b)));
+                run(&hook, &["poststop"], &state(&id, 0, b));
+            }
+        }
+    }
+    println!("createRuntime with a memory cap, medians over {rounds} alternating rounds:");
+    let base = [med(&mut times[0].clone()), med(&mut times[3].clone())];
+    for (k, (label, _, _)) in cases.iter().enumerate() {
+        if times[k].is_empty() {
+            println!("  {label:<30}  not measured (no cgroup2 mount)");
+            continue;
+        }
+        let m = med(&mut times[k]);
+        let against = base[k / 3];
+        println!(
+            "  {label:<30} {:>8.3} ms   ratio to uncapped {:.2}x",
+            ms(m),
+            m.as_secs_f64() / against.as_secs_f64()
+        );
+    }
+    run(&hook, &["poststop"], &state("mh", 0, &mps));
+    if let Some(mut h) = mps_holder {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    let _ = in_cgroup.kill();
+    let _ = in_cgroup.wait();
+    drop(cg);
     let _ = holder.kill();
     let _ = client.kill();
     let _ = holder.wait();

@@ -58,16 +58,28 @@ while read -r label rest; do
     g=$(grep -oE 'gpushare-runtime create median +[0-9.]+' <<<"$rest" | grep -oE '[0-9.]+$')
     row "gpushare-runtime create, $label" "$g" ms "runc create" "$r"
 done < <(grep -E '^[a-z]+ +runc create median' "$out/runtime")
+for mode in timeslice mps; do
+    base=$(num "  $mode.*, uncapped " "$out/hook" '[0-9.]+ ms')
+    for backend in limiter driver; do
+        v=$(num "  $mode.*1Gi cap, $backend " "$out/hook" '[0-9.]+ ms')
+        row "hook createRuntime, $mode with a 1Gi container cap, $backend backend" "$v" ms "$mode uncapped" "$base"
+    done
+done
+section=
 while IFS= read -r line; do
+    if [[ $line == "-- as in mps mode"* ]]; then
+        section="in mps mode (memory cap only, MPS client), "
+        continue
+    fi
     what=${line%%: driver*}
     d=$(grep -oE 'driver [0-9.]+ ns' <<<"$line" | grep -oE '[0-9.]+')
     l=$(grep -oE 'with limiter [0-9.]+ ns' <<<"$line" | grep -oE '[0-9.]+')
-    row "limiter, $what" "$l" ns "no preload (driver alone)" "$d"
-done < <(grep -E ': driver [0-9.]+ ns, with limiter [0-9.]+ ns' "$out/limiter")
+    row "limiter, $section$what" "$l" ns "no preload (driver alone)" "$d"
+done < <(grep -E ': driver [0-9.]+ ns, with limiter [0-9.]+ ns|^-- as in mps mode' "$out/limiter")
 if ! grep -qiE 'async|pool' "$out/limiter"; then
     echo "| limiter, async pool path | (not measured: scripts/bench-limiter.sh prints no async-pool figure) | | |"
 fi
-other=$(grep -vE ': driver [0-9.]+ ns, with limiter|^rounds:' "$out/limiter" || true)
+other=$(grep -vE ': driver [0-9.]+ ns, with limiter|^rounds:|^-- as in mps mode' "$out/limiter" || true)
 if [ -n "$other" ]; then
     echo
     echo "Other limiter output (not in the table's form):"

@@ -93,7 +93,11 @@ pub fn create_runtime(
             let memory = plan
                 .memory
                 .map_or_else(|| "-".to_owned(), crate::vocab::size::human);
-            tracing::info!(container = %plan.container, mode = %plan.mode, gpus = %gpus.join(","), memory = %memory, cores = plan.cores, "acquired");
+            let cap = match (&plan.cap, &plan.enforcement) {
+                (Some(c), Some(e)) => format!("{} ({})", crate::vocab::size::human(*c), e.backend),
+                _ => "-".to_owned(),
+            };
+            tracing::info!(container = %plan.container, mode = %plan.mode, gpus = %gpus.join(","), memory = %memory, cap = %cap, cores = plan.cores, "acquired");
             let uuids: Vec<&str> = plan.gpus.iter().map(|g| g.uuid.as_str()).collect();
             let state = crate::host::state::StateDir::new(&ctx.cfg.state_dir);
             crate::host::reaper::ensure(&state, &ctx.source, &uuids);

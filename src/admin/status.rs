@@ -108,7 +108,20 @@ pub struct GpuStatus {
     pub restore_compute_mode: Option<String>,
     pub domains: Vec<DomainStatus>,
     pub clients: Vec<ClientStatus>,
+    /// The GPU's memory as admission counts it (when NVML reports its size).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryStatus>,
     pub error: Option<String>,
+}
+
+/// A GPU's memory as admission counts it.
+#[derive(Debug, Serialize)]
+pub struct MemoryStatus {
+    pub total: u64,
+    /// The caps of its shares added up, an uncapped one counted as the whole GPU.
+    pub committed: u64,
+    /// What the caps may add up to: `[policy] memory_overcommit` times `total`.
+    pub allowed: u64,
 }
 
 /// The whole `status` answer.
@@ -178,6 +191,7 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
                     restore_compute_mode: None,
                     domains: Vec::new(),
                     clients: Vec::new(),
+                    memory: None,
                     error: Some(crate::vocab::chain(&e)),
                 });
                 continue;
@@ -241,6 +255,18 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
                         .map(|k| cap_status(&sd, inventory, rec.index, &uuid, id, k)),
                 })
                 .collect(),
+            memory: inventory
+                .and_then(|i| i.memory_total(rec.index).ok())
+                .map(|total| MemoryStatus {
+                    total,
+                    committed: crate::decide::admission::committed(
+                        total,
+                        rec.clients
+                            .values()
+                            .map(|c| c.cap.as_ref().map(|k| k.bytes)),
+                    ),
+                    allowed: crate::decide::admission::allowed(total, cfg.policy.memory_overcommit),
+                }),
             error: None,
             index: rec.index,
             uuid,
@@ -277,6 +303,14 @@ impl Report for Status {
             ));
             if let Some(e) = &g.error {
                 out.push_str(&format!("  error: {e}\n"));
+            }
+            if let Some(m) = &g.memory {
+                out.push_str(&format!(
+                    "  memory {} committed of {} allowed ({} on the GPU)\n",
+                    crate::vocab::size::human(m.committed),
+                    crate::vocab::size::human(m.allowed),
+                    crate::vocab::size::human(m.total),
+                ));
             }
             for d in &g.domains {
                 let daemon = match &d.daemon {

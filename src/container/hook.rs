@@ -23,7 +23,7 @@ pub enum Outcome {
     /// The container asked for nothing.
     Nothing,
     /// The plan that was carried out (or, with `dry_run`, only made).
-    Done(Plan),
+    Done(Box<Plan>),
 }
 
 /// The container's spec with the state's annotations merged in (the spec's win).
@@ -92,7 +92,7 @@ pub fn create_runtime(
         ));
     }
     if dry_run {
-        return Ok(Outcome::Done(plan));
+        return Ok(Outcome::Done(Box::new(plan)));
     }
     require_sys_admin(&plan)?;
     let process = match c.pid {
@@ -119,7 +119,7 @@ pub fn create_runtime(
     host.flush();
     inventory.remember();
     crate::host::events::note(crate::host::events::acquired(&plan, &kube));
-    Ok(Outcome::Done(plan))
+    Ok(Outcome::Done(Box::new(plan)))
 }
 
 /// Checks up front for the capability the plan's mounts need, so that a hook run without it

@@ -27,6 +27,26 @@ fn counted(cap: Option<u64>, total: u64) -> u64 {
     cap.unwrap_or(total)
 }
 
+/// What the caps of `caps` add up to on a GPU of `total` bytes (an uncapped share counted as
+/// the whole GPU).
+pub fn committed(total: u64, caps: impl IntoIterator<Item = Option<u64>>) -> u64 {
+    caps.into_iter()
+        .map(|c| counted(c, total))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// What the caps on a GPU of `total` bytes may add up to under `overcommit`.
+pub fn allowed(total: u64, overcommit: f64) -> u64 {
+    // u64 → f64 loses nothing that matters below 2^53 bytes (8 PiB).
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let budget = (total as f64 * overcommit).floor() as u64;
+    budget
+}
+
 /// Admits a request for `asked` (its cap; `None`: uncapped) on GPU `index`/`uuid` of `total`
 /// bytes, whose current shares are `holders` (container id, cap).
 ///
@@ -84,9 +104,18 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    /// (what, holders, asked, overcommit, admitted)
+    type Row = (
+        &'static str,
+        Vec<(&'static str, Option<u64>)>,
+        Option<u64>,
+        f64,
+        bool,
+    );
+
     #[test]
     fn admission_table() {
-        let rows: Vec<(&str, Vec<(&str, Option<u64>)>, Option<u64>, f64, bool)> = vec![
+        let rows: Vec<Row> = vec![
             ("empty GPU, cap", vec![], Some(8 * GIB), 1.0, true),
             ("empty GPU, uncapped takes it all", vec![], None, 1.0, true),
             (

@@ -373,7 +373,6 @@ impl<'a> Host<'a> {
         else {
             return Ok(());
         };
-        crate::failpoint::hit("acquire-driver-limit");
         // Soft 0: only the hard cap. A soft limit raises every ancestor's `dmem.min`, and the
         // runtime deletes the container's cgroup before poststop could lower it again, so the
         // ancestors would keep the reservation (NVIDIA's MPS memory partitioning guide).
@@ -386,6 +385,7 @@ impl<'a> Host<'a> {
                 source,
             })?;
         done.driver_limit = Some(cgroup.clone());
+        crate::failpoint::hit("acquire-driver-limit-set");
         Ok(())
     }
 

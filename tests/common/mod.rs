@@ -2,6 +2,8 @@
 //! and policy, busybox bundles for runc, and the SKIPPED/CI policy for missing engines.
 #![allow(dead_code)]
 
+pub mod cgroup2;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -120,16 +122,32 @@ impl Sandbox {
             (top, tables)
         };
         let has_nvml = tables.iter().any(|l| l.trim() == "[nvml]");
-        // Tests of other features share GPUs among containers that name no memory cap; the
-        // admission by memory (`uncapped = "whole-gpu"`, overcommit 1.0 by default) has tests of
-        // its own that set these keys.
+        // Tables the harness adds go before the test's own, so that a test that copies part
+        // of a written policy into a new one does not copy them twice.
         let mut tables = tables;
+        let mut ours: Vec<String> = Vec::new();
+        // A memory cap preloads the limiter in every mode: the one this build made.
+        if !tables.iter().any(|l| l.trim() == "[limit]") {
+            ours.push("[limit]".into());
+            ours.push(format!(
+                "library = {:?}",
+                simdriver().with_file_name("libgpushare_limiter.so")
+            ));
+        }
+        // Tests of other features share GPUs among containers that name no memory cap; the
+        // admission by memory (`uncapped = "whole-gpu"`, overcommit 1.0 by default) has tests
+        // of its own that set these keys.
         if !extra.contains("memory_overcommit") && !extra.contains("uncapped") {
             match tables.iter().position(|l| l.trim() == "[policy]") {
                 Some(i) => tables.insert(i + 1, SHARING_OVERCOMMIT),
-                None => tables.extend(["[policy]", SHARING_OVERCOMMIT]),
+                None => ours.extend(["[policy]".into(), SHARING_OVERCOMMIT.into()]),
             }
         }
+        let tables = ours
+            .iter()
+            .map(String::as_str)
+            .chain(tables)
+            .collect::<Vec<_>>();
         let timeout = if extra.contains("lock_timeout_seconds") {
             ""
         } else {

@@ -112,3 +112,22 @@ mark_shm_when_ready
 ok "the release of the last other client kept the directories B had reserved"
 check_mps_output "$T/out7" yes
 ok "B reaches the daemon restarted in the same directories"
+
+echo "== timeslice with a memory cap for the whole container (gpushare-runtime, real runc cgroups)"
+# runc gives the container a cgroup of its own in the unified hierarchy (here /sys/fs/cgroup/unified
+# on a hybrid node), so the (simulated) driver's r615 limits enforce the cap; the limiter is
+# preloaded with the cap alone (no SM limit: timeslice takes none).
+INSIDE_CAP='cat /proc/self/cgroup | sed -n "s/^0::/cg:/p"; sed "s/^/limits:/" /usr/local/gpushare/limits; echo "ld:$LD_PRELOAD"; echo "mem:$CUDA_DEVICE_MEMORY_LIMIT_0"; echo'
+bundle "$T/b8" "$(args "$INSIDE_CAP")" "$GPU" '{"gpu.share":"timeslice","gpu.share.memory":"1Gi"}'
+(cd "$T/b8" && "$RUNTIME" run "${NAME}8" >"$T/out8" 2>"$T/err8") || { cat "$T/err8"; fail "run"; }
+grep -qx 'limits:CUDA_DEVICE_MEMORY_LIMIT_0=1073741824' "$T/out8" && ! grep -q 'limits:CUDA_DEVICE_SM_LIMIT' "$T/out8" || { cat "$T/out8"; fail "limits file of a capped timeslice container"; }
+grep -qx 'mem:1073741824' "$T/out8" && has '^ld:.*libgpushare_limiter.so$' "$T/out8" || { cat "$T/out8"; fail "limiter env not set"; }
+ok "the limiter is preloaded in timeslice mode with the container's cap and no SM limit"
+cg=$(sed -n 's/^cg://p' "$T/out8")
+[ -n "$cg" ] && [ "$cg" != / ] || { cat "$T/out8"; fail "runc gave the container no unified cgroup of its own"; }
+log=$SIM/nvml-memory-limits.log
+jq -e --arg cg "$cg" 'select(.call=="set" and (.namespace|endswith($cg)) and .soft==0 and .hard==1073741824 and .result==0)' "$log" >/dev/null ||
+    { cat "$log"; fail "no driver limit set on the container's cgroup $cg"; }
+ok "the driver's memory limit (hard 1 GiB, soft 0) was set on the container's own cgroup ($cg)"
+released "${NAME}8" || fail "the capped container is still listed after its delete"
+ok "released after the run"
