@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# gpushare demo: two containers share one GPU through one reference-counted MPS daemon.
+# gpushare demo: two containers share one GPU through one reference-counted MPS daemon, each with
+# a memory cap for the whole container; a third that would overcommit the GPU is refused.
 #
 # Installs what is missing, builds gpushare, then runs two busybox containers under runc through
 # gpushare-runtime with `gpu.share=mps`. Each container talks to the MPS control daemon from
@@ -19,7 +20,7 @@ D=$(mktemp -d /tmp/gpushare-demo-XXXXXX)
 ID=demo$$
 cleanup() {
     set +e
-    for n in a b; do runc delete -f "$ID-$n" >/dev/null 2>&1; done
+    for n in a b c; do runc delete -f "$ID-$n" >/dev/null 2>&1; done
     "$BIN/gpushare-hook" gc >/dev/null 2>&1
     grep " $D/" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null
     rm -rf "$D"
@@ -41,6 +42,7 @@ printf '%s\n' \
     "state_dir = \"$D/state\"" \
     "log_file = \"$D/gpushare.log\"" \
     "[nvml]" "library = \"$NVML\"" \
+    "[limit]" "library = \"$BIN/libgpushare_limiter.so\"" \
     "[runtime]" "next = [\"runc\"]" "hook = \"$D/gpushare-hook\"" >"$GPUSHARE_CONFIG"
 # The hook as runc will call it (its hook entries carry only PATH and GPUSHARE_CONFIG).
 printf '#!/bin/sh\nexec env %s "%s" "$@"\n' "$SIM_ENV" "$BIN/gpushare-hook" >"$D/gpushare-hook"
@@ -57,17 +59,17 @@ for lib in $(ldd "$MPS" | grep -o '/[^ ]*'); do
     mkdir -p "$R$(dirname "$lib")" && cp -L "$lib" "$R$lib"
 done
 
-start() { # name cores
+start() { # name cores memory
     local b=$D/$1 script
     mkdir -p "$b" && cp -a "$R" "$b/rootfs"
     (cd "$b" && runc spec)
     script="echo \"[$1] CUDA_MPS_PIPE_DIRECTORY=\$CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=\$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE\"; echo get_server_list | nvidia-cuda-mps-control >/dev/null && echo \"[$1] the MPS control daemon answers inside the container\"; exec sleep 1000"
-    jq --arg s "$script" --arg c "$2" \
-        '.process.terminal=false | .process.args=["sh","-c",$s] | .process.env+=["NVIDIA_VISIBLE_DEVICES=0"] | .annotations={"gpu.share":"mps","gpu.share.cores":$c}' \
+    jq --arg s "$script" --arg c "$2" --arg m "$3" \
+        '.process.terminal=false | .process.args=["sh","-c",$s] | .process.env+=["NVIDIA_VISIBLE_DEVICES=0"] | .annotations={"gpu.share":"mps","gpu.share.cores":$c,"gpu.share.memory":$m}' \
         "$b/config.json" >"$b/c" && mv "$b/c" "$b/config.json"
     "$BIN/gpushare-runtime" create --bundle "$b" "$ID-$1" </dev/null >"$b/out" 2>"$b/err" || {
         cat "$b/err"
-        exit 1
+        return 1
     }
     runc start "$ID-$1"
     for _ in $(seq 50); do grep -q answers "$b/out" && break; sleep 0.1; done
@@ -79,12 +81,14 @@ stop() { # name
     "$BIN/gpushare-runtime" delete "$ID-$1"
 }
 
-echo "== container a: gpu.share=mps, gpu.share.cores=50"
-start a 50
-echo "== container b: gpu.share=mps, gpu.share.cores=30"
-start b 30
-echo "== gpushare-hook status: one daemon, two clients"
+echo "== container a: gpu.share=mps, gpu.share.cores=50, gpu.share.memory=16Gi (a cap for the whole container)"
+start a 50 16Gi
+echo "== container b: gpu.share=mps, gpu.share.cores=30, gpu.share.memory=8Gi"
+start b 30 8Gi
+echo "== gpushare-hook status: one daemon, two clients, each with its cap and what enforces it"
 "$BIN/gpushare-hook" status
+echo "== container c asks for 64Gi: with a and b holding 24Gi of the GPU's 80Gi, it is refused"
+if start c 30 64Gi; then echo "container c was admitted" >&2; exit 1; fi
 echo "== container a stops: the daemon stays for b"
 stop a
 "$BIN/gpushare-hook" status

@@ -128,6 +128,9 @@ fn require_sys_admin(plan: &Plan) -> Result<(), Error> {
     let what = match plan.mode {
         crate::vocab::Mode::Mps => "mount the MPS daemon's shm and pipe directories",
         crate::vocab::Mode::Limit => "mount the limiter into the container",
+        crate::vocab::Mode::Timeslice if plan.uses_limiter() => {
+            "mount the limiter that keeps the container's memory cap into the container"
+        }
         crate::vocab::Mode::Timeslice => return Ok(()),
     };
     match caps::has_cap(
