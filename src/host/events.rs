@@ -28,6 +28,12 @@ pub enum Event {
         domain: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         memory: Option<u64>,
+        /// The container's memory cap (all its processes together).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cap: Option<u64>,
+        /// What enforces the cap: `driver` or `limiter`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        memory_backend: Option<String>,
         cores: u8,
         #[serde(default, flatten)]
         kube: KubeLabels,
@@ -96,6 +102,12 @@ pub fn acquired(plan: &crate::decide::plan::Plan, kube: &KubeLabels) -> Event {
         gpus: plan.gpus.iter().map(|g| g.uuid.clone()).collect(),
         domain: plan.domain.as_ref().map(|d| d.key.clone()),
         memory: plan.memory,
+        cap: plan.cap,
+        memory_backend: plan
+            .enforcement
+            .as_ref()
+            .filter(|_| plan.cap.is_some())
+            .map(|e| e.backend.to_string()),
         cores: plan.cores,
         kube: kube.clone(),
     }
@@ -297,7 +309,9 @@ mod tests {
                 mode: "mps".into(),
                 gpus: vec!["GPU-1".into()],
                 domain: Some("gpu".into()),
-                memory: None,
+                memory: Some(1 << 30),
+                cap: Some(1 << 30),
+                memory_backend: Some("driver".into()),
                 cores: 50,
                 kube: KubeLabels {
                     namespace: Some("ml".into()),
@@ -329,6 +343,10 @@ mod tests {
         );
         assert!(text.contains(r#""event":"acquire""#), "{text}");
         assert!(text.contains(r#""namespace":"ml""#), "{text}");
+        assert!(
+            text.contains(r#""cap":1073741824,"memory_backend":"driver""#),
+            "{text}"
+        );
         let c = counters::load(&StateDir::new(&cfg.state_dir));
         assert_eq!(c.acquires["mps"], 1);
         assert_eq!(c.daemon_replacements, 1);
