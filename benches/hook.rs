@@ -321,6 +321,14 @@ fn main() {
                 "/lib/x86_64-linux-gnu/libc.so.6",
                 "lib/x86_64-linux-gnu/libc.so.6",
             ),
+            (
+                "/lib/x86_64-linux-gnu/libpthread.so.0",
+                "lib/x86_64-linux-gnu/libpthread.so.0",
+            ),
+            (
+                "/lib/x86_64-linux-gnu/libdl.so.2",
+                "lib/x86_64-linux-gnu/libdl.so.2",
+            ),
         ] {
             let to = b.join("rootfs").join(inside);
             std::fs::create_dir_all(to.parent().unwrap()).unwrap();

@@ -162,53 +162,28 @@ fn cap_holds_across_processes(mode: &str, extra_env: &[(&str, String)]) {
     // share of the account lazily).
     let st = sb.status();
     assert_eq!(client(&st, &id)["cap"]["used"], 600 * MIB, "{st}");
-    let over = run(&mut in_container(
-        &sb,
-        &probe,
-        &simlib,
-        &id,
-        &["direct", "try", "0", "600"],
-        extra_env,
-    ));
+    let probe_run = |args: &[&str], env: &[(&str, String)]| {
+        run(&mut in_container(&sb, &probe, &simlib, &id, args, env))
+    };
+    let over = probe_run(&["direct", "try", "0", "600"], extra_env);
     assert_eq!(
         value(&over, "RESULT").as_deref(),
         Some("2"),
         "600 MiB more is over the container's cap: {over}"
     );
-    let under = run(&mut in_container(
-        &sb,
-        &probe,
-        &simlib,
-        &id,
-        &["direct", "try", "0", "300"],
-        extra_env,
-    ));
+    let under = probe_run(&["direct", "try", "0", "300"], extra_env);
     assert_eq!(
         value(&under, "RESULT").as_deref(),
         Some("0"),
         "positive control: 300 MiB fits: {under}"
     );
-    let info = run(&mut in_container(
-        &sb,
-        &probe,
-        &simlib,
-        &id,
-        &["direct", "cap", "0", "64"],
-        extra_env,
-    ));
+    let info = probe_run(&["direct", "cap", "0", "64"], extra_env);
     assert_eq!(
         value(&info, "MEMINFO_TOTAL"),
         Some((1u64 << 30).to_string()),
         "cuMemGetInfo reports the cap: {info}"
     );
-    let nvml = run(&mut in_container(
-        &sb,
-        &probe,
-        &simlib,
-        &id,
-        &["nvml"],
-        extra_env,
-    ));
+    let nvml = probe_run(&["nvml"], extra_env);
     assert_eq!(
         value(&nvml, "NVML0_TOTAL"),
         Some((1u64 << 30).to_string()),
@@ -220,27 +195,13 @@ fn cap_holds_across_processes(mode: &str, extra_env: &[(&str, String)]) {
         let mut own = extra_env.to_vec();
         own.retain(|(k, _)| *k != "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT");
         own.push(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=300M".into()));
-        let r = run(&mut in_container(
-            &sb,
-            &probe,
-            &simlib,
-            &id,
-            &["direct", "try", "0", "350"],
-            &own,
-        ));
+        let r = probe_run(&["direct", "try", "0", "350"], &own);
         assert_eq!(
             value(&r, "RESULT").as_deref(),
             Some("2"),
             "above the process's own MPS limit: {r}"
         );
-        let r = run(&mut in_container(
-            &sb,
-            &probe,
-            &simlib,
-            &id,
-            &["direct", "try", "0", "250"],
-            &own,
-        ));
+        let r = probe_run(&["direct", "try", "0", "250"], &own);
         assert_eq!(
             value(&r, "RESULT").as_deref(),
             Some("0"),

@@ -255,3 +255,56 @@ fn a_killed_reaper_loses_nothing() {
     let out = sb.hook(&["gc"], "");
     assert!(out.status.success());
 }
+
+#[test]
+fn a_reaper_whose_directory_is_removed_exits_instead_of_spinning() {
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = sb.bundle(
+        "t",
+        &common::spec(
+            json!({"gpu.share": "timeslice"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
+    let c = common::FakeContainer::start();
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("t", c.pid(), &b));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Positive control: the acquire started the GPU's reaper, which waits on the live client.
+    let t0 = Instant::now();
+    while reapers(&sb).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no reaper started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = reapers(&sb)[0];
+    // The state dir's gpus/ goes (an uninstall, an admin's rm -rf, a test's temp dir removed
+    // while a release recreates the state dir) while the state dir stays. The reaper is
+    // stopped meanwhile, so that it cannot recreate a lock file in the directory being removed:
+    // it wakes to find the directory gone.
+    let signal = |sig: &str| {
+        let st = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    std::fs::remove_dir_all(sb.state_dir().join("gpus")).unwrap();
+    signal("-CONT");
+    let t0 = Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_default()
+            .contains(") Z ")
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the reaper (pid {pid}) is still running 10 s after its directory went"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

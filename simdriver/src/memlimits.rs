@@ -87,18 +87,8 @@ pub fn store(state: &Path, i: usize, id: DirId, l: &Limit) -> std::io::Result<()
             _ => Ok(()),
         };
     }
-    let dir = dev_dir(state, i);
-    fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!(".{}.{}.{}.tmp", id.0, id.1, std::process::id()));
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(encode(l).as_bytes())?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)
+    fs::create_dir_all(dev_dir(state, i))?;
+    crate::state::write_atomic(&path, encode(l).as_bytes())
 }
 
 /// The stored limits of cgroup `id` on GPU `i`, if any.

@@ -46,17 +46,31 @@ pub fn compute_mode(i: usize) -> u32 {
 /// # Errors
 /// Any I/O error writing or renaming the file.
 pub fn set_compute_mode(i: usize, mode: u32) -> std::io::Result<()> {
-    let dir = state_dir();
-    let tmp = dir.join(format!(".compute_mode.{i}.{}.tmp", std::process::id()));
+    write_atomic(
+        &state_dir().join(format!("compute_mode.{i}")),
+        format!("{mode}\n").as_bytes(),
+    )
+}
+
+/// Writes `bytes` to `path` through a temp file in the same directory (fsynced, mode 0600),
+/// then renames it over `path`.
+///
+/// # Errors
+/// Any I/O error writing or renaming the file.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let mut f = fs::OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(0o600)
         .open(&tmp)?;
-    f.write_all(format!("{mode}\n").as_bytes())?;
+    f.write_all(bytes)?;
     f.sync_all()?;
-    fs::rename(&tmp, dir.join(format!("compute_mode.{i}")))
+    fs::rename(&tmp, path)
 }
 
 /// One histogram bucket: which 10 ms slot it holds and the busy ns in it.

@@ -237,7 +237,9 @@ pub fn run(
             source,
         })?;
     loop {
-        if !state.root().exists() {
+        // The directory it watches is gone (the state dir removed, or emptied, under it):
+        // nothing is left to reap, and no change would ever wake it again.
+        if !state.root().exists() || !gpus.is_dir() {
             return Ok(());
         }
         let clients = match state.load(uuid) {
@@ -250,9 +252,15 @@ pub fn run(
         };
         if clients.is_empty() {
             match done(cfg, &state, uuid, mine) {
-                None => return Ok(()),
-                Some(kept) => {
+                Finish::Done => return Ok(()),
+                Finish::Joined(kept) => {
                     mine = kept;
+                    continue;
+                }
+                Finish::Busy(kept) => {
+                    // The GPU's lock could not be had: wait before trying again, never spin.
+                    mine = kept;
+                    wait(&[], &inotify, &record, RETRY);
                     continue;
                 }
             }
@@ -291,18 +299,27 @@ fn release(
     Ok(lines)
 }
 
+/// How a reaper with no client left to watch ends.
+enum Finish {
+    /// Its lock is given back: the reaper is done.
+    Done,
+    /// An acquire came in: keep reaping, with this lock.
+    Joined(Flock<File>),
+    /// The GPU's lock could not be had now: try again later, with this lock.
+    Busy(Flock<File>),
+}
+
 /// Under the GPU's lock: when the record still holds no client to watch, gives the reaper lock
-/// back (so that the next acquire starts a new reaper) and returns `None`: the reaper is done.
-/// Otherwise (an acquire came in, or the GPU's lock cannot be had now) returns the lock to keep.
-fn done(cfg: &Config, state: &StateDir, uuid: &str, mine: Flock<File>) -> Option<Flock<File>> {
+/// back (so that the next acquire starts a new reaper): [`Finish::Done`].
+fn done(cfg: &Config, state: &StateDir, uuid: &str, mine: Flock<File>) -> Finish {
     let timeout = Duration::from_secs(cfg.lock_timeout_seconds);
     let gpu_lock = match state.lock(uuid, timeout, "reaper") {
         Ok(l) => l,
-        // The state dir is gone: nothing left to watch.
-        Err(_) if !state.root().exists() => return None,
+        // The state dir (or its gpus/) is gone: nothing left to watch.
+        Err(_) if !state.root().exists() || !state.gpus_dir().is_dir() => return Finish::Done,
         Err(e) => {
             tracing::warn!(uuid, error = %crate::vocab::chain(&e), "reaper: cannot take the GPU's lock; retrying");
-            return Some(mine);
+            return Finish::Busy(mine);
         }
     };
     let empty = match state.load(uuid) {
@@ -310,12 +327,12 @@ fn done(cfg: &Config, state: &StateDir, uuid: &str, mine: Flock<File>) -> Option
         Err(_) => false,
     };
     if !empty {
-        return Some(mine);
+        return Finish::Joined(mine);
     }
     // No longer running as far as `StateDir::reaper_alive` can tell, before the lock goes: an
     // acquire after this one drops its stale clients itself until the next reaper stamps.
     let _ = mine.set_len(0);
     drop(mine);
     drop(gpu_lock);
-    None
+    Finish::Done
 }

@@ -72,17 +72,17 @@ pub struct Found {
 /// Why the limiter cannot serve an image.
 #[derive(Debug, Error)]
 pub enum LibcError {
-    #[error("the image's C library is musl ({MUSL_LOADER}), which cannot load gpushare's limiter (built for glibc {BASELINE} or newer): limit mode needs a glibc-based image; use gpu.share=timeslice or mps for this one")]
+    #[error("the image's C library is musl ({MUSL_LOADER}), which cannot load gpushare's limiter (built for glibc {BASELINE} or newer): the limiter (limit mode, or a memory cap) needs a glibc-based image; use gpu.share=timeslice or mps without gpu.share.memory for this one")]
     Musl,
-    #[error("the image has no C library gpushare can load its limiter with (no {GLIBC_LOADER} and no libc.so.6 in /lib, /lib64, /usr/lib or their x86_64-linux-gnu directories): limit mode needs glibc {BASELINE} or newer in the image; use gpu.share=timeslice or mps for this one")]
+    #[error("the image has no C library gpushare can load its limiter with (no {GLIBC_LOADER} and no libc.so.6 in /lib, /lib64, /usr/lib or their x86_64-linux-gnu directories): the limiter (limit mode, or a memory cap) needs glibc {BASELINE} or newer in the image; use gpu.share=timeslice or mps without gpu.share.memory for this one")]
     NoLibc,
-    #[error("the image's C library is unusable: {libc} without glibc's loader {GLIBC_LOADER}, so no dynamic program can load gpushare's limiter: limit mode needs glibc {BASELINE} or newer with its loader; fix the image or use gpu.share=timeslice or mps")]
+    #[error("the image's C library is unusable: {libc} without glibc's loader {GLIBC_LOADER}, so no dynamic program can load gpushare's limiter: the limiter (limit mode, or a memory cap) needs glibc {BASELINE} or newer with its loader; fix the image or use gpu.share=timeslice or mps without gpu.share.memory")]
     NoLoader { libc: String },
-    #[error("the image's {libc} defines no GLIBC_ symbol versions, so it is not glibc: limit mode needs glibc {BASELINE} or newer in the image; use gpu.share=timeslice or mps for this one")]
+    #[error("the image's {libc} defines no GLIBC_ symbol versions, so it is not glibc: the limiter (limit mode, or a memory cap) needs glibc {BASELINE} or newer in the image; use gpu.share=timeslice or mps without gpu.share.memory for this one")]
     NotGlibc { libc: String },
-    #[error("the image's C library is glibc {version} ({libc}), older than glibc {BASELINE} which gpushare's limiter needs: use an image with glibc {BASELINE} or newer, or gpu.share=timeslice or mps for this one")]
+    #[error("the image's C library is glibc {version} ({libc}), older than glibc {BASELINE} which gpushare's limiter needs: use an image with glibc {BASELINE} or newer, or gpu.share=timeslice or mps without gpu.share.memory for this one")]
     Old { libc: String, version: GlibcVersion },
-    #[error("the image's C library is glibc {version} ({libc}) without {}, which glibc ships and gpushare's limiter needs: restore them in the image (package libc6 or glibc), or use gpu.share=timeslice or mps for this one", missing.join(" and "))]
+    #[error("the image's C library is glibc {version} ({libc}) without {}, which glibc ships and gpushare's limiter needs: restore them in the image (package libc6 or glibc), or use gpu.share=timeslice or mps without gpu.share.memory for this one", missing.join(" and "))]
     Incomplete {
         libc: String,
         version: GlibcVersion,
