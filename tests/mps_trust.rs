@@ -279,9 +279,14 @@ fn a_daemon_wedged_through_its_log_fifo_is_replaced_by_the_next_acquire() {
     let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", mps(&[]), &[], &[]).unwrap();
     let wedged = daemon_pid(&sb, "gpu");
-    ok(&a.sh("(head -c 65536 /dev/zero > /tmp/nvidia-mps/log &) ; \
+    // The writer holds none of the exec's output: when the daemon has already logged into the
+    // FIFO, 64 KiB do not fit and the writer blocks for good, which must not hold `runc exec`
+    // (it waits for the end of the output it was given).
+    ok(&a.sh(
+        "(head -c 65536 /dev/zero > /tmp/nvidia-mps/log 2>/dev/null &) ; \
          (for i in $(seq 1 250); do echo get_server_list | nvidia-cuda-mps-control; done \
-           >/dev/null 2>&1 &)"));
+           >/dev/null 2>&1 &)",
+    ));
     // Positive control: the daemon is stuck writing into its log FIFO.
     wait_for(
         "the daemon to block in a pipe write",
