@@ -225,7 +225,7 @@ fn render_openmetrics(cfg: &Config, inventory: Option<&dyn Inventory>) -> String
         ("gpushare_container_info", "A container with a share: its mode, domain, enforcing backend and what enforces its memory cap (memory_backend: driver, limiter, none)"),
         ("gpushare_container_memory_cap_bytes", "The container's device memory cap on the GPU"),
         ("gpushare_container_cores_ratio", "The container's share of the GPU's SMs, as a ratio"),
-        ("gpushare_container_device_memory_used_bytes", "Device memory the container's processes hold on the GPU, from the limiter's account"),
+        ("gpushare_container_device_memory_used_bytes", "Device memory the container's processes hold on the GPU: NVML's currentUsed of its cgroup (driver backend) or the limiter's account"),
     ]);
     g.set(
         "gpushare_state_readable",
@@ -328,28 +328,26 @@ fn render_openmetrics(cfg: &Config, inventory: Option<&dyn Inventory>) -> String
                 &cl,
                 f64::from(c.cores) / 100.0,
             );
-            let driver_cgroup = c.cap.as_ref().and_then(|k| {
-                (k.enforcement.backend == crate::vocab::memcap::Backend::Driver)
-                    .then_some(k.enforcement.cgroup.as_deref())
-                    .flatten()
-            });
-            let used = match driver_cgroup {
-                Some(cg) => inventory
-                    .and_then(|i| i.memory_limits(gpu.index, cg).ok())
-                    .map(|l| l.used),
-                None if c.mode == Mode::Limit || c.cap.is_some() => {
+            // What `status` read for a capped container (NVML's `currentUsed` of its cgroup, or
+            // the limiter's account): not asked of the driver a second time.
+            let capped = gpu
+                .clients
+                .iter()
+                .find(|s| s.id == *id)
+                .and_then(|s| s.cap.as_ref());
+            let used = match capped {
+                Some(k) => k.used,
+                None if c.mode == Mode::Limit => {
                     account::used_on(&account::region_path(&sd, id), &gpu.uuid)
                 }
                 None => None,
             };
-            {
-                if let Some(used) = used {
-                    g.set(
-                        "gpushare_container_device_memory_used_bytes",
-                        &cl,
-                        used as f64,
-                    );
-                }
+            if let Some(used) = used {
+                g.set(
+                    "gpushare_container_device_memory_used_bytes",
+                    &cl,
+                    used as f64,
+                );
             }
         }
     }
