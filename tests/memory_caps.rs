@@ -308,29 +308,51 @@ fn the_driver_backend_caps_the_containers_cgroup_even_without_the_preload() {
 
     // A root tenant that drops the preload: a process in the container's cgroup with no
     // limiter at all is still held to the cap by the (simulated) driver.
-    let bare = |mib: &str| {
+    let bare = |args: &str| {
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(format!(
-                "echo $$ > {}/cgroup.procs && exec {} direct try 0 {mib}",
+                "echo $$ > {}/cgroup.procs && exec {} direct {args}",
                 cg.dir.display(),
                 probe.display()
             ))
             .env_clear()
             .envs(sb.env())
-            .env("LD_LIBRARY_PATH", &simlib);
-        run(&mut cmd)
+            .env("LD_LIBRARY_PATH", &simlib)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        cmd
     };
     assert_eq!(
-        value(&bare("1500"), "RESULT").as_deref(),
+        value(&run(&mut bare("try 0 1500")), "RESULT").as_deref(),
         Some("2"),
         "over the driver's cap"
     );
     assert_eq!(
-        value(&bare("500"), "RESULT").as_deref(),
+        value(&run(&mut bare("try 0 500")), "RESULT").as_deref(),
         Some("0"),
         "positive control: under it"
     );
+    // status and metrics read the container's use from the driver (NVML's currentUsed of its
+    // cgroup): a process holding 300 MiB there, no limiter account at all.
+    let holder = Holder::start(bare("hold 0 300"));
+    let st = sb.status();
+    assert_eq!(client(&st, id)["cap"]["used"], 300 * MIB, "{st}");
+    let m = sb.hook(&["metrics"], "");
+    ok(&m);
+    let text = String::from_utf8_lossy(&m.stdout);
+    let used: Vec<f64> = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("gpushare_container_device_memory_used_bytes{")
+                && l.contains(&format!("id=\"{id}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    #[allow(clippy::cast_precision_loss)]
+    let want = (300 * MIB) as f64;
+    assert_eq!(used, [want], "{text}");
+    drop(holder);
 
     ok(&sb.hook(&["poststop"], &Sandbox::state_json(id, c.pid(), &b)));
     let sets = driver_log(&sb);
