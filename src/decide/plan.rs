@@ -145,12 +145,7 @@ impl Plan {
         if !self.uses_limiter() {
             return env;
         }
-        let cap = if self.mode == Mode::Limit {
-            self.memory
-        } else {
-            self.cap
-        };
-        if let Some(m) = cap {
+        if let Some(m) = self.cap {
             for g in &self.gpus {
                 env.push((
                     format!("CUDA_DEVICE_MEMORY_LIMIT_{}", g.ordinal),
