@@ -55,7 +55,9 @@ static void array(const char *name, size_t w, size_t h, size_t d, CUarray_format
 int main(int argc, char **argv) {
     if (argc != 2 || strcmp(argv[1], "guesses")) { fprintf(stderr, "usage: guesses guesses\n"); return 2; }
     CUdevice dev; CUcontext ctx; int r;
-    if ((r = cuInit(0)) || (r = cuDeviceGet(&dev, 0)) || (r = cuCtxCreate(&ctx, 0, dev))) die("init", r);
+    /* The primary context: cuCtxCreate changed its signature in CUDA 13 (cuCtxCreate_v4). */
+    if ((r = cuInit(0)) || (r = cuDeviceGet(&dev, 0)) || (r = cuDevicePrimaryCtxRetain(&ctx, dev)) || (r = cuCtxSetCurrent(ctx)))
+        die("init", r);
     int align = 0;
     cuDeviceGetAttribute(&align, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, dev);
     printf("TEXTURE_PITCH_ALIGNMENT=%d\n", align);
@@ -83,7 +85,7 @@ int main(int argc, char **argv) {
         printf("VMM_UNMAPPED_TAKEN=%llu\n", before - free_now());
         cuMemAddressFree(va, sz);
     }
-    /* Guess 4: pool growth and cross-stream reuse with the reuse attributes off. */
+    /* Guess 4: pool growth and cross-stream reuse with the reuse attributes on and off. */
     CUmemoryPool pool; CUstream s1, s2; CUdeviceptr a, b;
     cuDeviceGetDefaultMemPool(&pool, dev);
     cuStreamCreate(&s1, 0); cuStreamCreate(&s2, 0);
@@ -93,6 +95,18 @@ int main(int argc, char **argv) {
         printf("POOL_STEP=%llu\n", (unsigned long long)res);
         cuMemFreeAsync(a, s1); cuCtxSynchronize();
     }
+    /* Cross-stream reuse with the reuse attributes on (the default), then what a
+     * synchronisation leaves reserved (release threshold 0). */
+    cuMemPoolTrimTo(pool, 0);
+    if (!cuMemAllocAsync(&a, 256 * MIB, s1) && !cuMemFreeAsync(a, s1) && !cuMemAllocAsync(&b, 256 * MIB, s2)) {
+        cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &res);
+        printf("REUSE_ON_RESERVED=%llu\n", (unsigned long long)res);
+        cuMemFreeAsync(b, s2);
+        cuCtxSynchronize();
+        cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &res);
+        printf("POOL_SYNCED_RESERVED=%llu\n", (unsigned long long)res);
+    }
+    cuMemPoolTrimTo(pool, 0);
     int off = 0;
     cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &off);
     cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &off);

@@ -2,6 +2,7 @@
 # GPU validation of libgpushare_limiter.so on a machine with a real NVIDIA GPU and driver.
 # NOT run in CI (no GPU there); run by hand or through a GPU runner:
 #   tests/gpu/validate-limiter.sh [LIMITER.so]
+# (or GPUSHARE_BIN=.gpu-carry tests/gpu/validate-limiter.sh, with what tests/gpu/prepare.sh built)
 # Needs: nvcc (Debian nvidia-cuda-toolkit), nvidia-smi, cargo (unless LIMITER.so is given).
 # Checks, on GPU 0 (the one CUDA_VISIBLE_DEVICES=0 selects):
 #   1. cudaMemGetInfo total = the 1 GiB cap; without the limiter it is the physical size
@@ -19,6 +20,7 @@ work=$(mktemp -d)
 trap 'kill $holder 2>/dev/null; rm -rf "$work"' EXIT
 holder=
 lib=${1:-}
+[ -z "$lib" ] && [ -n "${GPUSHARE_BIN:-}" ] && lib=$(cd "$GPUSHARE_BIN" && pwd)/libgpushare_limiter.so
 if [ -z "$lib" ]; then
     cargo build --release --quiet -p gpushare-limiter --manifest-path "$root/Cargo.toml" --target-dir "$root/target/gpu" || exit 1
     lib=$root/target/gpu/release/libgpushare_limiter.so

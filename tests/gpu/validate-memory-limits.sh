@@ -3,7 +3,8 @@
 # limits, nvmlDeviceSetMemoryLimits_v1) on a machine with a real NVIDIA GPU, a driver that has
 # them and cgroup v2 at /sys/fs/cgroup. NOT run in CI (no GPU there); run by hand:
 #   tests/gpu/validate-memory-limits.sh
-# Needs: root, nvcc, nvidia-smi with `memory-limits`, cargo (the hook is driven with a
+# Needs: root, nvcc, nvidia-smi with `memory-limits`, cargo unless GPUSHARE_BIN names a folder
+# with a built gpushare-hook and libgpushare_limiter.so (tests/gpu/prepare.sh) (the hook is driven with a
 # stand-in container process in a cgroup of its own, as the tests do; no engine).
 # Checks, on GPU 0:
 #   1. createRuntime of a `timeslice` container with gpu.share.memory=1Gi chooses the driver
@@ -29,8 +30,12 @@ trap cleanup EXIT
 [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] || { echo "SKIPPED: /sys/fs/cgroup is not cgroup v2"; exit 2; }
 command -v nvcc >/dev/null || { echo "SKIPPED: nvcc not found"; exit 2; }
 nvidia-smi memory-limits -h >/dev/null 2>&1 || { echo "SKIPPED: nvidia-smi has no memory-limits (driver before r615)"; exit 2; }
-cargo build --release --quiet --workspace --manifest-path "$root/Cargo.toml" --target-dir "$root/target/gpu" || exit 1
-rel=$root/target/gpu/release
+if [ -n "${GPUSHARE_BIN:-}" ]; then
+    rel=$(cd "$GPUSHARE_BIN" && pwd)
+else
+    cargo build --release --quiet --workspace --manifest-path "$root/Cargo.toml" --target-dir "$root/target/gpu" || exit 1
+    rel=$root/target/gpu/release
+fi
 nvcc -O2 -o "$work/check" "$root/tests/gpu/limiter_check.cu" || { echo "FAIL: nvcc"; exit 1; }
 fails=0
 pass() { echo "PASS: $*"; }

@@ -2,7 +2,9 @@
 # GPU validation of the hook core's MPS mode on a machine with a real NVIDIA GPU and driver.
 # NOT run in CI (no GPU there); run by hand, as root:
 #   tests/gpu/validate-mps.sh
-# Needs: nvcc (Debian nvidia-cuda-toolkit), nvidia-smi, nvidia-cuda-mps-control, cargo.
+# Needs: nvcc (Debian nvidia-cuda-toolkit), nvidia-smi, nvidia-cuda-mps-control, and cargo unless
+# GPUSHARE_BIN names a folder with a built gpushare-hook (tests/gpu/prepare.sh makes .gpu-carry).
+# tests/gpu/run-all.sh runs the fuller version of these checks (two domains, enforced defaults).
 # Uses the real NVML (no simulated driver) and two host processes standing in for containers:
 #   1. the first acquire starts one MPS daemon on GPU 0 and puts it in EXCLUSIVE_PROCESS
 #   2. two CUDA clients (CUDA_MPS_PIPE_DIRECTORY = the daemon's pipe) run through one MPS server
@@ -26,15 +28,20 @@ command -v nvcc >/dev/null || { echo "SKIPPED: nvcc not found (apt-get install n
 command -v nvidia-smi >/dev/null || { echo "SKIPPED: nvidia-smi not found (no NVIDIA driver)"; exit 2; }
 nvidia-smi -L | grep -q '^GPU 0' || { echo "SKIPPED: nvidia-smi sees no GPU"; exit 2; }
 command -v nvidia-cuda-mps-control >/dev/null || { echo "SKIPPED: nvidia-cuda-mps-control missing"; exit 2; }
-cargo build --release --quiet --manifest-path "$root/Cargo.toml" --target-dir "$root/target/gpu" -p gpushare || exit 1
-hook=$root/target/gpu/release/gpushare-hook
+if [ -n "${GPUSHARE_BIN:-}" ]; then
+    hook=$(cd "$GPUSHARE_BIN" && pwd)/gpushare-hook
+else
+    cargo build --release --quiet --manifest-path "$root/Cargo.toml" --target-dir "$root/target/gpu" -p gpushare || exit 1
+    hook=$root/target/gpu/release/gpushare-hook
+fi
 nvcc -O2 -o "$work/check" "$root/tests/gpu/limiter_check.cu" || { echo "FAIL: nvcc"; exit 1; }
 
 fails=0
 pass() { echo "PASS: $*"; }
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 export GPUSHARE_CONFIG=$work/config.toml
-printf 'state_dir = "%s"\nlog_file = "%s"\n' "$work/state" "$work/log" >"$GPUSHARE_CONFIG"
+# Two containers without a memory cap share the GPU (each counts as the whole GPU otherwise).
+printf 'state_dir = "%s"\nlog_file = "%s"\n[policy]\nmemory_overcommit = 100.0\n' "$work/state" "$work/log" >"$GPUSHARE_CONFIG"
 mkdir -p "$work/bundle/rootfs/tmp"
 echo '{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"annotations":{"gpu.share":"mps"}}' >"$work/bundle/config.json"
 state() { printf '{"id":"%s","pid":%s,"bundle":"%s"}' "$1" "$2" "$work/bundle"; }
