@@ -27,6 +27,8 @@
 #
 # Dry run without a GPU (checks the script and the hook steps of section 1 against the TEST-ONLY
 # simulated NVML; CUDA clients skipped): RA_SIM_NVML=target/release/libgpushare_simdriver.so
+# (with RA_DRY_CHECK=PROGRAM too, PROGRAM stands in for the CUDA programs, to exercise the
+# script's own steps: it must answer like limiter_check and guesses).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SELF=$ROOT/tests/gpu/run-all.sh
@@ -56,6 +58,11 @@ ms_now() { date +%s%N | cut -c1-13; }
 start_of() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{print $20}'; } # field 22
 ours() { # PID: remembered with its start time; kill_ours signals it only while it still has it
     echo "$1 $(start_of "$1")" >>"$RA_WORK/pids"
+}
+alive() { # PID: exists and is not a zombie
+    local st
+    st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+    [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
 }
 kill_if_same() { # PID START
     num "$1" && [ -n "$2" ] && [ "$(start_of "$1")" = "$2" ] && kill "$1" 2>/dev/null
@@ -200,9 +207,6 @@ EOF
             || fail "MPS: control daemon of $key (pid $dpid) keeps capabilities or lacks NoNewPrivs"
     done <"$D/domains"
     pipe_of() { awk -v k="$1" '$1 == k {print $4}' "$D/domains"; }
-    local pa pb
-    pa=$(pipe_of g-a)
-    pb=$(pipe_of g-b)
     if [ -z "$RA_CHECK" ]; then
         skip "MPS: CUDA clients (no CUDA program built)"
     else
@@ -231,7 +235,7 @@ EOF
         local s3=$!
         ours $s1; ours $s2; ours $s3
         sleep 3
-        local lists=""
+        local lists="" ca=0 cb=0
         for key in g-a g-b; do
             pipe=$(pipe_of "$key")
             local servers clients=0 s
@@ -243,6 +247,8 @@ EOF
                     || note "MPS: the MPS server of $key (pid $s): $(grep -E '^(CapEff|NoNewPrivs):' /proc/"$s"/status 2>/dev/null | tr '\n' ' ')"
             done
             lists="$lists $key: servers [$(echo $servers)] clients $clients;"
+            [ $key = g-a ] && ca=$clients
+            [ $key = g-b ] && cb=$clients
             res "mps_${key}_servers_clients" "$(echo "$servers" | wc -w)/$clients"
         done
         say "while running:$lists"
@@ -251,15 +257,17 @@ EOF
         k1=$(val KERNELS <"$D/s.a1"); k2=$(val KERNELS <"$D/s.a2"); k3=$(val KERNELS <"$D/s.b1")
         say "kernels of ~1 ms in 4 s: a1 $k1, a2 $k2 (domain g-a, 25%), b1 $k3 (domain g-b, 50%)"
         res mps_concurrent_kernels_a1_a2_b1 "$k1/$k2/$k3"
-        if num "$k1" && num "$k2" && [ "$k1" -gt 0 ] && [ "$k2" -gt 0 ]; then
-            pass "MPS: two clients in one domain both make progress ($k1 and $k2 kernels)"
+        # A client that finds no daemon runs without MPS: progress counts only with the clients
+        # listed by their domain's server.
+        if num "$k1" && num "$k2" && [ "$k1" -gt 0 ] && [ "$k2" -gt 0 ] && [ "$ca" -ge 2 ]; then
+            pass "MPS: two clients in one domain, both on its MPS server ($ca clients listed), both make progress ($k1 and $k2 kernels)"
         else
-            fail "MPS: two clients in one domain: a1 '$k1' a2 '$k2' ($(tail -1 "$D/s.a1") / $(tail -1 "$D/s.a2"))"
+            fail "MPS: two clients in one domain: a1 '$k1' a2 '$k2' kernels, $ca clients on g-a's server ($(tail -1 "$D/s.a1") / $(tail -1 "$D/s.a2"))"
         fi
-        if num "$k1" && num "$k3" && [ "$k1" -gt 0 ] && [ "$k3" -gt 0 ]; then
-            pass "MPS: two domains at once both make progress (g-a $k1, g-b $k3 kernels)"
+        if num "$k1" && num "$k3" && [ "$k1" -gt 0 ] && [ "$k3" -gt 0 ] && [ "$ca" -ge 1 ] && [ "$cb" -ge 1 ]; then
+            pass "MPS: two domains at once, each with its own server, both make progress (g-a $k1, g-b $k3 kernels)"
         else
-            fail "MPS: two domains at once: g-a '$k1' g-b '$k3' ($(tail -1 "$D/s.b1"))"
+            fail "MPS: two domains at once: g-a '$k1' g-b '$k3' kernels, clients on the servers g-a $ca g-b $cb ($(tail -1 "$D/s.b1"))"
         fi
         # Enforced defaults: SM share and pinned memory, for clients that set nothing.
         local sa sb sx fa fb fx ma
@@ -337,14 +345,14 @@ EOF
     da=$(awk '$1 == "g-a" {print $2}' "$D/domains")
     echo "{\"id\":\"a1\",\"bundle\":\"$D/a1\"}" | run_to 20 "$hook" poststop
     unset 'PID[a1]'
-    [ -d "/proc/$da" ] && pass "MPS: g-a's daemon outlives its first container" || fail "MPS: g-a's daemon gone after its first container"
+    alive "$da" && pass "MPS: g-a's daemon outlives its first container" || fail "MPS: g-a's daemon gone after its first container"
     echo "{\"id\":\"a2\",\"bundle\":\"$D/a2\"}" | run_to 20 "$hook" poststop
     unset 'PID[a2]'
     echo "{\"id\":\"b1\",\"bundle\":\"$D/b1\"}" | run_to 20 "$hook" poststop
     unset 'PID[b1]'
     sleep 0.5
     local left=0
-    while read -r key dpid _; do [ -d "/proc/$dpid" ] && left=$((left + 1)); done <"$D/domains"
+    while read -r key dpid _; do alive "$dpid" && left=$((left + 1)); done <"$D/domains"
     [ $left = 0 ] && pass "MPS: both daemons stopped after their last container" || fail "MPS: $left daemon(s) left after release"
     [ -z "$(ls "$D/state/mps" 2>/dev/null)" ] && pass "MPS: domain directories removed" || fail "MPS: left in state/mps: $(ls "$D/state/mps")"
     mode=$(gpu_mode)
@@ -486,7 +494,7 @@ sec_memlimits() {
     [ -n "$RA_CHECK" ] || { skip "driver memory limits: no CUDA program built"; return 0; }
     write_config "$D" ""
     export GPUSHARE_CONFIG=$D/config.toml
-    hook=$RA_BIN/gpushare-hook cg=/sys/fs/cgroup/gpushare-gpu-run-$$ state= # globals for the EXIT trap
+    hook=$RA_BIN/gpushare-hook cg=/sys/fs/cgroup/gpushare-gpu-run-$$ state='' # globals for the EXIT trap
     local id=memlimit-$$ sleeper
     cleanup_ml() {
         [ -n "${state:-}" ] && echo "$state" | timeout 20 "$hook" poststop >/dev/null 2>&1
@@ -548,7 +556,7 @@ EOF
 
 # ---------------------------------------------------------------- section 4: overhead
 sec_overhead() {
-    D=$RA_WORK/overhead lib=$RA_BIN/libgpushare_limiter.so hook=$RA_BIN/gpushare-hook pid= pipe= # globals
+    D=$RA_WORK/overhead lib=$RA_BIN/libgpushare_limiter.so hook=$RA_BIN/gpushare-hook pid='' pipe='' # globals
     local reps=${RA_REPS:-5} mps=no
     mkdir -p "$D"
     [ -n "$RA_CHECK" ] || { skip "overhead: no CUDA program built"; return 0; }
@@ -585,8 +593,15 @@ start_timeout_seconds = 20"
     }
     local vs="bare limit" v r t0 out
     [ $mps = yes ] && vs="$vs mps mps+limiter"
-    # A first MPS client starts the MPS server: not counted.
-    [ $mps = yes ] && variant mps >/dev/null 2>&1
+    # A first MPS client starts the MPS server: not counted. A client that finds no daemon runs
+    # without MPS, so the server must be listed.
+    if [ $mps = yes ]; then
+        variant mps >/dev/null 2>&1
+        local servers
+        servers=$(echo get_server_list | run_to 5 nsenter -t "$pid" -m env CUDA_MPS_PIPE_DIRECTORY="$pipe" "$RA_MPSCTL" 2>&1)
+        say "MPS server of the benchmark's domain: [$(echo $servers)]"
+        [ -n "$(echo $servers | tr -cd 0-9)" ] || fail "overhead: no MPS server after a client ran: the mps rows below did not go through MPS"
+    fi
     for r in $(seq "$reps"); do
         for v in $vs; do
             t0=$(ms_now)
@@ -685,12 +700,13 @@ if [ "${1:-}" = __section ]; then
 fi
 
 # ---------------------------------------------------------------- main
-export RA_START=$(date +%s)
+RA_START=$(date +%s)
+export RA_START
 export RA_DEADLINE=${RA_DEADLINE:-270}
 RA_WORK=$(mktemp -d /tmp/gpushare-gpu-run.XXXXXX)
 export RA_WORK
 LOG=${OUT:+$OUT/gpu-run.log}
-LOG=${LOG:-$RA_WORK/gpu-run.log}
+LOG=${LOG:-/tmp/gpushare-gpu-run.log}
 [ -n "${OUT:-}" ] && mkdir -p "$OUT"
 : >"$RA_WORK/verdicts"
 : >"$RA_WORK/results"
@@ -832,7 +848,9 @@ print("yes" if all(hasattr(l, f) for f in ("nvmlDeviceSetMemoryLimits_v1", "nvml
     res compute_mode_before "$RA_MODE0"
     if [ -x "$RA_BIN/gpushare-hook" ]; then
         write_config "$RA_WORK/doctor" "[mps]
-control = \"${ctl:-nvidia-cuda-mps-control}\""
+control = \"${ctl:-nvidia-cuda-mps-control}\"
+[runtime]
+hook = \"$RA_BIN/gpushare-hook\""
         say "gpushare-hook doctor:"
         GPUSHARE_CONFIG=$RA_WORK/doctor/config.toml run_to 20 "$RA_BIN/gpushare-hook" doctor 2>&1 | head -40 | sed 's/^/  /'
     fi
@@ -841,6 +859,13 @@ control = \"${ctl:-nvidia-cuda-mps-control}\""
     export RA_CHECK="" RA_GUESSES="" RA_SMS=""
     if [ -n "${RA_SIM_NVML:-}" ]; then
         skip "CUDA programs: dry run"
+        if [ -n "${RA_DRY_CHECK:-}" ]; then
+            RA_CHECK=$RA_DRY_CHECK RA_GUESSES=$RA_DRY_CHECK
+            "$RA_CHECK" meminfo >"$RA_WORK/bare.meminfo"
+            "$RA_CHECK" smshare >"$RA_WORK/bare.smshare"
+            RA_SMS=$(val SMS <"$RA_WORK/bare.smshare")
+            note "dry run: $RA_DRY_CHECK stands in for the CUDA programs (its figures mean nothing)"
+        fi
     elif [ -z "$nvcc" ] || [ $gpu_ok != yes ]; then
         skip "CUDA programs: no nvcc or no GPU"
     else
