@@ -49,8 +49,9 @@ note() { verdict NOTE "$*"; }
 res() { printf '%s=%s\n' "$1" "$2" >>"$RA_WORK/results"; } # a figure for the summary
 val() { sed -n "s/^$1=//p" | tail -1; }
 num() { case "${1:-}" in '' | *[!0-9]*) return 1 ;; esac; }
-run_to() { # SECONDS CMD...: never hangs; prints the command's output
-    timeout -k 3 "$@"
+run_to() { # SECONDS CMD...: never hangs; prints the command's output. --foreground keeps it in
+    # the section's process group, which the section's own timeout kills as a whole.
+    timeout --foreground -k 3 "$@"
 }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print ""; else if (NR % 2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "" || b == "" || b == 0) print "n/a"; else printf "%.2f\n", a/b}'; }
@@ -223,9 +224,20 @@ EOF
         client() { # CONTAINER CMD...: a CUDA client in the container's mount namespace, no MPS env but the pipe
             local c=$1
             shift
-            nsenter -t "${PID[$c]}" -m env -u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE -u CUDA_MPS_PINNED_DEVICE_MEM_LIMIT \
+            run_to 25 nsenter -t "${PID[$c]}" -m env -u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE -u CUDA_MPS_PINNED_DEVICE_MEM_LIMIT \
                 CUDA_VISIBLE_DEVICES=0 CUDA_MPS_PIPE_DIRECTORY="$D/$c/rootfs/tmp/nvidia-mps" "$@"
         }
+        # A first client alone: a server that cannot start would hang every client below.
+        local probe
+        probe=$(client a1 "$RA_CHECK" meminfo 2>&1)
+        say "first client of g-a (starts its MPS server): $(echo "$probe" | tr '\n' ' ')"
+        if ! echo "$probe" | grep -q '^MEMINFO_TOTAL='; then
+            fail "MPS: a client of g-a did not start: $(echo "$probe" | tail -2 | tr '\n' ' '); control log: $(tail -5 "$(dirname "$(pipe_of g-a)")/log/control.log" 2>/dev/null | tr '\n' ' ')"
+            say "server log: $(tail -5 "$(dirname "$(pipe_of g-a)")/log/server.log" 2>/dev/null)"
+            RA_CHECK=""
+        fi
+    fi
+    if [ -n "$RA_CHECK" ]; then
         # Two clients in one domain and one in the other, at once.
         client a1 "$RA_CHECK" spin 4 >"$D/s.a1" 2>&1 &
         local s1=$!
@@ -273,7 +285,7 @@ EOF
         local sa sb sx fa fb fx ma
         sa=$(client a1 "$RA_CHECK" smshare "$RA_SMS" 2>&1); echo "$sa" | sed 's/^/  g-a smshare: /'
         sb=$(client b1 "$RA_CHECK" smshare "$RA_SMS" 2>&1); echo "$sb" | sed 's/^/  g-b smshare: /'
-        sx=$(nsenter -t "${PID[a1]}" -m env CUDA_VISIBLE_DEVICES=0 CUDA_MPS_PIPE_DIRECTORY="$D/a1/rootfs/tmp/nvidia-mps" \
+        sx=$(run_to 25 nsenter -t "${PID[a1]}" -m env CUDA_VISIBLE_DEVICES=0 CUDA_MPS_PIPE_DIRECTORY="$D/a1/rootfs/tmp/nvidia-mps" \
             CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 "$RA_CHECK" smshare "$RA_SMS" 2>&1); echo "$sx" | sed 's/^/  g-a smshare, client asks 100%: /'
         local pa_s pb_s px_s
         pa_s=$(echo "$sa" | val SHARE_PCT); pb_s=$(echo "$sb" | val SHARE_PCT); px_s=$(echo "$sx" | val SHARE_PCT)
@@ -297,7 +309,7 @@ EOF
         fi
         fa=$(client a1 "$RA_CHECK" fill 64 2>&1 | val ALLOC_TOTAL)
         fb=$(client b1 "$RA_CHECK" fill 64 2>&1 | val ALLOC_TOTAL)
-        fx=$(nsenter -t "${PID[a1]}" -m env CUDA_VISIBLE_DEVICES=0 CUDA_MPS_PIPE_DIRECTORY="$D/a1/rootfs/tmp/nvidia-mps" \
+        fx=$(run_to 25 nsenter -t "${PID[a1]}" -m env CUDA_VISIBLE_DEVICES=0 CUDA_MPS_PIPE_DIRECTORY="$D/a1/rootfs/tmp/nvidia-mps" \
             CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M "$RA_CHECK" fill 64 2>&1 | val ALLOC_TOTAL)
         ma=$(client a1 "$RA_CHECK" meminfo 2>&1 | tr '\n' ' ')
         say "cudaMalloc totals in 64 MiB steps: g-a (1 GiB) $fa, g-b (2 GiB) $fb, g-a client asking 4096M $fx"
@@ -322,7 +334,7 @@ EOF
         fi
         # [mps] pipe_readonly: the container's pipe mount made read-only, in a namespace of its own.
         local ro
-        ro=$(nsenter -t "${PID[a2]}" -m unshare -m --propagation private sh -c '
+        ro=$(run_to 25 nsenter -t "${PID[a2]}" -m unshare -m --propagation private sh -c '
                 mount -o remount,bind,ro "$1" || { echo "REMOUNT_FAILED"; exit 1; }
                 touch "$1/.probe" 2>/dev/null && echo "STILL_WRITABLE"
                 CUDA_VISIBLE_DEVICES=0 CUDA_MPS_PIPE_DIRECTORY="$1" exec "$2" fill 64' sh \
@@ -394,7 +406,9 @@ sec_limiter() {
         smi=$(run_to 15 env CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_SHARED_CACHE="$D/cache" GPUSHARE_LIMITS_FILE="$D/none" \
             LD_PRELOAD="$lib" nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>&1 | tr -d ' ')
         [ "$smi" = 1024 ] && pass "limiter: nvidia-smi under the limiter reports 1024 MiB" || fail "limiter: nvidia-smi memory.total '$smi'"
-        limited "$RA_CHECK" hold 600 >"$D/hold.out" 2>&1 &
+        # Started directly (not through the function) so that $! is the holder itself.
+        env CUDA_VISIBLE_DEVICES=0 CUDA_DEVICE_MEMORY_LIMIT=1g CUDA_DEVICE_MEMORY_SHARED_CACHE="$D/cache" \
+            GPUSHARE_LIMITS_FILE="$D/none" LD_PRELOAD="$lib" "$RA_CHECK" hold 600 >"$D/hold.out" 2>&1 &
         local holder=$! i=0
         ours $holder
         while ! grep -q HELD=1 "$D/hold.out" 2>/dev/null && [ $i -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
@@ -530,7 +544,7 @@ EOF
     got=$(run_to 10 nvidia-smi memory-limits --get -n "$cg" -i 0 2>&1)
     say "nvidia-smi memory-limits --get: $got"
     in_cg() { sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$cg" "$@"; }
-    in_cg env CUDA_VISIBLE_DEVICES=0 "$RA_CHECK" hold 600 >"$D/hold" 2>&1 &
+    sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "$cg" env CUDA_VISIBLE_DEVICES=0 "$RA_CHECK" hold 600 >"$D/hold" 2>&1 &
     local h=$! i=0
     ours $h
     while ! grep -q HELD=1 "$D/hold" 2>/dev/null && [ $i -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
@@ -592,7 +606,6 @@ start_timeout_seconds = 20"
         esac
     }
     local vs="bare limit" v r t0 out
-    [ $mps = yes ] && vs="$vs mps mps+limiter"
     # A first MPS client starts the MPS server: not counted. A client that finds no daemon runs
     # without MPS, so the server must be listed.
     if [ $mps = yes ]; then
@@ -600,8 +613,12 @@ start_timeout_seconds = 20"
         local servers
         servers=$(echo get_server_list | run_to 5 nsenter -t "$pid" -m env CUDA_MPS_PIPE_DIRECTORY="$pipe" "$RA_MPSCTL" 2>&1)
         say "MPS server of the benchmark's domain: [$(echo $servers)]"
-        [ -n "$(echo $servers | tr -cd 0-9)" ] || fail "overhead: no MPS server after a client ran: the mps rows below did not go through MPS"
+        if [ -z "$(echo $servers | tr -cd 0-9)" ]; then
+            fail "overhead: no MPS server after a client ran; mps rows skipped"
+            mps=no
+        fi
     fi
+    [ $mps = yes ] && vs="$vs mps mps+limiter"
     for r in $(seq "$reps"); do
         for v in $vs; do
             t0=$(ms_now)
@@ -712,6 +729,10 @@ LOG=${LOG:-/tmp/gpushare-gpu-run.log}
 : >"$RA_WORK/results"
 RA_BIN=$(cd "${GPUSHARE_BIN:-$ROOT/.gpu-carry}" 2>/dev/null && pwd) || RA_BIN=/nonexistent
 export RA_BIN
+# A copy that lost its mode bits on the way.
+for f in "$RA_BIN/gpushare-hook" "$RA_BIN/gpushare-runtime" "$RA_BIN"/mps/nvidia-cuda-mps-*; do
+    [ -f "$f" ] && [ ! -x "$f" ] && chmod +x "$f" 2>/dev/null
+done
 if [ -n "${RA_SIM_NVML:-}" ]; then
     export GPUSHARE_SIM_DEVICES=81920 GPUSHARE_SIM_STATE=$RA_WORK/sim
     mkdir -p "$GPUSHARE_SIM_STATE"
@@ -910,7 +931,7 @@ hook = \"$RA_BIN/gpushare-hook\""
         [ "$budget" -gt $left ] && budget=$left
         local t0 rc
         t0=$(date +%s)
-        run_to "$budget" "$SELF" __section "$name"
+        timeout -k 3 "$budget" bash "$SELF" __section "$name"
         rc=$?
         [ $rc = 124 ] || [ $rc = 137 ] && fail "$3: timed out after $budget s (figures above are partial)"
         say "[section $name: $(($(date +%s) - t0)) s, rc $rc]"
