@@ -201,10 +201,13 @@ EOF
         caps=$(grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' "/proc/$p/status" 2>/dev/null | awk '{print $2}' | sort -u | tr '\n' ' ')
         nnp=$(awk '/^NoNewPrivs:/ {print $2}' "/proc/$p/status" 2>/dev/null)
         say "$what pid $p: capabilities $caps NoNewPrivs $nnp"
+        SANDBOX="caps $(echo $caps | tr ' ' ',') NoNewPrivs $nnp"
         [ "$caps" = "0000000000000000 " ] && [ "$nnp" = 1 ]
     }
     while read -r key dpid _ pipe _; do
-        sandbox_report "$dpid" "control daemon of $key" && pass "MPS: control daemon of $key (pid $dpid) has no capabilities and NoNewPrivs" \
+        sandbox_report "$dpid" "control daemon of $key"
+        res "mps_control_daemon_$key" "$SANDBOX"
+        [ "$SANDBOX" = "caps 0000000000000000 NoNewPrivs 1" ] && pass "MPS: control daemon of $key (pid $dpid) has no capabilities and NoNewPrivs" \
             || fail "MPS: control daemon of $key (pid $dpid) keeps capabilities or lacks NoNewPrivs"
     done <"$D/domains"
     pipe_of() { awk -v k="$1" '$1 == k {print $4}' "$D/domains"; }
@@ -255,7 +258,9 @@ EOF
             for s in $servers; do
                 num "$s" || continue
                 clients=$((clients + $(echo "get_client_list $s" | CUDA_MPS_PIPE_DIRECTORY=$pipe run_to 5 "$RA_MPSCTL" 2>/dev/null | wc -w)))
-                sandbox_report "$s" "MPS server of $key" >/dev/null && note "MPS: the MPS server of $key (pid $s) runs with no capabilities and NoNewPrivs" \
+                sandbox_report "$s" "MPS server of $key" >/dev/null
+                res "mps_server_$key" "$SANDBOX"
+                [ "$SANDBOX" = "caps 0000000000000000 NoNewPrivs 1" ] && note "MPS: the MPS server of $key (pid $s) runs with no capabilities and NoNewPrivs" \
                     || note "MPS: the MPS server of $key (pid $s): $(grep -E '^(CapEff|NoNewPrivs):' /proc/"$s"/status 2>/dev/null | tr '\n' ' ')"
             done
             lists="$lists $key: servers [$(echo $servers)] clients $clients;"
@@ -770,7 +775,8 @@ main() {
         export RA_NVML=$RA_SIM_NVML
         res gpu "simulated (dry run)"
     elif command -v nvidia-smi >/dev/null; then
-        run_to 15 nvidia-smi 2>&1 | head -25
+        run_to 15 nvidia-smi 2>&1 | head -25 | tee "$RA_WORK/smi.txt"
+        res cuda_driver_api "$(grep -o 'CUDA Version: [0-9.]*' "$RA_WORK/smi.txt" | head -1)"
         local q
         q=$(run_to 15 nvidia-smi -i 0 --query-gpu=name,driver_version,memory.total,compute_mode,mig.mode.current,persistence_mode,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1)
         say "GPU 0: $q"

@@ -17,7 +17,7 @@
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
-a= b=
+a='' b=''
 cleanup() {
     kill $a $b 2>/dev/null
     [ -x "$hook" ] && GPUSHARE_CONFIG=$work/config.toml "$hook" gc >/dev/null 2>&1
