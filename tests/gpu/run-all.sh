@@ -357,6 +357,12 @@ EOF
             res mps_pipe_readonly_works no
         fi
     fi
+    # The daemons' own logs, before release removes them.
+    while read -r key dpid _ pipe _; do
+        say "$key control.log (last lines):"
+        tail -6 "$(dirname "$pipe")/log/control.log" 2>/dev/null | cut -c1-200 | sed 's/^/  /'
+        [ -f "$(dirname "$pipe")/log/server.log" ] && { say "$key server.log (last lines):"; tail -4 "$(dirname "$pipe")/log/server.log" | cut -c1-200 | sed 's/^/  /'; }
+    done <"$D/domains"
     # Release: the first keeps the domain's daemon, the last stops it; compute mode as found.
     local da
     da=$(awk '$1 == "g-a" {print $2}' "$D/domains")
@@ -906,7 +912,7 @@ hook = \"$RA_BIN/gpushare-hook\""
         ) &
         local b1=$!
         run_to 60 "$nvcc" -O2 -o "$RA_WORK/bin/guesses" tests/gpu/guesses.c -L"$cuda_home/lib64/stubs" -L"$cuda_home/targets/x86_64-linux/lib/stubs" -lcuda >"$RA_WORK/nvcc.guesses" 2>&1 \
-            || run_to 60 cc -O2 -I"$cuda_home/include" -o "$RA_WORK/bin/guesses" tests/gpu/guesses.c -L"$cuda_home/lib64/stubs" -lcuda >>"$RA_WORK/nvcc.guesses" 2>&1
+            || run_to 60 "$nvcc" -O2 -o "$RA_WORK/bin/guesses" tests/gpu/guesses.c -L"$(dirname "$(ldconfig -p | awk '/libcuda.so.1 / {print $NF; exit}')")" -l:libcuda.so.1 >>"$RA_WORK/nvcc.guesses" 2>&1
         wait $b1
         [ -x "$RA_WORK/bin/check" ] && RA_CHECK=$RA_WORK/bin/check && say "limiter_check.cu: $(tail -1 "$RA_WORK/nvcc.check")" \
             || { fail "nvcc tests/gpu/limiter_check.cu"; cat "$RA_WORK/nvcc.check"; }
