@@ -37,8 +37,8 @@ pub struct DaemonMounts {
 const TENANT_DIR_ATTRS: u64 = MOUNT_ATTR_NOSYMFOLLOW | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOSUID;
 
 /// Arranges for `cmd` to start in a new session and a mount namespace of its own in which the
-/// whole host is read-only except `m.pipe` and `m.log` (mounted writable on themselves), the
-/// shm tmpfs `m.shm` on `/dev/shm` and a private tmpfs on `/tmp`; those writable mounts follow
+/// whole host is read-only except `/proc`, `m.pipe` and `m.log` (mounted writable on themselves),
+/// the shm tmpfs `m.shm` on `/dev/shm` and a private tmpfs on `/tmp`; those writable mounts follow
 /// no symlink and open no device node. Every inherited descriptor above stderr is closed on
 /// exec. The caller sets stdio and env.
 pub fn daemon_in_sandbox(cmd: &mut Command, m: DaemonMounts) {
@@ -70,6 +70,12 @@ pub fn daemon_in_sandbox(cmd: &mut Command, m: DaemonMounts) {
                 None => None,
             };
             set_attrs(libc::AT_FDCWD, c"/", AT_RECURSIVE, MOUNT_ATTR_RDONLY, 0)?;
+            // `/proc` stays writable (its own mount only): an MPS server's driver initialisation
+            // writes there and fails with "OS call failed" on a read-only `/proc` (seen on an
+            // H100 with driver 580, tests/gpu/sandbox-parts.sh). What a process may write under
+            // `/proc` is decided by its credentials, and the daemon has no capabilities.
+            // A host without `/proc` mounted has nothing to make writable.
+            let _ = set_attrs(libc::AT_FDCWD, c"/proc", 0, 0, MOUNT_ATTR_RDONLY);
             mount(
                 Some(c"tmpfs"),
                 c"/tmp",

@@ -352,6 +352,8 @@ mod tests {
              if mkdir {root}/new 2>/dev/null; then exit 16; fi
              if touch /etc/gpushare-sandbox-test 2>/dev/null; then exit 18; fi
              grep -q ' {pipe} .*nosymfollow' /proc/self/mountinfo || exit 17
+             awk '$5 == \"/proc\" {{ split($6, o, \",\"); if (o[1] != \"rw\") exit 1 }}' /proc/self/mountinfo || exit 19
+             awk '$5 == \"/\" {{ split($6, o, \",\"); if (o[1] != \"ro\") exit 1 }}' /proc/self/mountinfo || exit 20
              exit 0",
             pipe = pipe.display(),
             log = log.display(),
