@@ -98,6 +98,12 @@ pub enum Cmd {
         /// handed on.
         #[arg(long, value_name = "FILE")]
         policy_at: Option<PathBuf>,
+        /// Also write gpushare's CDI spec into DIR with this run's policy. The node-wide specs
+        /// (/etc/cdi, /var/run/cdi) follow the policy only when configure runs on the node's
+        /// own engine files with the node's own policy; with --path, --hooks-dir, --config or
+        /// --policy-at it only says what it would write there.
+        #[arg(long, value_name = "DIR")]
+        cdi_dir: Option<PathBuf>,
         /// Print the files as `# ---- PATH` sections (`(merge)`: gpushare's part of a file to
         /// merge into) instead of writing them.
         #[arg(long, conflicts_with = "dry_run")]

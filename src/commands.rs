@@ -301,6 +301,7 @@ pub fn configure(
     engine: Engine,
     opts: &configure::Options,
     policy_at: Option<std::path::PathBuf>,
+    cdi_dir: Option<&std::path::Path>,
     print: bool,
     json: bool,
 ) -> Result<Reply, ConfigureError> {
@@ -317,28 +318,9 @@ pub fn configure(
         return Ok(Reply::text(configure::print(engine, &setup, opts)?));
     }
     let mut report = configure::run(engine, &setup, opts)?;
-    // A CDI spec of gpushare's already installed follows the policy this run read.
-    for dir in [crate::admin::cdi::DEFAULT_DIR, "/etc/cdi"] {
-        let dir = std::path::Path::new(dir);
-        if !dir.join(crate::admin::cdi::FILE_NAME).exists() {
-            continue;
-        }
-        let hand_on = setup.policy.clone();
-        let file =
-            match crate::admin::cdi::generate(&ctx.cfg, hand_on.as_deref(), dir, opts.dry_run) {
-                Ok(cdi) => configure::FileReport {
-                    path: cdi.path,
-                    outcome: cdi.outcome,
-                },
-                Err(e) => configure::FileReport {
-                    path: dir.join(crate::admin::cdi::FILE_NAME).display().to_string(),
-                    outcome: configure::Outcome::Kept {
-                        why: format!("not brought up to date with the policy: {}", chain(&e)),
-                    },
-                },
-            };
-        report.files.push(file);
-    }
+    report
+        .files
+        .extend(configure_cdi(ctx, &setup, opts, cdi_dir));
     if !opts.dry_run && report.changed() {
         let what = if opts.remove {
             "removed gpushare from"
@@ -352,6 +334,55 @@ pub fn configure(
         );
     }
     Ok(Reply::text(render(&report, json)))
+}
+
+/// gpushare's CDI specs after `configure`: the node-wide ones follow the policy only when this
+/// run configured the node's own engine files with the node's own policy; otherwise they are
+/// left alone and the report says what this policy would write there. `cdi_dir` is written in
+/// every case.
+fn configure_cdi(
+    ctx: &Ctx,
+    setup: &configure::Setup,
+    opts: &configure::Options,
+    cdi_dir: Option<&std::path::Path>,
+) -> Vec<configure::FileReport> {
+    use crate::admin::cdi;
+    use configure::CdiAction;
+    let node_own = opts.path.is_none()
+        && opts.hooks_dir.is_none()
+        && setup.policy.is_none()
+        && matches!(ctx.source, crate::config::Source::Default);
+    let node_dirs = cdi::SPEC_DIRS.map(std::path::Path::new);
+    let explicit = cdi_dir.map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_owned()));
+    let actions = configure::cdi_actions(node_own, explicit.as_deref(), &node_dirs, |d| {
+        d.join(cdi::FILE_NAME).exists()
+    });
+    let hand_on = setup.policy.clone();
+    actions
+        .into_iter()
+        .map(|action| {
+            let (dir, preview) = match &action {
+                CdiAction::Write(d) => (d, false),
+                CdiAction::Preview(d) => (d, true),
+            };
+            let path = dir.join(cdi::FILE_NAME).display().to_string();
+            let outcome =
+                match cdi::generate(&ctx.cfg, hand_on.as_deref(), dir, opts.dry_run || preview) {
+                    Ok(r) if preview => configure::Outcome::LeftAlone {
+                        why: "node-wide: only `configure` of the node's own engine files with the node's own policy rewrites it; pass --cdi-dir to write it with this one".into(),
+                        diff: match r.outcome {
+                            configure::Outcome::WouldChange { diff } => Some(diff),
+                            _ => None,
+                        },
+                    },
+                    Ok(r) => r.outcome,
+                    Err(e) => configure::Outcome::Kept {
+                        why: format!("not brought up to date with the policy: {}", chain(&e)),
+                    },
+                };
+            configure::FileReport { path, outcome }
+        })
+        .collect()
 }
 
 /// `cdi generate`: exit 0 whether or not the spec changed.

@@ -27,6 +27,9 @@ pub enum Outcome {
     /// A file gpushare derives from the policy (the CDI spec) was rewritten; nothing else is
     /// in it, so no backup is kept.
     Regenerated,
+    /// A node-wide file (the CDI spec) this run does not own was left as it is, because
+    /// `why`; `diff` is what this run's policy would write there (`None`: nothing).
+    LeftAlone { why: String, diff: Option<String> },
 }
 
 /// Where the previous version of `path` is kept: `<path>.bak-<unix seconds>` (a suffix no
@@ -106,8 +109,8 @@ pub fn apply(c: &Change) -> Result<Outcome, ConfigureError> {
 ///
 /// # Errors
 /// [`ConfigureError::Write`] when a step fails; the file is then as it was.
-pub fn apply_edit(e: &super::remove::Edit) -> Result<Outcome, ConfigureError> {
-    use super::remove::Edit;
+pub fn apply_edit(e: &super::Edit) -> Result<Outcome, ConfigureError> {
+    use super::Edit;
     match e {
         Edit::Write(c) => apply(c),
         Edit::Keep { why, .. } => Ok(Outcome::Kept { why: why.clone() }),
@@ -127,8 +130,8 @@ pub fn apply_edit(e: &super::remove::Edit) -> Result<Outcome, ConfigureError> {
 }
 
 /// The unified diff of one `--remove` edit.
-pub fn edit_diff(e: &super::remove::Edit) -> Option<String> {
-    use super::remove::Edit;
+pub fn edit_diff(e: &super::Edit) -> Option<String> {
+    use super::Edit;
     match e {
         Edit::Write(c) if c.changes() => Some(diff(c)),
         Edit::Write(_) | Edit::Keep { .. } => None,

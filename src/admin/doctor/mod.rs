@@ -3,8 +3,6 @@
 //! binaries, the state dir (writable, on a writable filesystem), the binaries the engines will
 //! execute, and each engine's own files, parsed.
 
-mod engines;
-mod live;
 mod probes;
 
 use std::path::Path;
@@ -16,30 +14,7 @@ use crate::host::inventory::NvmlInventory;
 use crate::host::mps::find_binary;
 use crate::vocab::{ComputeMode, Inventory};
 
-/// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Ok,
-    Warn,
-    Fail,
-}
-
-/// One line of the report.
-#[derive(Debug, Clone, Serialize)]
-pub struct Check {
-    pub name: String,
-    pub verdict: Verdict,
-    pub detail: String,
-}
-
-pub(crate) fn check(name: &str, verdict: Verdict, detail: impl Into<String>) -> Check {
-    Check {
-        name: name.to_owned(),
-        verdict,
-        detail: detail.into(),
-    }
-}
+pub use crate::admin::engines::check::{check, Check, Verdict};
 
 /// The policy-file check for a policy that loaded.
 pub fn config_ok(source: &Source) -> Check {
@@ -114,21 +89,21 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
             ),
         },
     );
-    out.push(engines::executable_check(
+    out.push(crate::admin::engines::check::executable_check(
         "hook",
         &cfg.runtime.hook,
         &["version"],
         "[runtime] hook; the spec edit puts it into containers' hooks",
     ));
     let runtime = crate::admin::configure::runtime_path(cfg);
-    out.push(engines::executable_check(
+    out.push(crate::admin::engines::check::executable_check(
         "runtime",
         &runtime,
         &["--version"],
         "gpushare-runtime, next to [runtime] hook",
     ));
     out.push(match probes::next_runtime(&cfg.runtime.next, &runtime) {
-        Ok(p) => engines::executable_check(
+        Ok(p) => crate::admin::engines::check::executable_check(
             "next runtime",
             &p,
             &["--version"],
@@ -140,7 +115,7 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
             format!("{e} (looked up on this $PATH as gpushare-runtime does; it uses its engine's)"),
         ),
     });
-    out.extend(engines::checks());
+    out.extend(crate::admin::engines::doctor());
     Checks(out)
 }
 
