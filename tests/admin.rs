@@ -535,8 +535,8 @@ fn configure_print_shows_sections_for_installers_and_writes_nothing() {
         heads,
         [
             "# ---- /etc/crio/crio.conf.d/10-gpushare.conf",
-            "# ---- /usr/share/containers/oci/hooks.d/gpushare-createRuntime.json",
-            "# ---- /usr/share/containers/oci/hooks.d/gpushare-poststop.json",
+            "# ---- /etc/containers/oci/hooks.d/gpushare-createRuntime.json",
+            "# ---- /etc/containers/oci/hooks.d/gpushare-poststop.json",
         ],
         "{o}"
     );

@@ -22,7 +22,7 @@ LOG=/var/log/gpushare.log
 restore_log() { rm -f "$LOG"; if [ -e "$T/log.saved" ]; then cp -a "$T/log.saved" "$LOG"; fi; }
 on_exit restore_log
 on_exit "GPUSHARE_FORCE_REMOVE=1 dpkg --purge gpushare"
-on_exit "rm -f /etc/containers/containers.conf.d/50-gpushare.conf.bak-* /usr/share/containers/oci/hooks.d/gpushare-*.bak-* /etc/containers/oci/hooks.d-podman/gpushare-*.bak-*"
+on_exit "rm -f /etc/containers/containers.conf.d/50-gpushare.conf.bak-* /etc/containers/oci/hooks.d/gpushare-*.bak-* /etc/containers/oci/hooks.d-podman/gpushare-*.bak-*"
 on_exit "podman_ rm -af -t 0"
 
 PT=${GS_PACKAGE_TARGET:-$GS_REPO/target/package}
@@ -97,7 +97,7 @@ wait_until 10 daemon_gone || fail "daemon still running after the podman contain
 echo "== configure docker (a private dockerd reading the daemon.json it wrote)"
 echo '{"log-level": "warn"}' >"$T/daemon.json"
 /usr/bin/gpushare-hook configure docker --path "$T/daemon.json" >"$T/cd" || { cat "$T/cd"; fail "configure docker"; }
-grep -q '^restart Docker' "$T/cd" || { cat "$T/cd"; fail "configure docker does not say what to restart"; }
+grep -q '^reload Docker.*SIGHUP' "$T/cd" || { cat "$T/cd"; fail "configure docker does not say what to restart"; }
 [ "$(jq -r '.runtimes.gpushare.path' "$T/daemon.json")" = /usr/bin/gpushare-runtime ] || fail "daemon.json has no gpushare runtime"
 [ "$(jq -r '."log-level"' "$T/daemon.json")" = warn ] || fail "daemon.json lost a key"
 /usr/bin/gpushare-hook configure docker --path "$T/daemon.json" | has '^nothing to change' || fail "second configure docker changed something"
@@ -200,8 +200,8 @@ cat >"$T/rpm.want" <<LIST
 /usr/lib/systemd/system/gpushare-serve.service
 /usr/lib/tmpfiles.d/gpushare.conf
 /usr/share/bash-completion/completions/gpushare-hook
-/usr/share/containers/oci/hooks.d/gpushare-createRuntime.json
-/usr/share/containers/oci/hooks.d/gpushare-poststop.json
+/etc/containers/oci/hooks.d/gpushare-createRuntime.json
+/etc/containers/oci/hooks.d/gpushare-poststop.json
 /usr/share/doc/gpushare/config.toml.example
 /usr/share/fish/vendor_completions.d/gpushare-hook.fish
 /usr/share/gpushare/grafana/gpushare.json

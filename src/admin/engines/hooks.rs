@@ -14,20 +14,23 @@ const HOOK_POSTSTOP: &str = include_str!("../../../hooks/oci/gpushare-poststop.j
 const HOOK_PRECREATE: &str =
     include_str!("../../../hooks/podman-precreate/gpushare-precreate.json");
 
-/// The hooks dir podman and CRI-O both read by default.
+/// The hooks dir podman and CRI-O both read by default (packages' files: `configure` never
+/// writes there).
 pub const OCI_HOOKS_DIR: &str = "/usr/share/containers/oci/hooks.d";
-/// podman's other default hooks dir.
+/// podman's other default hooks dir, the operator's: where `configure` writes the
+/// createRuntime and poststop hook files (the package ships them there as conffiles).
 pub const ETC_HOOKS_DIR: &str = "/etc/containers/oci/hooks.d";
 /// The podman-only dir for the precreate hook (CRI-O does not know the stage: a precreate file in
 /// a dir CRI-O reads stops it at start-up).
 pub const PODMAN_HOOKS_DIR: &str = "/etc/containers/oci/hooks.d-podman";
 
-/// The dirs `configure` writes hook files to: (the OCI dir both engines read, podman's own).
+/// The dirs `configure` writes hook files to: (the OCI dir both engines read, podman's own),
+/// both under /etc.
 pub fn dirs(opts: &Options) -> (PathBuf, PathBuf) {
     match &opts.hooks_dir {
         Some(d) => (d.join("hooks.d"), d.join("hooks.d-podman")),
         None => (
-            PathBuf::from(OCI_HOOKS_DIR),
+            PathBuf::from(ETC_HOOKS_DIR),
             PathBuf::from(PODMAN_HOOKS_DIR),
         ),
     }
@@ -94,7 +97,7 @@ pub(super) fn uses_hooks(other: &Path, hooks: &Path, editing: &Path) -> Option<S
         .and_then(|d| d.as_array())?;
     let h = hooks.to_string_lossy();
     let named = dirs.iter().any(|d| d.as_str() == Some(&*h));
-    let default_shared = h == OCI_HOOKS_DIR && text.contains("gpushare");
+    let default_shared = (h == OCI_HOOKS_DIR || h == ETC_HOOKS_DIR) && text.contains("gpushare");
     (named || default_shared).then(|| format!("{} still uses it", other.display()))
 }
 
