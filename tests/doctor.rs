@@ -203,6 +203,11 @@ fn engines_that_do_not_run_are_said_not_to_run() {
         d.2.contains("dockerd has loaded runtime \"gpushare\""),
         "{d:?}"
     );
+    // The daemon's file check does not warn about what the running dockerd has loaded (it was
+    // configured from another file, `configure --path`): never an ok and a warning about one
+    // thing.
+    let f = find(&c, "docker");
+    assert_ne!(f.1, "warn", "{f:?} beside {d:?}");
 }
 
 fn mps_spec() -> Value {
@@ -275,4 +280,26 @@ fn a_broken_policy_keeps_status_gc_and_poststop_working_and_doctor_to_the_point(
         log.contains("poststop releases with what it could read"),
         "{log}"
     );
+}
+
+/// `[runtime] hook` naming a wrapper elsewhere (an operator's script that sets env, then runs
+/// gpushare-hook) does not move where doctor looks for gpushare-runtime.
+#[test]
+fn a_hook_wrapper_elsewhere_does_not_hide_the_runtime() {
+    let sb = Sandbox::new(1);
+    let wrap = sb.path().join("wrap");
+    std::fs::create_dir(&wrap).unwrap();
+    let hook = wrap.join("gpushare-hook");
+    script(
+        &hook,
+        &format!("exec {} \"$@\"", common::hook_bin().display()),
+    );
+    sb.write_config(&format!("[runtime]\nhook = {:?}\n", hook));
+    let c = doctor(&sb, &[]);
+    let h = find(&c, "hook");
+    assert_eq!(h.1, "ok", "the wrapper runs: {h:?}");
+    let r = find(&c, "runtime");
+    assert_eq!(r.1, "ok", "{r:?}");
+    let beside = common::hook_bin().with_file_name("gpushare-runtime");
+    assert!(r.2.starts_with(&beside.display().to_string()), "{r:?}");
 }

@@ -16,6 +16,19 @@ use crate::vocab::{ComputeMode, Inventory};
 
 pub use crate::admin::engines::check::{check, Check, Verdict};
 
+/// The `gpushare-runtime` of this installation: the one next to this `gpushare-hook`, else the
+/// one on `$PATH`. (`[runtime] hook` says what containers' hooks run, which may be a wrapper
+/// elsewhere; the engines' own entries are checked with each engine.)
+fn runtime_binary() -> std::path::PathBuf {
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|p| p.with_file_name("gpushare-runtime"))
+        .filter(|p| p.is_file());
+    beside
+        .or_else(|| crate::admin::engines::check::find_tool("gpushare-runtime"))
+        .unwrap_or_else(|| "/usr/bin/gpushare-runtime".into())
+}
+
 /// The policy-file check for a policy that loaded.
 pub fn config_ok(source: &Source) -> Check {
     check("config", Verdict::Ok, source.to_string())
@@ -95,12 +108,12 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
         &["version"],
         "[runtime] hook; the spec edit puts it into containers' hooks",
     ));
-    let runtime = crate::admin::configure::runtime_path(cfg);
+    let runtime = runtime_binary();
     out.push(crate::admin::engines::check::executable_check(
         "runtime",
         &runtime,
         &["--version"],
-        "gpushare-runtime, next to [runtime] hook",
+        "gpushare-runtime of this installation, next to this gpushare-hook",
     ));
     out.push(match probes::next_runtime(&cfg.runtime.next, &runtime) {
         Ok(p) => crate::admin::engines::check::executable_check(

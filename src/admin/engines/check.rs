@@ -204,6 +204,26 @@ pub(super) fn not_configured(name: &str, engine: &str, cmd: &str, why: &str) -> 
     }
 }
 
+/// doctor's two checks of one engine, made to agree: when the running engine has loaded
+/// gpushare (`live` ok) while its usual file has no gpushare entry (`file` the warning of
+/// [`not_configured`] for `cmd`: `configure --path` wrote another file), the file check says
+/// so as ok instead of warning about what the engine already runs.
+pub(super) fn agree(mut file: Check, live: Check, cmd: &str) -> Vec<Check> {
+    let unconfigured = file.verdict == Verdict::Warn
+        && file
+            .detail
+            .ends_with(&format!("; run `gpushare-hook configure {cmd}`"));
+    if unconfigured && live.verdict == Verdict::Ok {
+        let why = file.detail.split("; run `").next().unwrap_or_default();
+        file = check(
+            &file.name,
+            Verdict::Ok,
+            format!("the running engine has gpushare (below), from another file than this: {why}"),
+        );
+    }
+    vec![file, live]
+}
+
 /// A bare name (Docker allows one) resolved on the safe PATH.
 pub(super) fn resolve(p: &str) -> PathBuf {
     find_binary(p).unwrap_or_else(|| PathBuf::from(p))

@@ -9,7 +9,7 @@ use serde_json::Value;
 use toml_edit::Item;
 
 use super::check::{
-    advise, ask, check, find_tool, first_line, not_configured, runtime_entry, Check, Verdict,
+    advise, agree, ask, check, find_tool, first_line, not_configured, runtime_entry, Check, Verdict,
 };
 use super::edit::{
     copy_value, ensure_in_array, finish_toml, parse_toml, read, remove_runtime, set_str, table,
@@ -69,7 +69,7 @@ impl EngineDef for Containerd {
     }
 
     fn doctor(&self) -> Vec<Check> {
-        vec![file_check(Path::new(CONTAINERD_FILE)), live()]
+        agree(file_check(Path::new(CONTAINERD_FILE)), live(), "containerd")
     }
 }
 
@@ -329,7 +329,7 @@ pub fn file_check(file: &Path) -> Check {
         Ok(d) if !passes => check(
             name,
             Verdict::Warn,
-            format!("containerd: runtime {handler:?} {d}, but its pod_annotations lack gpu.share*: pods' requests do not reach it; run `gpushare-hook configure containerd`"),
+            format!("containerd: runtime {handler:?} {d}, but its pod_annotations lack gpu.share*: pods' requests do not reach it (`gpushare-hook configure containerd` adds them)"),
         ),
         Ok(d) => check(name, Verdict::Ok, format!("runtime {handler:?} {d}")),
     }

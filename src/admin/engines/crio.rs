@@ -7,8 +7,8 @@ use std::path::Path;
 use toml_edit::Table;
 
 use super::check::{
-    advise, check, find_tool, installed, last_value, not_configured, runtime_entry, toml_files,
-    Check, Verdict,
+    advise, agree, check, find_tool, installed, last_value, not_configured, runtime_entry,
+    toml_files, Check, Verdict,
 };
 use super::edit::{
     array_mut, ensure_in_array, finish_toml, parse_toml, read, remove_dirs, remove_runtime,
@@ -83,7 +83,7 @@ impl EngineDef for Crio {
     }
 
     fn doctor(&self) -> Vec<Check> {
-        vec![file_check(CRIO_CONFS), live()]
+        agree(file_check(CRIO_CONFS), live(), "crio")
     }
 }
 

@@ -7,8 +7,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::check::{
-    advise, ask, check, find_tool, first_line, not_configured, resolve, runtime_entry, Check,
-    Verdict,
+    advise, agree, ask, check, find_tool, first_line, not_configured, resolve, runtime_entry,
+    Check, Verdict,
 };
 use super::edit::{change, json_text, parse_json, read, unchanged, HANDLER};
 use super::setup::{is_ours, Change, ConfigureError, Edit, Options, Order, Setup};
@@ -51,7 +51,7 @@ impl EngineDef for Docker {
     }
 
     fn doctor(&self) -> Vec<Check> {
-        vec![file_check(Path::new(DOCKER_FILE)), live()]
+        agree(file_check(Path::new(DOCKER_FILE)), live(), "docker")
     }
 }
 

@@ -155,3 +155,33 @@ fn answers_of_running_engines() {
         Verdict::Warn
     );
 }
+
+#[test]
+fn a_running_engine_with_gpushare_and_a_file_without_it_do_not_contradict() {
+    use super::check::{agree, check};
+    let file = check(
+        "docker",
+        Verdict::Warn,
+        "docker: /etc/docker/daemon.json missing; run `gpushare-hook configure docker`",
+    );
+    let loaded = check(
+        "docker daemon",
+        Verdict::Ok,
+        "dockerd has loaded runtime \"gpushare\"",
+    );
+    let c = agree(file.clone(), loaded.clone(), "docker");
+    assert_eq!(c[0].verdict, Verdict::Ok, "{c:?}");
+    assert!(c[0].detail.contains("daemon.json missing"), "{c:?}");
+    // Not loaded: the warning stands.
+    let down = check("docker daemon", Verdict::Warn, "docker: not running");
+    assert_eq!(agree(file, down, "docker")[0].verdict, Verdict::Warn);
+    // Another warning about the file (pods' annotations) is not hidden by a loaded handler.
+    let ann = check(
+        "containerd",
+        Verdict::Warn,
+        "containerd: runtime \"gpushare\" runs x, but its pod_annotations lack gpu.share*: pods' requests do not reach it (`gpushare-hook configure containerd` adds them)",
+    );
+    let ok = check("containerd daemon", Verdict::Ok, "loaded");
+    assert_eq!(agree(ann, ok, "containerd")[0].verdict, Verdict::Warn);
+    let _ = loaded;
+}
