@@ -269,6 +269,28 @@ fn remove_undoes_podman_and_crio_with_their_hook_files() {
         hooks.join("hooks.d-podman/gpushare-precreate.json"),
     ];
     assert!(files.iter().all(|f| f.exists()), "positive control");
+    // A second configure with another policy path rewrites them: backups beside each.
+    let other = sb.path().join("other.toml");
+    std::fs::copy(sb.config_path(), &other).unwrap();
+    ok(&hook_in(
+        &sb,
+        sb.path(),
+        &[
+            "configure",
+            "podman",
+            "--path",
+            pcs,
+            "--hooks-dir",
+            hs,
+            "--policy-at",
+            other.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(
+        backups(&hooks.join("hooks.d-podman"), "gpushare-precreate.json"),
+        1,
+        "positive control: a backup was made"
+    );
     let o = ok(&hook_in(
         &sb,
         sb.path(),
@@ -282,7 +304,16 @@ fn remove_undoes_podman_and_crio_with_their_hook_files() {
             "--remove",
         ],
     ));
-    assert!(o.contains(&format!("removed {pcs} (backup")), "{o}");
+    assert!(o.contains(&format!("removed {pcs}")), "{o}");
+    // Nothing of gpushare's is left in its directories: no backups either.
+    for d in [hooks.join("hooks.d"), hooks.join("hooks.d-podman")] {
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(left.is_empty(), "{}: {left:?}", d.display());
+    }
     for f in &files {
         assert!(!f.exists(), "{} removed: {o}", f.display());
         assert!(o.contains(&format!("removed {}", f.display())), "{o}");
@@ -437,4 +468,34 @@ echo "== done"
         !Path::new("/etc/cdi/gpushare.io-share.json").exists(),
         "the test wrote the host's /etc/cdi"
     );
+}
+
+/// A daemon.json that configure created holds nothing but gpushare's entry: `--remove` deletes
+/// it instead of leaving `{}`.
+#[test]
+fn remove_deletes_a_daemon_json_that_configure_created() {
+    let sb = sandbox();
+    let f = sb.path().join("docker/daemon.json");
+    let fs = f.to_str().unwrap();
+    let o = ok(&hook_in(
+        &sb,
+        sb.path(),
+        &["configure", "docker", "--path", fs],
+    ));
+    assert!(
+        o.contains(&format!("created {fs}")),
+        "positive control: {o}"
+    );
+    let o = ok(&hook_in(
+        &sb,
+        sb.path(),
+        &["configure", "docker", "--path", fs, "--remove"],
+    ));
+    assert!(o.contains(&format!("removed {fs}")), "{o}");
+    let left: Vec<_> = std::fs::read_dir(f.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}: {o}");
 }

@@ -354,8 +354,14 @@ impl super::report::Report for ConfigureReport {
                     out.push_str(&format!("written {} (backup {backup})\n", f.path));
                 }
                 Outcome::WouldChange { diff } => out.push_str(diff),
-                Outcome::Removed { backup } => {
-                    out.push_str(&format!("removed {} (backup {backup})\n", f.path));
+                Outcome::Removed { earlier_backups: 0 } => {
+                    out.push_str(&format!("removed {}\n", f.path));
+                }
+                Outcome::Removed { earlier_backups } => {
+                    out.push_str(&format!(
+                        "removed {} (and the {earlier_backups} backups configure had kept of it)\n",
+                        f.path
+                    ));
                 }
                 Outcome::Kept { why } => out.push_str(&format!("kept {} ({why})\n", f.path)),
                 Outcome::Regenerated => out.push_str(&format!("regenerated {}\n", f.path)),

@@ -132,6 +132,13 @@ fn remove(path: &Path) -> Result<Option<Edit>, ConfigureError> {
     if !changed {
         return Ok(Some(unchanged(path, text)));
     }
+    if root.is_empty() {
+        // Nothing but gpushare's entries was in it (configure created it): it goes.
+        return Ok(Some(Edit::Delete {
+            path: path.to_owned(),
+            before: text,
+        }));
+    }
     Ok(Some(Edit::Write(Change {
         path: path.to_owned(),
         before: Some(text),
