@@ -303,3 +303,19 @@ fn a_hook_wrapper_elsewhere_does_not_hide_the_runtime() {
     let beside = common::hook_bin().with_file_name("gpushare-runtime");
     assert!(r.2.starts_with(&beside.display().to_string()), "{r:?}");
 }
+
+/// The simulated driver is named as what it is: TEST-ONLY, never mistaken for a GPU.
+#[test]
+fn doctor_says_the_simulated_driver_is_test_only() {
+    let sb = Sandbox::new(1);
+    let c = doctor(&sb, &[]);
+    let n = find(&c, "nvml");
+    assert_eq!(
+        n.1, "ok",
+        "positive control: the simulated NVML answers: {n:?}"
+    );
+    let d = find(&c, "driver");
+    assert_eq!(d.1, "warn", "{d:?}");
+    assert!(d.2.starts_with("TEST-ONLY: "), "{d:?}");
+    assert!(d.2.contains("libgpushare_simdriver"), "{d:?}");
+}

@@ -132,6 +132,19 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
     Checks(out)
 }
 
+/// Whether `[nvml] library` is gpushare's TEST-ONLY simulated driver: its file name, or the
+/// UUIDs it gives its GPUs (`GPU-5a1e0000-0000-4000-8000-…`, whatever the file is called).
+fn simulated(library: &str, uuids: &[&str]) -> bool {
+    let named = Path::new(library)
+        .file_name()
+        .is_some_and(|f| f.to_string_lossy().starts_with("libgpushare_simdriver"));
+    named
+        || (!uuids.is_empty()
+            && uuids
+                .iter()
+                .all(|u| u.starts_with("GPU-5a1e0000-0000-4000-8000-")))
+}
+
 /// NVML, and per GPU: its compute mode and size, against the daemons and clients the state
 /// records. EXCLUSIVE_PROCESS without a live daemon of ours keeps every other CUDA program out
 /// ("all CUDA-capable devices are busy"); a dead daemon with live clients leaves them stuck.
@@ -156,6 +169,14 @@ fn gpu_checks(cfg: &Config, inv: &NvmlInventory, out: &mut Vec<Check>) {
         Verdict::Ok,
         format!("{}: {} GPU(s)", cfg.nvml.library, gpus.len()),
     ));
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    if simulated(&cfg.nvml.library, &uuids) {
+        out.push(check(
+            "driver",
+            Verdict::Warn,
+            format!("TEST-ONLY: {} is gpushare's simulated driver ([nvml] library): its GPUs do not exist and no CUDA program runs on them; for trying gpushare and for its tests, never for production (GPUSHARE_SIM_* settings: docs/testing.md)", cfg.nvml.library),
+        ));
+    }
     out.push(memory_cap_check(cfg, inv, gpus[0].index));
     let status = crate::admin::status::status(cfg, Some(inv));
     for g in gpus {
