@@ -15,7 +15,6 @@ use super::edit::{
     set_str, str_at, table, table_at, toml_file, HANDLER,
 };
 use super::hooks::{self, OCI_HOOKS_DIR};
-use super::podman::PODMAN_FILE;
 use super::setup::{is_ours, Change, ConfigureError, Edit, Options, Order, Setup};
 use super::EngineDef;
 
@@ -65,7 +64,7 @@ impl EngineDef for Crio {
         })?
         .into_iter()
         .collect();
-        let other = hooks::uses_hooks(Path::new(PODMAN_FILE), &oci, main);
+        let other = hooks::still_used(self.name(), &oci, main);
         out.extend(hooks::remove(&[&oci], other.as_deref())?);
         Ok(out)
     }

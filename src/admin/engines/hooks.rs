@@ -83,7 +83,7 @@ pub(super) fn plan(
 
 /// The other engine's file that still names `hooks` (so its hook files stay), unless it is
 /// the file being edited.
-pub(super) fn uses_hooks(other: &Path, hooks: &Path, editing: &Path) -> Option<String> {
+fn uses_hooks(other: &Path, hooks: &Path, editing: &Path) -> Option<String> {
     if other == editing {
         return None;
     }
@@ -99,6 +99,16 @@ pub(super) fn uses_hooks(other: &Path, hooks: &Path, editing: &Path) -> Option<S
     let named = dirs.iter().any(|d| d.as_str() == Some(&*h));
     let default_shared = (h == OCI_HOOKS_DIR || h == ETC_HOOKS_DIR) && text.contains("gpushare");
     (named || default_shared).then(|| format!("{} still uses it", other.display()))
+}
+
+/// Why the hook files in `hooks` stay when `engine` takes its own out: another engine that runs
+/// hooks still names that dir in its file (not `editing`).
+pub(super) fn still_used(engine: &str, hooks: &Path, editing: &Path) -> Option<String> {
+    super::ENGINES
+        .iter()
+        .filter(|e| e.name() != engine && e.def().runs_hook())
+        .flat_map(|e| e.def().files())
+        .find_map(|f| uses_hooks(Path::new(f), hooks, editing))
 }
 
 /// gpushare's hook files in `dirs` (their `hook.path` is gpushare-hook): deleted, or kept

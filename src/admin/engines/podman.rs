@@ -7,7 +7,6 @@ use std::path::Path;
 use toml_edit::{Array, Item};
 
 use super::check::{advise, check, last_value, not_configured, toml_files, Check, Verdict};
-use super::crio::CRIO_FILE;
 use super::edit::{
     ensure_in_array, finish_toml, parse_toml, read, remove_dirs, table, table_at, toml_file,
     HANDLER,
@@ -80,7 +79,7 @@ impl EngineDef for Podman {
         })?
         .into_iter()
         .collect();
-        let other = hooks::uses_hooks(Path::new(CRIO_FILE), &oci, main);
+        let other = hooks::still_used(self.name(), &oci, main);
         out.extend(hooks::remove(&[&oci], other.as_deref())?);
         out.extend(hooks::remove(&[&podman], None)?);
         Ok(out)
