@@ -45,7 +45,7 @@ pub fn config_page() -> String {
             r.text([
                 bold(name),
                 roman(" (default: "),
-                italic(&default_of(key)),
+                italic(default_of(key)),
                 roman(")"),
             ]);
             r.text([roman(what)]);

@@ -36,13 +36,14 @@ mod tests {
         let both = |_: &Path| true;
         let only_etc = |d: &Path| d == etc;
         // (what, node_own, explicit, spec present, expected)
-        let rows: Vec<(
-            &str,
+        type Row<'a> = (
+            &'a str,
             bool,
-            Option<&Path>,
-            &dyn Fn(&Path) -> bool,
+            Option<&'a Path>,
+            &'a dyn Fn(&Path) -> bool,
             Vec<CdiAction>,
-        )> = vec![
+        );
+        let rows: Vec<Row> = vec![
             (
                 "node's own run: present specs follow",
                 true,
