@@ -48,6 +48,7 @@ for f in usr/share/man/man1/gpushare-hook.1.gz usr/share/man/man1/gpushare-hook-
     usr/share/bash-completion/completions/gpushare-hook usr/share/zsh/vendor-completions/_gpushare-hook \
     usr/share/fish/vendor_completions.d/gpushare-hook.fish usr/share/doc/gpushare/copyright \
     usr/lib/tmpfiles.d/gpushare.conf usr/lib/gpushare/libgpushare_limiter.so \
+    usr/lib/gpushare/test-only/libgpushare_simdriver.so \
     usr/lib/systemd/system/gpushare-serve.service usr/lib/systemd/system/gpushare-gc.timer \
     usr/share/gpushare/grafana/gpushare.json; do
     grep -q " \./$f\$" "$T/contents" || fail "$f missing from the .deb"
@@ -67,8 +68,8 @@ snapshot() {
             /usr/lib/gpushare /usr/share/containers /usr/share/doc/gpushare /usr/share/gpushare \
             /var/lib/gpushare /run/gpushare /var/run/cdi /usr/lib/systemd/system /usr/lib/tmpfiles.d \
             /usr/share/bash-completion/completions /usr/share/fish/vendor_completions.d \
-            /usr/share/zsh/site-functions /usr/share/man -xdev 2>/dev/null
-        find /var/log /usr/bin -maxdepth 1 -name 'gpushare*' 2>/dev/null
+            /usr/share/zsh/site-functions /usr/share/man -xdev 2>/dev/null || true
+        find /var/log /usr/bin -maxdepth 1 -name 'gpushare*' 2>/dev/null || true
     } | sort
 }
 [ -e "$LOG" ] || echo "a log gpushare did not create" >"$LOG"
@@ -88,11 +89,13 @@ man -w gpushare-runtime >/dev/null 2>&1 || fail "man gpushare-runtime not found"
 man -w 5 gpushare-config >/dev/null 2>&1 || fail "man 5 gpushare-config not found"
 ok "installed: binaries run, state dir 0700, man pages found"
 
-echo "== edit the policy: the TEST-ONLY simulated driver, this test's state dir"
-sed -i -e "s#^state_dir = .*#state_dir = \"$STATE\"#" -e "s#^library = \"libnvidia-ml.so.1\"#library = \"$GS_SIMDRIVER\"#" /etc/gpushare/config.toml
-grep -q "$GS_SIMDRIVER" /etc/gpushare/config.toml || fail "policy edit"
+echo "== edit the policy: the package's TEST-ONLY simulated driver, this test's state dir"
+SIM=/usr/lib/gpushare/test-only/libgpushare_simdriver.so
+sed -i -e "s#^state_dir = .*#state_dir = \"$STATE\"#" -e "s#^library = \"libnvidia-ml.so.1\"#library = \"$SIM\"#" /etc/gpushare/config.toml
+grep -q "$SIM" /etc/gpushare/config.toml || fail "policy edit"
 /usr/bin/gpushare-hook doctor >"$T/doctor" || true
 cat "$T/doctor"
+grep -q '^warn  driver .*TEST-ONLY' "$T/doctor" || fail "doctor does not say the simulated driver is TEST-ONLY"
 grep -q '^ok    podman ' "$T/doctor" || fail "doctor does not see podman configured by the package"
 
 echo "== configure podman: the package already has it"
@@ -141,7 +144,7 @@ ok "Docker through the installed gpushare-runtime"
 
 echo "== reinstall: the policy edit survives"
 dpkg -i "$DEB" >"$T/dpkg2.out" 2>&1 || { cat "$T/dpkg2.out"; fail "dpkg -i (again)"; }
-grep -q "$GS_SIMDRIVER" /etc/gpushare/config.toml || fail "the reinstall undid the policy edit"
+grep -q "$SIM" /etc/gpushare/config.toml || fail "the reinstall undid the policy edit"
 ok "policy edit kept across a reinstall"
 
 echo "== removal while a container uses a share is refused"
@@ -216,6 +219,7 @@ cat >"$T/rpm.want" <<LIST
 /usr/bin/gpushare-hook
 /usr/bin/gpushare-runtime
 /usr/lib/gpushare/libgpushare_limiter.so
+/usr/lib/gpushare/test-only/libgpushare_simdriver.so
 /usr/lib/systemd/system/gpushare-gc.service
 /usr/lib/systemd/system/gpushare-gc.timer
 /usr/lib/systemd/system/gpushare-serve.service
