@@ -305,6 +305,9 @@ pub fn configure(
     print: bool,
     json: bool,
 ) -> Result<Reply, ConfigureError> {
+    // An installer writing a node's files from elsewhere (`--policy-at`) sees them under other
+    // paths than the node's doctor will: nothing to record.
+    let from_elsewhere = policy_at.is_some();
     let source = match &policy_at {
         Some(p) => format!("{} (read from {})", p.display(), ctx.source),
         None => ctx.source.to_string(),
@@ -318,6 +321,9 @@ pub fn configure(
         return Ok(Reply::text(configure::print(engine, &setup, opts)?));
     }
     let mut report = configure::run(engine, &setup, opts)?;
+    if !opts.dry_run && !from_elsewhere {
+        record_configured(ctx, engine, &setup, opts, &report);
+    }
     report
         .files
         .extend(configure_cdi(ctx, &setup, opts, cdi_dir));
@@ -334,6 +340,48 @@ pub fn configure(
         );
     }
     Ok(Reply::text(render(&report, json)))
+}
+
+/// Notes the engine's main file this run configured (or took gpushare out of) in the record
+/// doctor reads ([`crate::admin::engines::record`]). A record that cannot be written is logged;
+/// the configuration itself is done.
+fn record_configured(
+    ctx: &Ctx,
+    engine: Engine,
+    setup: &configure::Setup,
+    opts: &configure::Options,
+    report: &configure::ConfigureReport,
+) {
+    use crate::admin::engines::record::{path_for, Record};
+    let main = engine.def().main_file(setup, &opts.absolute());
+    let Some(f) = report
+        .files
+        .iter()
+        .find(|f| std::path::Path::new(&f.path) == main)
+    else {
+        return;
+    };
+    let configured = !opts.remove
+        && matches!(
+            f.outcome,
+            configure::Outcome::Created
+                | configure::Outcome::Written { .. }
+                | configure::Outcome::Unchanged
+        );
+    // A policy that is not a file of its own (`--config /dev/null`, as package scripts run
+    // `--remove`) has no place for a record beside it.
+    if ctx.source.to_hand_on().is_some_and(|p| !p.is_file()) {
+        return;
+    }
+    let at = path_for(&ctx.source);
+    let mut record = Record::load(&at);
+    record.note(engine.name(), &main, configured);
+    if let Err(e) = record.save(&at) {
+        tracing::warn!(
+            "cannot record the files configure wrote in {}: {e}",
+            at.display()
+        );
+    }
 }
 
 /// gpushare's CDI specs after `configure`: the node-wide ones follow the policy only when this
@@ -407,6 +455,10 @@ pub fn cdi_generate(
 /// `doctor`: exit 1 when a check failed.
 pub fn doctor(ctx: &Ctx, json: bool) -> Reply {
     let mut checks = doctor::run(&ctx.cfg, doctor::config_ok(&ctx.source));
+    let record = crate::admin::engines::record::Record::load(
+        &crate::admin::engines::record::path_for(&ctx.source),
+    );
+    crate::admin::engines::doctor_recorded(&mut checks.0, &record);
     let hand_on = ctx.source.to_hand_on();
     let dirs = crate::admin::cdi::SPEC_DIRS.map(std::path::Path::new);
     for (name, verdict, detail) in

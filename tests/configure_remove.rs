@@ -406,15 +406,17 @@ fn configure_with_path_or_config_leaves_the_node_wide_cdi_spec_alone() {
         );
         return;
     }
+    let host_spec = std::fs::read("/etc/cdi/gpushare.io-share.json").ok();
     let sb = Sandbox::with_policy(1, "[profiles.small]\nmode = \"mps\"\ncores = 25\n");
     let t = sb.path();
-    for d in ["up", "work"] {
+    for d in ["up", "work", "vup", "vwork"] {
         std::fs::create_dir(t.join(d)).unwrap();
     }
     let script = r#"
 set -eu
 mount -t overlay overlay -o "lowerdir=/etc,upperdir=$T/up,workdir=$T/work" /etc
 mount -t tmpfs gpushare-test /run
+mount -t overlay overlay -o "lowerdir=/var/lib,upperdir=$T/vup,workdir=$T/vwork" /var/lib
 H="$HOOK"
 SPEC=/etc/cdi/gpushare.io-share.json
 mkdir -p /etc/gpushare
@@ -464,9 +466,10 @@ echo "== done"
         path_run.contains("\"small\""),
         "the diff names the device: {path_run}"
     );
-    assert!(
-        !Path::new("/etc/cdi/gpushare.io-share.json").exists(),
-        "the test wrote the host's /etc/cdi"
+    assert_eq!(
+        std::fs::read("/etc/cdi/gpushare.io-share.json").ok(),
+        host_spec,
+        "the test changed the host's /etc/cdi"
     );
 }
 

@@ -319,3 +319,26 @@ fn doctor_says_the_simulated_driver_is_test_only() {
     assert!(d.2.starts_with("TEST-ONLY: "), "{d:?}");
     assert!(d.2.contains("libgpushare_simdriver"), "{d:?}");
 }
+
+/// doctor checks the file `configure --path` wrote, from configure's record, and does not warn
+/// that the usual file lacks gpushare when the file configure wrote has it.
+#[test]
+fn doctor_checks_what_configure_wrote_wherever_it_wrote_it() {
+    let sb = Sandbox::new(1);
+    sb.write_config(&format!("[runtime]\nhook = {:?}\n", common::hook_bin()));
+    let f = sb.path().join("elsewhere/daemon.json");
+    let fs = f.to_str().unwrap();
+    let out = sb.hook(&["configure", "docker", "--path", fs], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let c = doctor(&sb, &[]);
+    let w = find(&c, "docker (configured)");
+    assert_eq!(w.1, "ok", "{w:?}");
+    assert!(w.2.contains("runs"), "{w:?}");
+    let d = find(&c, "docker");
+    assert_ne!(d.1, "warn", "{d:?} beside {w:?}");
+    // Taken out again: no longer recorded, no longer checked.
+    let out = sb.hook(&["configure", "docker", "--path", fs, "--remove"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let c = doctor(&sb, &[]);
+    assert!(!c.iter().any(|x| x.0 == "docker (configured)"), "{c:?}");
+}

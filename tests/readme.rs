@@ -56,7 +56,7 @@ fn the_readme_and_install_examples_run_as_written_on_the_simulated_driver() {
     );
     let sb = common::Sandbox::new(1);
     let t = sb.path();
-    for d in ["up", "work", "state"] {
+    for d in ["up", "work", "state", "vup", "vwork"] {
         std::fs::create_dir(t.join(d)).unwrap();
     }
     let bin = common::hook_bin().parent().unwrap().to_owned();
@@ -69,7 +69,7 @@ fn the_readme_and_install_examples_run_as_written_on_the_simulated_driver() {
         bin = bin.display(),
     );
     let mut script = String::from(
-        "set -u\nmount -t overlay overlay -o \"lowerdir=/etc,upperdir=$T/up,workdir=$T/work\" /etc || exit 90\nmount -t tmpfs gpushare-test /run || exit 90\nmkdir -p /etc/gpushare && printf '%s' \"$POLICY\" > /etc/gpushare/config.toml\n",
+        "set -u\nmount -t overlay overlay -o \"lowerdir=/etc,upperdir=$T/up,workdir=$T/work\" /etc || exit 90\nmount -t tmpfs gpushare-test /run || exit 90\nmount -t overlay overlay -o \"lowerdir=/var/lib,upperdir=$T/vup,workdir=$T/vwork\" /var/lib || exit 90\nmkdir -p /etc/gpushare && printf '%s' \"$POLICY\" > /etc/gpushare/config.toml\n",
     );
     for (i, c) in cmds.iter().enumerate() {
         // doctor exits 1 when a check fails on this machine; every other command exits 0.

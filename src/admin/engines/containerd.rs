@@ -71,6 +71,10 @@ impl EngineDef for Containerd {
     fn doctor(&self) -> Vec<Check> {
         agree(file_check(Path::new(CONTAINERD_FILE)), live(), "containerd")
     }
+
+    fn check_file(&self, path: &Path) -> Option<Check> {
+        Some(file_check(path))
+    }
 }
 
 /// The containerd config version a new file gets: 3 for containerd 2.x, else 2.

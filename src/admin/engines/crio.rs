@@ -84,6 +84,10 @@ impl EngineDef for Crio {
     fn doctor(&self) -> Vec<Check> {
         agree(file_check(CRIO_CONFS), live(), "crio")
     }
+
+    fn check_file(&self, path: &Path) -> Option<Check> {
+        Some(file_check(&[&path.to_string_lossy()]))
+    }
 }
 
 /// CRI-O: the drop-in with the hooks dir and the runtime handler `gpushare`.

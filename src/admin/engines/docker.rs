@@ -53,6 +53,10 @@ impl EngineDef for Docker {
     fn doctor(&self) -> Vec<Check> {
         agree(file_check(Path::new(DOCKER_FILE)), live(), "docker")
     }
+
+    fn check_file(&self, path: &Path) -> Option<Check> {
+        Some(file_check(path))
+    }
 }
 
 /// Docker: `runtimes.gpushare.path` in daemon.json (and with `default_runtime`,

@@ -16,6 +16,7 @@ pub mod hooks;
 pub mod launcher;
 mod nvidia;
 mod podman;
+pub mod record;
 pub mod setup;
 #[cfg(test)]
 mod testing;
@@ -102,6 +103,12 @@ pub trait EngineDef: Sync {
     /// doctor's checks of the engine: its files, then the running engine.
     fn doctor(&self) -> Vec<Check> {
         Vec::new()
+    }
+
+    /// doctor's check of one file of the engine's that `configure` wrote elsewhere (`--path`);
+    /// `None` for an engine whose files doctor does not read.
+    fn check_file(&self, _path: &Path) -> Option<Check> {
+        None
     }
 }
 
@@ -191,4 +198,45 @@ pub fn remove(engine: Engine, setup: &Setup, opts: &Options) -> Result<Vec<Edit>
 /// doctor's checks of every engine.
 pub fn doctor() -> Vec<Check> {
     ENGINES.iter().flat_map(|e| e.def().doctor()).collect()
+}
+
+/// doctor's checks of the files `configure` recorded writing elsewhere than each engine's usual
+/// file, added to `checks`; an engine's usual-file warning that it has no gpushare entry
+/// becomes ok when a recorded file of that engine checks ok (not a warning beside an ok about
+/// the same thing).
+pub fn doctor_recorded(checks: &mut Vec<Check>, record: &record::Record) {
+    for e in ENGINES {
+        let def = e.def();
+        let usual = def.files().first().map(Path::new);
+        for p in record.of(def.name()) {
+            if Some(p) == usual {
+                continue;
+            }
+            let Some(mut c) = def.check_file(p) else {
+                continue;
+            };
+            let ok = c.verdict == Verdict::Ok;
+            let file_check = c.name.clone();
+            c.name = format!("{file_check} (configured)");
+            if ok {
+                let cmd = def.name();
+                if let Some(usual) = checks.iter_mut().find(|x| {
+                    x.name == file_check
+                        && x.verdict == Verdict::Warn
+                        && x.detail
+                            .ends_with(&format!("; run `gpushare-hook configure {cmd}`"))
+                }) {
+                    *usual = check::check(
+                        &file_check,
+                        Verdict::Ok,
+                        format!(
+                            "configure wrote {} instead of the usual file (checked below)",
+                            p.display()
+                        ),
+                    );
+                }
+            }
+            checks.push(c);
+        }
+    }
 }

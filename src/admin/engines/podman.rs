@@ -100,6 +100,10 @@ impl EngineDef for Podman {
     fn doctor(&self) -> Vec<Check> {
         vec![file_check(PODMAN_CONFS)]
     }
+
+    fn check_file(&self, path: &Path) -> Option<Check> {
+        Some(file_check(&[&path.to_string_lossy()]))
+    }
 }
 
 /// podman: both hooks dirs in `[engine] hooks_dir` (podman's defaults kept, as setting the key
