@@ -22,6 +22,12 @@ LOG=/var/log/gpushare.log
 [ -e "$LOG" ] && cp -a "$LOG" "$T/log.saved"
 restore_log() { rm -f "$LOG"; if [ -e "$T/log.saved" ]; then cp -a "$T/log.saved" "$LOG"; fi; }
 on_exit restore_log
+# The event log gpushare writes beside it: set aside, so that this test's is one gpushare created
+# (the purge removes it); put back at the end.
+EVENTS=/var/log/gpushare-events.jsonl
+[ -e "$EVENTS" ] && mv "$EVENTS" "$T/events.saved"
+restore_events() { rm -f "$EVENTS"; if [ -e "$T/events.saved" ]; then mv "$T/events.saved" "$EVENTS"; fi; }
+on_exit restore_events
 on_exit "GPUSHARE_FORCE_REMOVE=1 dpkg --purge gpushare"
 on_exit "rm -f /etc/containers/containers.conf.d/50-gpushare.conf.bak-* /etc/containers/oci/hooks.d/gpushare-*.bak-* /etc/containers/oci/hooks.d-podman/gpushare-*.bak-*"
 on_exit "podman_ rm -af -t 0"
