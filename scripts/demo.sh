@@ -14,7 +14,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 scripts/install-deps.sh --demo >&2   # only what the demo needs; scripts/test.sh installs the rest
 echo "== building (release)" >&2
-cargo build --release --workspace >&2
+cargo build --release -p gpushare -p gpushare-limiter -p gpushare-simdriver >&2   # not xtask (man pages)
 BIN=$REPO/target/release
 
 D=$(mktemp -d /tmp/gpushare-demo-XXXXXX)
