@@ -6,7 +6,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 cd "$REPO"
-cargo build --release --workspace --exclude gpushare-simdriver --exclude xtask
+cargo build --release --workspace --exclude xtask
 rm -rf "$TARGET/release/gen"
 cargo run --release -q -p xtask -- docs "$TARGET/release/gen" >/dev/null
 gzip -9n "$TARGET"/release/gen/man/*.1 "$TARGET"/release/gen/man/*.5

@@ -2,7 +2,8 @@
 # gpushare demo: two containers share one GPU through one reference-counted MPS daemon, each with
 # a memory cap for the whole container; a third that would overcommit the GPU is refused.
 #
-# Installs what is missing, builds gpushare, then runs two busybox containers under runc through
+# Installs what is missing of what it needs (runc, busybox-static, nvidia-cuda-mps, jq, the C
+# toolchain, the zig linker), builds gpushare, then runs two busybox containers under runc through
 # gpushare-runtime with `gpu.share=mps`. Each container talks to the MPS control daemon from
 # inside; `gpushare-hook status` shows one daemon with two clients; the daemon outlives the first
 # container and is gone after the second. On a machine without an NVIDIA GPU the hook's NVML
@@ -11,9 +12,9 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
-scripts/install-deps.sh >&2
+scripts/install-deps.sh --demo >&2   # only what the demo needs; scripts/test.sh installs the rest
 echo "== building (release)" >&2
-cargo build --release --workspace >&2
+cargo build --release -p gpushare -p gpushare-limiter -p gpushare-simdriver >&2   # not xtask (man pages)
 BIN=$REPO/target/release
 
 D=$(mktemp -d /tmp/gpushare-demo-XXXXXX)

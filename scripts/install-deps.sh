@@ -1,23 +1,36 @@
 #!/usr/bin/env bash
-# Installs what the test suite and the demo need, when missing: container engines, busybox,
-# the NVIDIA MPS control daemon and CUDA headers (Debian contrib/non-free), C toolchain bits.
+# Installs what the test suite needs, when missing: container engines, busybox, the NVIDIA MPS
+# control daemon and CUDA headers (Debian contrib/non-free), C toolchain bits, the package
+# builders and the engines' extra versions.
+#
+#   scripts/install-deps.sh          everything the test suite needs (scripts/test.sh)
+#   scripts/install-deps.sh --demo   only what scripts/demo.sh needs: runc, busybox-static,
+#                                    nvidia-cuda-mps, jq, the C toolchain and the zig linker
+#
 # Idempotent; prints what it does. Needs root and the machine's package sources.
 set -euo pipefail
+
+DEMO=0
+[ "${1:-}" = --demo ] && DEMO=1
 
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }
 pkg_for() { # command package
     have "$1" || need+=("$2")
 }
+# What the demo needs (and the tests too).
 pkg_for runc runc
 pkg_for busybox busybox-static
+pkg_for nvidia-cuda-mps-control nvidia-cuda-mps
+pkg_for gcc gcc
+pkg_for jq jq
+pkg_for() { # command package: the test suite only
+    if [ "$DEMO" = 0 ] && ! have "$1"; then need+=("$2"); fi
+}
 pkg_for podman podman
 pkg_for containerd containerd
 pkg_for dockerd docker.io
-pkg_for nvidia-cuda-mps-control nvidia-cuda-mps
 pkg_for nvidia-smi nvidia-smi
-pkg_for gcc gcc
-pkg_for jq jq
 pkg_for nsenter util-linux
 pkg_for pgrep procps          # engine tests find MPS daemons
 pkg_for gzip gzip             # engine tests build an OCI image tarball
@@ -29,9 +42,12 @@ pkg_for zsh zsh                # the generated zsh completion is syntax-checked
 pkg_for fish fish              # the generated fish completion is syntax-checked
 
 pkg_for promtool prometheus      # the metrics tests lint the exposition and scrape `serve`
-/usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)  # the CRI client, manifest validation
-[ -e /usr/include/cuda.h ] || need+=(nvidia-cuda-dev)
-ls /usr/lib/*/libnvidia-ml.so.1 >/dev/null 2>&1 || need+=(libnvidia-ml1)
+# python3-venv: the zig venv (both), the CRI client and manifest validation (tests).
+/usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
+if [ "$DEMO" = 0 ]; then
+    [ -e /usr/include/cuda.h ] || need+=(nvidia-cuda-dev)
+    ls /usr/lib/*/libnvidia-ml.so.1 >/dev/null 2>&1 || need+=(libnvidia-ml1)
+fi
 
 # Beyond the machine's packages (no system upgrade, nothing outside a private prefix):
 #  - Debian 13 engines (containerd 1.7, Docker 26) and the CRI api.proto, unpacked by
@@ -74,8 +90,9 @@ zig_tools() {
 
 # The package builders, from crates.io, when missing (the package test builds the .deb and .rpm).
 cargo_tools() {
-    local tool
-    for tool in cargo-zigbuild cargo-deb cargo-generate-rpm; do
+    local tool tools=(cargo-zigbuild cargo-deb cargo-generate-rpm)
+    [ "$DEMO" = 1 ] && tools=(cargo-zigbuild)
+    for tool in "${tools[@]}"; do
         if ! command -v "$tool" >/dev/null 2>&1 && ! [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/$tool" ]; then
             echo "install-deps: cargo install --locked $tool"
             # From /, so that this repository's linker (which needs cargo-zigbuild) is not used.
@@ -88,7 +105,7 @@ if [ ${#need[@]} -eq 0 ]; then
     echo "install-deps: every package present"
     cargo_tools
     if [ "$(id -u)" -eq 0 ] || [ -w "$(dirname "$ZIGDIR")" ]; then zig_tools; fi
-    if [ "$(id -u)" -eq 0 ]; then extras; fi
+    if [ "$(id -u)" -eq 0 ] && [ "$DEMO" = 0 ]; then extras; fi
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -114,7 +131,7 @@ echo "install-deps: installing ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-extras
+if [ "$DEMO" = 0 ]; then extras; fi
 cargo_tools
 zig_tools
 echo "install-deps: done"

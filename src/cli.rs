@@ -98,6 +98,12 @@ pub enum Cmd {
         /// handed on.
         #[arg(long, value_name = "FILE")]
         policy_at: Option<PathBuf>,
+        /// Also write gpushare's CDI spec into DIR with this run's policy. The node-wide specs
+        /// (/etc/cdi, /var/run/cdi) follow the policy only when configure runs on the node's
+        /// own engine files with the node's own policy; with --path, --hooks-dir, --config or
+        /// --policy-at it only says what it would write there.
+        #[arg(long, value_name = "DIR")]
+        cdi_dir: Option<PathBuf>,
         /// Print the files as `# ---- PATH` sections (`(merge)`: gpushare's part of a file to
         /// merge into) instead of writing them.
         #[arg(long, conflicts_with = "dry_run")]
@@ -132,8 +138,9 @@ pub enum Cmd {
     /// Serve /metrics and /healthz on [serve] listen and run the healing pass of gc every
     /// [serve] gc_interval_seconds, until SIGTERM.
     Serve {
-        /// Listen on ADDR (host:port) instead of [serve] listen (e.g. 0.0.0.0:9401 in a pod).
-        #[arg(long, value_name = "ADDR")]
+        /// Listen on ADDR (host:port, the host an address or a name such as localhost) instead
+        /// of [serve] listen (e.g. 0.0.0.0:9401 in a pod).
+        #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
         listen: Option<std::net::SocketAddr>,
     },
     /// Print the event log ([serve] events_file) for people.
@@ -166,4 +173,51 @@ pub enum CdiCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// `serve --listen`: `host:port`, the host an IP address or a name (`localhost:9401`), resolved
+/// here to one address (an IPv4 one when the name has both).
+///
+/// # Errors
+/// Not `host:port`, or a name that does not resolve.
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    let bad =
+        |why: String| format!("{s}: {why}; give host:port, like localhost:9401 or 0.0.0.0:9401");
+    let addrs: Vec<std::net::SocketAddr> = s
+        .to_socket_addrs()
+        .map_err(|e| bad(e.to_string()))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| bad("no address".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn serve_listens_on_a_host_name_and_port() {
+        let cli = Cli::try_parse_from(["gpushare-hook", "serve", "--listen", "localhost:9401"])
+            .expect("localhost:9401 is accepted");
+        let Cmd::Serve { listen: Some(a) } = cli.command else {
+            panic!("not serve --listen")
+        };
+        assert!(a.ip().is_loopback() && a.port() == 9401, "{a}");
+        for ok in ["0.0.0.0:9401", "[::1]:9401", "127.0.0.1:1"] {
+            assert_eq!(parse_listen(ok).unwrap().to_string(), ok);
+        }
+        for bad in ["localhost", "9401", "localhost:port", ""] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains("host:port"), "{bad}: {e}");
+        }
+    }
 }

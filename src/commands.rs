@@ -301,9 +301,13 @@ pub fn configure(
     engine: Engine,
     opts: &configure::Options,
     policy_at: Option<std::path::PathBuf>,
+    cdi_dir: Option<&std::path::Path>,
     print: bool,
     json: bool,
 ) -> Result<Reply, ConfigureError> {
+    // An installer writing a node's files from elsewhere (`--policy-at`) sees them under other
+    // paths than the node's doctor will: nothing to record.
+    let from_elsewhere = policy_at.is_some();
     let source = match &policy_at {
         Some(p) => format!("{} (read from {})", p.display(), ctx.source),
         None => ctx.source.to_string(),
@@ -317,28 +321,12 @@ pub fn configure(
         return Ok(Reply::text(configure::print(engine, &setup, opts)?));
     }
     let mut report = configure::run(engine, &setup, opts)?;
-    // A CDI spec of gpushare's already installed follows the policy this run read.
-    for dir in [crate::admin::cdi::DEFAULT_DIR, "/etc/cdi"] {
-        let dir = std::path::Path::new(dir);
-        if !dir.join(crate::admin::cdi::FILE_NAME).exists() {
-            continue;
-        }
-        let hand_on = setup.policy.clone();
-        let file =
-            match crate::admin::cdi::generate(&ctx.cfg, hand_on.as_deref(), dir, opts.dry_run) {
-                Ok(cdi) => configure::FileReport {
-                    path: cdi.path,
-                    outcome: cdi.outcome,
-                },
-                Err(e) => configure::FileReport {
-                    path: dir.join(crate::admin::cdi::FILE_NAME).display().to_string(),
-                    outcome: configure::Outcome::Kept {
-                        why: format!("not brought up to date with the policy: {}", chain(&e)),
-                    },
-                },
-            };
-        report.files.push(file);
+    if !opts.dry_run && !from_elsewhere {
+        record_configured(ctx, engine, &setup, opts, &report);
     }
+    report
+        .files
+        .extend(configure_cdi(ctx, &setup, opts, cdi_dir));
     if !opts.dry_run && report.changed() {
         let what = if opts.remove {
             "removed gpushare from"
@@ -352,6 +340,97 @@ pub fn configure(
         );
     }
     Ok(Reply::text(render(&report, json)))
+}
+
+/// Notes the engine's main file this run configured (or took gpushare out of) in the record
+/// doctor reads ([`crate::admin::engines::record`]). A record that cannot be written is logged;
+/// the configuration itself is done.
+fn record_configured(
+    ctx: &Ctx,
+    engine: Engine,
+    setup: &configure::Setup,
+    opts: &configure::Options,
+    report: &configure::ConfigureReport,
+) {
+    use crate::admin::engines::record::{path_for, Record};
+    let main = engine.def().main_file(setup, &opts.absolute());
+    let Some(f) = report
+        .files
+        .iter()
+        .find(|f| std::path::Path::new(&f.path) == main)
+    else {
+        return;
+    };
+    let configured = !opts.remove
+        && matches!(
+            f.outcome,
+            configure::Outcome::Created
+                | configure::Outcome::Written { .. }
+                | configure::Outcome::Unchanged
+        );
+    // A policy that is not a file of its own (`--config /dev/null`, as package scripts run
+    // `--remove`) has no place for a record beside it.
+    if ctx.source.to_hand_on().is_some_and(|p| !p.is_file()) {
+        return;
+    }
+    let at = path_for(&ctx.source);
+    let mut record = Record::load(&at);
+    record.note(engine.name(), &main, configured);
+    if let Err(e) = record.save(&at) {
+        tracing::warn!(
+            "cannot record the files configure wrote in {}: {e}",
+            at.display()
+        );
+    }
+}
+
+/// gpushare's CDI specs after `configure`: the node-wide ones follow the policy only when this
+/// run configured the node's own engine files with the node's own policy; otherwise they are
+/// left alone and the report says what this policy would write there. `cdi_dir` is written in
+/// every case.
+fn configure_cdi(
+    ctx: &Ctx,
+    setup: &configure::Setup,
+    opts: &configure::Options,
+    cdi_dir: Option<&std::path::Path>,
+) -> Vec<configure::FileReport> {
+    use crate::admin::cdi;
+    use configure::CdiAction;
+    let node_own = opts.path.is_none()
+        && opts.hooks_dir.is_none()
+        && setup.policy.is_none()
+        && matches!(ctx.source, crate::config::Source::Default);
+    let node_dirs = cdi::SPEC_DIRS.map(std::path::Path::new);
+    let explicit = cdi_dir.map(|d| std::path::absolute(d).unwrap_or_else(|_| d.to_owned()));
+    let actions = configure::cdi_actions(node_own, explicit.as_deref(), &node_dirs, |d| {
+        d.join(cdi::FILE_NAME).exists()
+    });
+    let hand_on = setup.policy.clone();
+    actions
+        .into_iter()
+        .map(|action| {
+            let (dir, preview) = match &action {
+                CdiAction::Write(d) => (d, false),
+                CdiAction::Preview(d) => (d, true),
+            };
+            let path = dir.join(cdi::FILE_NAME).display().to_string();
+            let outcome =
+                match cdi::generate(&ctx.cfg, hand_on.as_deref(), dir, opts.dry_run || preview) {
+                    Ok(r) if preview => configure::Outcome::LeftAlone {
+                        why: "node-wide: only `configure` of the node's own engine files with the node's own policy rewrites it; pass --cdi-dir to write it with this one".into(),
+                        diff: match r.outcome {
+                            configure::Outcome::WouldChange { diff } => Some(diff),
+                            _ => None,
+                        },
+                    },
+                    Ok(r) => r.outcome,
+                    Err(e) => configure::Outcome::Kept {
+                        why: format!("not brought up to date with the policy: {}", chain(&e)),
+                    },
+                };
+            configure::FileReport { path, outcome }
+        })
+        .collect()
 }
 
 /// `cdi generate`: exit 0 whether or not the spec changed.
@@ -376,6 +455,10 @@ pub fn cdi_generate(
 /// `doctor`: exit 1 when a check failed.
 pub fn doctor(ctx: &Ctx, json: bool) -> Reply {
     let mut checks = doctor::run(&ctx.cfg, doctor::config_ok(&ctx.source));
+    let record = crate::admin::engines::record::Record::load(
+        &crate::admin::engines::record::path_for(&ctx.source),
+    );
+    crate::admin::engines::doctor_recorded(&mut checks.0, &record);
     let hand_on = ctx.source.to_hand_on();
     let dirs = crate::admin::cdi::SPEC_DIRS.map(std::path::Path::new);
     for (name, verdict, detail) in

@@ -269,6 +269,28 @@ fn remove_undoes_podman_and_crio_with_their_hook_files() {
         hooks.join("hooks.d-podman/gpushare-precreate.json"),
     ];
     assert!(files.iter().all(|f| f.exists()), "positive control");
+    // A second configure with another policy path rewrites them: backups beside each.
+    let other = sb.path().join("other.toml");
+    std::fs::copy(sb.config_path(), &other).unwrap();
+    ok(&hook_in(
+        &sb,
+        sb.path(),
+        &[
+            "configure",
+            "podman",
+            "--path",
+            pcs,
+            "--hooks-dir",
+            hs,
+            "--policy-at",
+            other.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(
+        backups(&hooks.join("hooks.d-podman"), "gpushare-precreate.json"),
+        1,
+        "positive control: a backup was made"
+    );
     let o = ok(&hook_in(
         &sb,
         sb.path(),
@@ -282,7 +304,16 @@ fn remove_undoes_podman_and_crio_with_their_hook_files() {
             "--remove",
         ],
     ));
-    assert!(o.contains(&format!("removed {pcs} (backup")), "{o}");
+    assert!(o.contains(&format!("removed {pcs}")), "{o}");
+    // Nothing of gpushare's is left in its directories: no backups either.
+    for d in [hooks.join("hooks.d"), hooks.join("hooks.d-podman")] {
+        let left: Vec<_> = std::fs::read_dir(&d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(left.is_empty(), "{}: {left:?}", d.display());
+    }
     for f in &files {
         assert!(!f.exists(), "{} removed: {o}", f.display());
         assert!(o.contains(&format!("removed {}", f.display())), "{o}");
@@ -356,4 +387,118 @@ fn remove_dry_run_writes_nothing() {
     ));
     assert!(o.contains("-    \"gpushare\""), "{o}");
     assert_eq!(std::fs::read_to_string(&d).unwrap(), configured);
+}
+
+/// The node-wide CDI spec follows the policy only when `configure` runs on the node's own
+/// engine files with the node's own policy. Run in a private mount namespace whose /etc is an
+/// overlay and /run a tmpfs, so that the node's /etc/cdi and /var/run/cdi are the test's own.
+#[test]
+fn configure_with_path_or_config_leaves_the_node_wide_cdi_spec_alone() {
+    if !common::require(
+        "node-wide CDI spec in a mount namespace",
+        &["unshare", "mount"],
+    ) {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "\n******** SKIPPED: node-wide CDI spec: needs root (mount namespace) ********\n"
+        );
+        return;
+    }
+    let host_spec = std::fs::read("/etc/cdi/gpushare.io-share.json").ok();
+    let sb = Sandbox::with_policy(1, "[profiles.small]\nmode = \"mps\"\ncores = 25\n");
+    let t = sb.path();
+    for d in ["up", "work", "vup", "vwork"] {
+        std::fs::create_dir(t.join(d)).unwrap();
+    }
+    let script = r#"
+set -eu
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$T/up,workdir=$T/work" /etc
+mount -t tmpfs gpushare-test /run
+mount -t overlay overlay -o "lowerdir=/var/lib,upperdir=$T/vup,workdir=$T/vwork" /var/lib
+H="$HOOK"
+SPEC=/etc/cdi/gpushare.io-share.json
+mkdir -p /etc/gpushare
+printf 'state_dir = "%s/node-state"\nlog_file = "%s/node.log"\n' "$T" "$T" > /etc/gpushare/config.toml
+node() { env -u GPUSHARE_CONFIG "$H" "$@"; }
+node cdi generate --output /etc/cdi >/dev/null
+cp "$SPEC" "$T/spec.0"
+echo "== --path"
+"$H" configure docker --path "$T/daemon.json" --allow-missing
+cmp -s "$SPEC" "$T/spec.0" || { echo "CHANGED by --path"; exit 3; }
+echo "== --config"
+node --config "$GPUSHARE_CONFIG" configure docker --allow-missing
+cmp -s "$SPEC" "$T/spec.0" || { echo "CHANGED by --config"; exit 3; }
+echo "== --dry-run --path"
+"$H" configure docker --path "$T/daemon.json" --allow-missing --dry-run
+cmp -s "$SPEC" "$T/spec.0" || { echo "CHANGED by --dry-run"; exit 3; }
+echo "== --path --cdi-dir"
+"$H" configure docker --path "$T/daemon.json" --allow-missing --cdi-dir /etc/cdi
+grep -q '"name": "small"' "$SPEC" || { echo "NOT WRITTEN with --cdi-dir"; exit 4; }
+echo "== node's own"
+printf '[profiles.nodes]\nmode = "timeslice"\n' >> /etc/gpushare/config.toml
+node configure docker --allow-missing
+grep -q '"name": "nodes"' "$SPEC" || { echo "NOT FOLLOWED by the node's own run"; exit 5; }
+grep -q '"name": "small"' "$SPEC" && { echo "the node's own run kept the test policy"; exit 5; }
+echo "== done"
+"#;
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env_clear()
+        .envs(sb.env())
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("T", t)
+        .env("HOOK", common::hook_bin())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let o = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "exit {:?}:\n{o}", out.status);
+    assert!(o.contains("== done"), "{o}");
+    // Each run that does not own the node says what it would write, and that it did not.
+    let path_run = &o[o.find("== --path\n").unwrap()..o.find("== --config").unwrap()];
+    assert!(
+        path_run.contains("left alone /etc/cdi/gpushare.io-share.json") && path_run.contains("+"),
+        "{path_run}"
+    );
+    assert!(
+        path_run.contains("\"small\""),
+        "the diff names the device: {path_run}"
+    );
+    assert_eq!(
+        std::fs::read("/etc/cdi/gpushare.io-share.json").ok(),
+        host_spec,
+        "the test changed the host's /etc/cdi"
+    );
+}
+
+/// A daemon.json that configure created holds nothing but gpushare's entry: `--remove` deletes
+/// it instead of leaving `{}`.
+#[test]
+fn remove_deletes_a_daemon_json_that_configure_created() {
+    let sb = sandbox();
+    let f = sb.path().join("docker/daemon.json");
+    let fs = f.to_str().unwrap();
+    let o = ok(&hook_in(
+        &sb,
+        sb.path(),
+        &["configure", "docker", "--path", fs],
+    ));
+    assert!(
+        o.contains(&format!("created {fs}")),
+        "positive control: {o}"
+    );
+    let o = ok(&hook_in(
+        &sb,
+        sb.path(),
+        &["configure", "docker", "--path", fs, "--remove"],
+    ));
+    assert!(o.contains(&format!("removed {fs}")), "{o}");
+    let left: Vec<_> = std::fs::read_dir(f.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}: {o}");
 }

@@ -198,7 +198,7 @@ fn the_packaged_dropin_and_oci_hooks_load_in_crio() {
     );
     assert_eq!(
         hooks_dirs(&doc),
-        [PathBuf::from("/usr/share/containers/oci/hooks.d")]
+        [PathBuf::from("/etc/containers/oci/hooks.d")]
     );
     // What packaging installs there: hooks/oci/*.json.
     let mut n = 0;

@@ -203,6 +203,11 @@ fn engines_that_do_not_run_are_said_not_to_run() {
         d.2.contains("dockerd has loaded runtime \"gpushare\""),
         "{d:?}"
     );
+    // The daemon's file check does not warn about what the running dockerd has loaded (it was
+    // configured from another file, `configure --path`): never an ok and a warning about one
+    // thing.
+    let f = find(&c, "docker");
+    assert_ne!(f.1, "warn", "{f:?} beside {d:?}");
 }
 
 fn mps_spec() -> Value {
@@ -275,4 +280,65 @@ fn a_broken_policy_keeps_status_gc_and_poststop_working_and_doctor_to_the_point(
         log.contains("poststop releases with what it could read"),
         "{log}"
     );
+}
+
+/// `[runtime] hook` naming a wrapper elsewhere (an operator's script that sets env, then runs
+/// gpushare-hook) does not move where doctor looks for gpushare-runtime.
+#[test]
+fn a_hook_wrapper_elsewhere_does_not_hide_the_runtime() {
+    let sb = Sandbox::new(1);
+    let wrap = sb.path().join("wrap");
+    std::fs::create_dir(&wrap).unwrap();
+    let hook = wrap.join("gpushare-hook");
+    script(
+        &hook,
+        &format!("exec {} \"$@\"", common::hook_bin().display()),
+    );
+    sb.write_config(&format!("[runtime]\nhook = {:?}\n", hook));
+    let c = doctor(&sb, &[]);
+    let h = find(&c, "hook");
+    assert_eq!(h.1, "ok", "the wrapper runs: {h:?}");
+    let r = find(&c, "runtime");
+    assert_eq!(r.1, "ok", "{r:?}");
+    let beside = common::hook_bin().with_file_name("gpushare-runtime");
+    assert!(r.2.starts_with(&beside.display().to_string()), "{r:?}");
+}
+
+/// The simulated driver is named as what it is: TEST-ONLY, never mistaken for a GPU.
+#[test]
+fn doctor_says_the_simulated_driver_is_test_only() {
+    let sb = Sandbox::new(1);
+    let c = doctor(&sb, &[]);
+    let n = find(&c, "nvml");
+    assert_eq!(
+        n.1, "ok",
+        "positive control: the simulated NVML answers: {n:?}"
+    );
+    let d = find(&c, "driver");
+    assert_eq!(d.1, "warn", "{d:?}");
+    assert!(d.2.starts_with("TEST-ONLY: "), "{d:?}");
+    assert!(d.2.contains("libgpushare_simdriver"), "{d:?}");
+}
+
+/// doctor checks the file `configure --path` wrote, from configure's record, and does not warn
+/// that the usual file lacks gpushare when the file configure wrote has it.
+#[test]
+fn doctor_checks_what_configure_wrote_wherever_it_wrote_it() {
+    let sb = Sandbox::new(1);
+    sb.write_config(&format!("[runtime]\nhook = {:?}\n", common::hook_bin()));
+    let f = sb.path().join("elsewhere/daemon.json");
+    let fs = f.to_str().unwrap();
+    let out = sb.hook(&["configure", "docker", "--path", fs], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let c = doctor(&sb, &[]);
+    let w = find(&c, "docker (configured)");
+    assert_eq!(w.1, "ok", "{w:?}");
+    assert!(w.2.contains("runs"), "{w:?}");
+    let d = find(&c, "docker");
+    assert_ne!(d.1, "warn", "{d:?} beside {w:?}");
+    // Taken out again: no longer recorded, no longer checked.
+    let out = sb.hook(&["configure", "docker", "--path", fs, "--remove"], "");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let c = doctor(&sb, &[]);
+    assert!(!c.iter().any(|x| x.0 == "docker (configured)"), "{c:?}");
 }

@@ -177,13 +177,13 @@ fn installer_on_a_crio_node_writes_exactly_these_files() {
     assert_eq!(
         names,
         [
+            "etc/containers/oci/hooks.d/gpushare-createRuntime.json",
+            "etc/containers/oci/hooks.d/gpushare-poststop.json",
             "etc/crio/crio.conf.d/10-gpushare.conf",
             "etc/gpushare/config.toml",
             "usr/local/bin/gpushare-hook",
             "usr/local/bin/gpushare-runtime",
             "usr/local/lib/gpushare/libgpushare_limiter.so",
-            "usr/share/containers/oci/hooks.d/gpushare-createRuntime.json",
-            "usr/share/containers/oci/hooks.d/gpushare-poststop.json",
         ]
     );
     check_common(&src, &files, &root);
@@ -202,10 +202,10 @@ fn installer_on_a_crio_node_writes_exactly_these_files() {
     assert!(handler.get("allowed_annotations").is_none(), "{handler:?}");
     assert_eq!(
         crio["crio"]["runtime"]["hooks_dir"].as_array().unwrap()[0].as_str(),
-        Some("/usr/share/containers/oci/hooks.d")
+        Some("/etc/containers/oci/hooks.d")
     );
     for stage in ["createRuntime", "poststop"] {
-        let f = format!("usr/share/containers/oci/hooks.d/gpushare-{stage}.json");
+        let f = format!("etc/containers/oci/hooks.d/gpushare-{stage}.json");
         let h: serde_json::Value = serde_json::from_slice(&files[&f].1).unwrap();
         assert_eq!(h["hook"]["path"], "/usr/local/bin/gpushare-hook", "{f}");
         assert_eq!(h["stages"], serde_json::json!([stage]), "{f}");
@@ -795,11 +795,8 @@ fn the_crio_drop_in_adds_to_the_nodes_hooks_dirs_instead_of_replacing_them() {
         .collect();
     assert_eq!(
         dirs,
-        [
-            "/etc/containers/oci/hooks.d",
-            "/opt/vendor/hooks.d",
-            "/usr/share/containers/oci/hooks.d"
-        ]
+        // gpushare's hook files go to /etc/containers/oci/hooks.d, which the node lists already.
+        ["/etc/containers/oci/hooks.d", "/opt/vendor/hooks.d"]
     );
     assert!(
         d["crio"]["runtime"]["runtimes"]["gpushare"]["runtime_path"].is_str(),

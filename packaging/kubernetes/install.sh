@@ -163,7 +163,7 @@ if [ "$ACTION" = uninstall ]; then
     containerd) configure containerd --config /dev/null --remove --path "$R/etc/containerd/config.toml" ;;
     crio)
         configure crio --config /dev/null --remove --path "$R/etc/crio/crio.conf.d/10-gpushare.conf" \
-            --hooks-dir "$R/usr/share/containers/oci"
+            --hooks-dir "$R/etc/containers/oci"
         # The drop-in is the installer's own: what configure left (the node's hooks dirs) goes too.
         unput /etc/crio/crio.conf.d/10-gpushare.conf
         ;;

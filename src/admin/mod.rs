@@ -3,8 +3,8 @@
 
 pub mod cdi;
 pub mod configure;
-pub mod crio;
 pub mod doctor;
+pub mod engines;
 pub mod events;
 pub mod gc;
 pub mod metrics;

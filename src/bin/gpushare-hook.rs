@@ -69,6 +69,7 @@ fn main() -> ExitCode {
             containerd_version,
             default_runtime,
             policy_at,
+            cdi_dir,
             print,
             remove,
             allow_missing,
@@ -85,7 +86,16 @@ fn main() -> ExitCode {
                 remove,
                 allow_missing,
             };
-            commands::configure(&ctx, engine, &opts, policy_at, print, json).map_err(Into::into)
+            commands::configure(
+                &ctx,
+                engine,
+                &opts,
+                policy_at,
+                cdi_dir.as_deref(),
+                print,
+                json,
+            )
+            .map_err(Into::into)
         }
         Cmd::Doctor { json } => Ok(commands::doctor(&ctx, json)),
         Cmd::Cdi {

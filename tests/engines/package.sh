@@ -6,7 +6,8 @@
 # drop-in, installed hooks) and a private dockerd (the daemon.json configure wrote) through the
 # installed binaries, reinstall (the policy edit survives), try to remove while a container uses
 # a share and while a podman container runs on --runtime gpushare (both refused, the package
-# stays working), then purge (which undoes `configure docker`) and check nothing is left. The rpm's file list is checked.
+# stays working), then purge (which undoes `configure docker`) and check that the file list is
+# the one before the install. The rpm's file list is checked.
 # Always purges the package and restores the files it touched, even when it fails.
 source "$(dirname "$0")/lib.sh"
 need dpkg dpkg-deb podman dockerd docker runc jq readelf rpm cargo-deb cargo-generate-rpm
@@ -21,8 +22,14 @@ LOG=/var/log/gpushare.log
 [ -e "$LOG" ] && cp -a "$LOG" "$T/log.saved"
 restore_log() { rm -f "$LOG"; if [ -e "$T/log.saved" ]; then cp -a "$T/log.saved" "$LOG"; fi; }
 on_exit restore_log
+# The event log gpushare writes beside it: set aside, so that this test's is one gpushare created
+# (the purge removes it); put back at the end.
+EVENTS=/var/log/gpushare-events.jsonl
+[ -e "$EVENTS" ] && mv "$EVENTS" "$T/events.saved"
+restore_events() { rm -f "$EVENTS"; if [ -e "$T/events.saved" ]; then mv "$T/events.saved" "$EVENTS"; fi; }
+on_exit restore_events
 on_exit "GPUSHARE_FORCE_REMOVE=1 dpkg --purge gpushare"
-on_exit "rm -f /etc/containers/containers.conf.d/50-gpushare.conf.bak-* /usr/share/containers/oci/hooks.d/gpushare-*.bak-* /etc/containers/oci/hooks.d-podman/gpushare-*.bak-*"
+on_exit "rm -f /etc/containers/containers.conf.d/50-gpushare.conf.bak-* /etc/containers/oci/hooks.d/gpushare-*.bak-* /etc/containers/oci/hooks.d-podman/gpushare-*.bak-*"
 on_exit "podman_ rm -af -t 0"
 
 PT=${GS_PACKAGE_TARGET:-$GS_REPO/target/package}
@@ -47,6 +54,7 @@ for f in usr/share/man/man1/gpushare-hook.1.gz usr/share/man/man1/gpushare-hook-
     usr/share/bash-completion/completions/gpushare-hook usr/share/zsh/vendor-completions/_gpushare-hook \
     usr/share/fish/vendor_completions.d/gpushare-hook.fish usr/share/doc/gpushare/copyright \
     usr/lib/tmpfiles.d/gpushare.conf usr/lib/gpushare/libgpushare_limiter.so \
+    usr/lib/gpushare/test-only/libgpushare_simdriver.so \
     usr/lib/systemd/system/gpushare-serve.service usr/lib/systemd/system/gpushare-gc.timer \
     usr/share/gpushare/grafana/gpushare.json; do
     grep -q " \./$f\$" "$T/contents" || fail "$f missing from the .deb"
@@ -57,6 +65,23 @@ for b in usr/bin/gpushare-hook usr/bin/gpushare-runtime; do
     readelf -S "$T/deb/$b" | has '\.symtab' && fail "$b is not stripped"
 done
 ok "binaries stripped"
+
+# What is on the node before the install, where the package, configure and gpushare write: the
+# list after the purge must be the same. A log gpushare did not create is there first, and stays.
+snapshot() {
+    {
+        find /etc/gpushare /etc/containers /etc/docker /etc/cdi /etc/crio /etc/logrotate.d \
+            /usr/lib/gpushare /usr/share/containers /usr/share/doc/gpushare /usr/share/gpushare \
+            /var/lib/gpushare /run/gpushare /var/run/cdi /usr/lib/systemd/system /usr/lib/tmpfiles.d \
+            /usr/share/bash-completion/completions /usr/share/fish/vendor_completions.d \
+            /usr/share/zsh/site-functions /usr/share/man -xdev 2>/dev/null || true
+        find /var/log /usr/bin -maxdepth 1 -name 'gpushare*' 2>/dev/null || true
+    } | sort
+}
+[ -e "$LOG" ] || echo "a log gpushare did not create" >"$LOG"
+LOG_FIRST=$(head -1 "$LOG")
+snapshot >"$T/files.before"
+grep -q . "$T/files.before" || fail "positive control: the file list before the install is empty"
 
 echo "== install"
 dpkg -i "$DEB" >"$T/dpkg.out" 2>&1 || { cat "$T/dpkg.out"; fail "dpkg -i"; }
@@ -70,11 +95,13 @@ man -w gpushare-runtime >/dev/null 2>&1 || fail "man gpushare-runtime not found"
 man -w 5 gpushare-config >/dev/null 2>&1 || fail "man 5 gpushare-config not found"
 ok "installed: binaries run, state dir 0700, man pages found"
 
-echo "== edit the policy: the TEST-ONLY simulated driver, this test's state dir"
-sed -i -e "s#^state_dir = .*#state_dir = \"$STATE\"#" -e "s#^library = \"libnvidia-ml.so.1\"#library = \"$GS_SIMDRIVER\"#" /etc/gpushare/config.toml
-grep -q "$GS_SIMDRIVER" /etc/gpushare/config.toml || fail "policy edit"
+echo "== edit the policy: the package's TEST-ONLY simulated driver, this test's state dir"
+SIM=/usr/lib/gpushare/test-only/libgpushare_simdriver.so
+sed -i -e "s#^state_dir = .*#state_dir = \"$STATE\"#" -e "s#^library = \"libnvidia-ml.so.1\"#library = \"$SIM\"#" /etc/gpushare/config.toml
+grep -q "$SIM" /etc/gpushare/config.toml || fail "policy edit"
 /usr/bin/gpushare-hook doctor >"$T/doctor" || true
 cat "$T/doctor"
+grep -q '^warn  driver .*TEST-ONLY' "$T/doctor" || fail "doctor does not say the simulated driver is TEST-ONLY"
 grep -q '^ok    podman ' "$T/doctor" || fail "doctor does not see podman configured by the package"
 
 echo "== configure podman: the package already has it"
@@ -97,7 +124,7 @@ wait_until 10 daemon_gone || fail "daemon still running after the podman contain
 echo "== configure docker (a private dockerd reading the daemon.json it wrote)"
 echo '{"log-level": "warn"}' >"$T/daemon.json"
 /usr/bin/gpushare-hook configure docker --path "$T/daemon.json" >"$T/cd" || { cat "$T/cd"; fail "configure docker"; }
-grep -q '^restart Docker' "$T/cd" || { cat "$T/cd"; fail "configure docker does not say what to restart"; }
+grep -q '^reload Docker.*SIGHUP' "$T/cd" || { cat "$T/cd"; fail "configure docker does not say what to restart"; }
 [ "$(jq -r '.runtimes.gpushare.path' "$T/daemon.json")" = /usr/bin/gpushare-runtime ] || fail "daemon.json has no gpushare runtime"
 [ "$(jq -r '."log-level"' "$T/daemon.json")" = warn ] || fail "daemon.json lost a key"
 /usr/bin/gpushare-hook configure docker --path "$T/daemon.json" | has '^nothing to change' || fail "second configure docker changed something"
@@ -123,7 +150,7 @@ ok "Docker through the installed gpushare-runtime"
 
 echo "== reinstall: the policy edit survives"
 dpkg -i "$DEB" >"$T/dpkg2.out" 2>&1 || { cat "$T/dpkg2.out"; fail "dpkg -i (again)"; }
-grep -q "$GS_SIMDRIVER" /etc/gpushare/config.toml || fail "the reinstall undid the policy edit"
+grep -q "$SIM" /etc/gpushare/config.toml || fail "the reinstall undid the policy edit"
 ok "policy edit kept across a reinstall"
 
 echo "== removal while a container uses a share is refused"
@@ -158,17 +185,16 @@ echo "== purge undoes configure docker (the default daemon.json)"
 [ -e /etc/docker/daemon.json ] && cp -a /etc/docker/daemon.json "$T/daemon.json.saved"
 restore_daemon_json() { rm -f /etc/docker/daemon.json /etc/docker/daemon.json.bak-*; if [ -e "$T/daemon.json.saved" ]; then cp -a "$T/daemon.json.saved" /etc/docker/daemon.json; fi; }
 on_exit restore_daemon_json
-mkdir -p /etc/docker
-echo '{"log-level": "warn"}' >/etc/docker/daemon.json
+rm -f /etc/docker/daemon.json
 /usr/bin/gpushare-hook configure docker >"$T/cd2" || { cat "$T/cd2"; fail "configure docker (default path)"; }
+grep -q '^created /etc/docker/daemon.json' "$T/cd2" || { cat "$T/cd2"; fail "configure docker did not create daemon.json"; }
 [ "$(jq -r '.runtimes.gpushare.path' /etc/docker/daemon.json)" = /usr/bin/gpushare-runtime ] || fail "daemon.json has no gpushare runtime"
 
-echo "== purge leaves nothing behind"
-touch "$LOG"
+echo "== purge leaves nothing behind, and removes nothing it did not create"
 dpkg --purge gpushare >"$T/purge.out" 2>&1 || { cat "$T/purge.out"; fail "dpkg --purge"; }
 dpkg -s gpushare >/dev/null 2>&1 && fail "package still known to dpkg"
-grep -q "^written /etc/docker/daemon.json (backup" "$T/purge.out" || { cat "$T/purge.out"; fail "purge does not say it undid configure docker"; }
-[ "$(jq -c . /etc/docker/daemon.json)" = '{"log-level":"warn"}' ] || { cat /etc/docker/daemon.json; fail "purge left the gpushare runtime in daemon.json"; }
+grep -q "^removed /etc/docker/daemon.json" "$T/purge.out" || { cat "$T/purge.out"; fail "purge does not say it undid configure docker"; }
+[ -e /etc/docker/daemon.json ] && { cat /etc/docker/daemon.json; fail "purge left the daemon.json configure created"; }
 [ -e /var/lib/gpushare ] && fail "/var/lib/gpushare left after purge"
 [ -e /etc/cdi/gpushare.io-share.json ] && fail "the CDI spec left after purge"
 ok "purge ran configure docker --remove: daemon.json is as it was before configure"
@@ -176,10 +202,14 @@ while read -r p; do
     [ -d "$T/deb$p" ] && continue
     [ -e "$p" ] && fail "$p left after purge"
 done < <(awk '{print $NF}' "$T/contents" | sed 's#^\./#/#')
-for p in /etc/gpushare /run/gpushare /var/log/gpushare.log /usr/lib/gpushare /etc/containers/oci/hooks.d-podman; do
+for p in /etc/gpushare /run/gpushare /var/log/gpushare-events.jsonl /usr/lib/gpushare /etc/containers/oci/hooks.d-podman; do
     [ -e "$p" ] && fail "$p left after purge"
 done
-ok "purged: no file of the package, no /etc/gpushare, /run/gpushare or log left"
+[ -f "$LOG" ] && [ "$(head -1 "$LOG")" = "$LOG_FIRST" ] || fail "purge removed $LOG, which was there before the install"
+restore_daemon_json
+snapshot >"$T/files.after"
+diff -u "$T/files.before" "$T/files.after" || fail "the files after the purge differ from those before the install (above)"
+ok "purged: the file list is the one before the install ($(wc -l <"$T/files.before") paths); the log that was there stays"
 
 echo "== the rpm"
 RPM=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/rpm/build.sh" 2>"$T/rpm-build.log" | tail -1) || { cat "$T/rpm-build.log"; fail "rpm build"; }
@@ -195,13 +225,14 @@ cat >"$T/rpm.want" <<LIST
 /usr/bin/gpushare-hook
 /usr/bin/gpushare-runtime
 /usr/lib/gpushare/libgpushare_limiter.so
+/usr/lib/gpushare/test-only/libgpushare_simdriver.so
 /usr/lib/systemd/system/gpushare-gc.service
 /usr/lib/systemd/system/gpushare-gc.timer
 /usr/lib/systemd/system/gpushare-serve.service
 /usr/lib/tmpfiles.d/gpushare.conf
 /usr/share/bash-completion/completions/gpushare-hook
-/usr/share/containers/oci/hooks.d/gpushare-createRuntime.json
-/usr/share/containers/oci/hooks.d/gpushare-poststop.json
+/etc/containers/oci/hooks.d/gpushare-createRuntime.json
+/etc/containers/oci/hooks.d/gpushare-poststop.json
 /usr/share/doc/gpushare/config.toml.example
 /usr/share/fish/vendor_completions.d/gpushare-hook.fish
 /usr/share/gpushare/grafana/gpushare.json

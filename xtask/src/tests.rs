@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::pages::{config_page, defaults, runtime_page, KEYS, OPTIONAL};
+use super::keys::{defaults, KEYS, OPTIONAL};
+use super::pages::{config_page, runtime_page};
 
 fn skip_or_fail(what: &str) {
     let msg = format!("SKIPPED: {what}");
@@ -24,7 +25,9 @@ fn have(cmd: &str) -> bool {
 }
 
 fn generated() -> PathBuf {
-    let out = std::env::temp_dir().join(format!("gpushare-xtask-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!("gpushare-xtask-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     super::docs(&out).expect("docs");
     out
@@ -40,7 +43,7 @@ fn every_policy_key_is_documented_with_its_default() {
     for (k, _) in &d {
         assert!(
             KEYS.iter().any(|(x, _)| x == k),
-            "policy key {k} has no entry in xtask/src/pages.rs KEYS"
+            "policy key {k} has no entry in xtask/src/keys.rs KEYS"
         );
     }
     for (k, _) in KEYS {
@@ -154,6 +157,83 @@ fn completions_complete_subcommands_and_their_flags() {
             "{shell} -n {file}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// The key reference in docs/ and the example policy are what the key description generates
+/// (run `cargo run -p xtask -- keys` after changing a key), and the man page has one section
+/// per table.
+#[test]
+fn the_docs_and_the_example_policy_are_generated_from_the_keys() {
+    let repo = super::repo();
+    let files = super::keys_files(&repo).unwrap();
+    assert_eq!(files.len(), 2, "positive control: both files generated");
+    for (path, want) in files {
+        let have = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            have == want,
+            "{} differs from what xtask/src/keys.rs generates: run `cargo run -p xtask -- keys`",
+            path.display()
+        );
+        for (k, _) in KEYS {
+            let name = k.rsplit('.').next().unwrap();
+            assert!(have.contains(name), "{}: {k}", path.display());
+        }
+    }
+    let example = super::keys::example_toml();
+    let cfg = gpushare::config::Config::parse(&example, Path::new("config.toml.example")).unwrap();
+    assert_eq!(cfg, gpushare::config::Config::default());
+    let page = config_page();
+    assert_eq!(page.matches("TOP-LEVEL KEYS").count(), 1, "{page}");
+    for sec in ["[mps]", "[policy]", "[serve]"] {
+        assert_eq!(
+            page.matches(&format!(".SH {sec}\n")).count(),
+            1,
+            "{sec}: {page}"
+        );
+    }
+}
+
+/// fish offers no hidden command and completes `configure`'s engine names.
+#[test]
+fn fish_completion_hides_reap_and_completes_engines() {
+    if !have("fish") {
+        skip_or_fail("fish completion: fish missing");
+        return;
+    }
+    let out = generated();
+    let script = out.join("completions/gpushare-hook.fish");
+    let ask = |line: &str| {
+        let o = Command::new("fish")
+            .args([
+                "--no-config",
+                "-c",
+                &format!("source {}; complete -C '{line}'", script.display()),
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|l| l.split('\t').next().unwrap_or("").to_owned())
+            .collect::<Vec<_>>()
+    };
+    let subs = ask("gpushare-hook ");
+    assert!(
+        subs.iter().any(|s| s == "configure"),
+        "positive control: {subs:?}"
+    );
+    assert!(!subs.iter().any(|s| s == "reap"), "{subs:?}");
+    let engines = ask("gpushare-hook configure ");
+    for e in [
+        "podman",
+        "crio",
+        "containerd",
+        "docker",
+        "nvidia-container-runtime",
+    ] {
+        assert!(engines.iter().any(|x| x == e), "{e}: {engines:?}");
     }
     let _ = std::fs::remove_dir_all(&out);
 }

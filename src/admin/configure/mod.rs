@@ -9,101 +9,85 @@
 //! small launcher next to the policy file (engines' runtime entries carry no env), and to hook
 //! files as `GPUSHARE_CONFIG` in their env.
 
-mod engines;
-pub mod remove;
 mod replaced;
 mod write;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
-use thiserror::Error;
 
-use crate::config::Config;
-
+pub use crate::admin::engines::{
+    is_ours, launcher_path, runtime_path, Change, ConfigureError, Edit, Engine, Options, Order,
+    Setup,
+};
 pub use write::{apply, apply_edit, backup_path, diff, Outcome};
 
-/// Whether the program at `path` is gpushare's `name` (`gpushare-runtime`, `gpushare-hook`, or
-/// a launcher named after it), whatever directory it was installed in.
-pub fn is_ours(path: &str, name: &str) -> bool {
-    Path::new(path)
-        .file_name()
-        .is_some_and(|f| f.to_string_lossy().starts_with(name))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
 
-/// Engines gpushare knows how to configure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Engine {
-    Podman,
-    Crio,
-    Containerd,
-    Docker,
-    NvidiaContainerRuntime,
-}
-
-impl Engine {
-    /// The name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Engine::Podman => "podman",
-            Engine::Crio => "crio",
-            Engine::Containerd => "containerd",
-            Engine::Docker => "docker",
-            Engine::NvidiaContainerRuntime => "nvidia-container-runtime",
-        }
-    }
-}
-
-/// Where `nvidia-container-runtime` goes relative to `gpushare-runtime`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum Order {
-    /// engine → gpushare-runtime → nvidia-container-runtime → runc (edits the policy file).
-    #[default]
-    GpushareFirst,
-    /// engine → nvidia-container-runtime → gpushare-runtime → runc (edits NVIDIA's config.toml).
-    NvidiaFirst,
-}
-
-/// How `configure` was asked to run.
-#[derive(Debug, Clone, Default)]
-pub struct Options {
-    /// Act on this file instead of the engine's usual one.
-    pub path: Option<PathBuf>,
-    /// Print the diff, write nothing.
-    pub dry_run: bool,
-    /// Put the hook files under this directory (`hooks.d`, `hooks.d-podman`) instead of the
-    /// system hooks dirs.
-    pub hooks_dir: Option<PathBuf>,
-    /// nvidia-container-runtime chaining order.
-    pub order: Order,
-    /// containerd config version for a new file (2: containerd 1.x, 3: containerd 2.x);
-    /// `None`: asks `containerd --version`.
-    pub containerd_version: Option<i64>,
-    /// Docker: make `gpushare` the daemon's `default-runtime`, so that a share request without
-    /// `--runtime gpushare` is not silently ignored (containers that ask for nothing pass
-    /// straight through gpushare-runtime to runc).
-    pub default_runtime: bool,
-
-    /// Undo what `configure` wrote instead.
-    pub remove: bool,
-    /// Write entries for a `gpushare-runtime` (or hook) that does not exist (yet).
-    pub allow_missing: bool,
-}
-
-impl Options {
-    /// The same options with `path` and `hooks_dir` made absolute (against the current
-    /// directory), as the files are written and reported.
-    pub fn absolute(&self) -> Options {
-        let abs = |p: &Option<PathBuf>| {
-            p.as_ref()
-                .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()))
-        };
-        Options {
-            path: abs(&self.path),
-            hooks_dir: abs(&self.hooks_dir),
-            ..self.clone()
+    #[test]
+    fn the_node_wide_cdi_spec_follows_only_the_nodes_own_configuration() {
+        let etc = Path::new("/etc/cdi");
+        let run = Path::new("/var/run/cdi");
+        let mine = Path::new("/tmp/x/cdi");
+        let nodes = [run, etc];
+        let both = |_: &Path| true;
+        let only_etc = |d: &Path| d == etc;
+        // (what, node_own, explicit, spec present, expected)
+        type Row<'a> = (
+            &'a str,
+            bool,
+            Option<&'a Path>,
+            &'a dyn Fn(&Path) -> bool,
+            Vec<CdiAction>,
+        );
+        let rows: Vec<Row> = vec![
+            (
+                "node's own run: present specs follow",
+                true,
+                None,
+                &only_etc,
+                vec![CdiAction::Write(etc.into())],
+            ),
+            (
+                "--path or --config: previews only",
+                false,
+                None,
+                &both,
+                vec![
+                    CdiAction::Preview(run.into()),
+                    CdiAction::Preview(etc.into()),
+                ],
+            ),
+            (
+                "--path with an explicit dir: that dir written, the node's previewed",
+                false,
+                Some(mine),
+                &only_etc,
+                vec![
+                    CdiAction::Write(mine.into()),
+                    CdiAction::Preview(etc.into()),
+                ],
+            ),
+            (
+                "explicit node dir: written once",
+                false,
+                Some(etc),
+                &both,
+                vec![CdiAction::Write(etc.into()), CdiAction::Preview(run.into())],
+            ),
+            (
+                "no spec anywhere: nothing",
+                true,
+                None,
+                &|_: &Path| false,
+                vec![],
+            ),
+        ];
+        for (what, own, explicit, has, want) in rows {
+            assert_eq!(cdi_actions(own, explicit, &nodes, has), want, "{what}");
         }
     }
 }
@@ -122,10 +106,7 @@ pub fn print(engine: Engine, setup: &Setup, opts: &Options) -> Result<String, Co
         ..opts.clone()
     };
     let fresh = plan(engine, setup, &scratch)?;
-    let merged = matches!(
-        engine,
-        Engine::Docker | Engine::Containerd | Engine::NvidiaContainerRuntime
-    );
+    let merged = engine.def().merged();
     let mut out = String::new();
     for (i, c) in changes.iter().enumerate() {
         let (body, mark) = if i == 0 && merged {
@@ -142,120 +123,49 @@ pub fn print(engine: Engine, setup: &Setup, opts: &Options) -> Result<String, Co
     Ok(out)
 }
 
-/// This installation, as the policy file describes it.
-#[derive(Debug, Clone)]
-pub struct Setup {
-    /// `[runtime] hook`.
-    pub hook: PathBuf,
-    /// `gpushare-runtime`, next to the hook.
-    pub runtime: PathBuf,
-    /// The policy file to hand on (`None`: the default path, which needs no handing on).
-    pub policy: Option<PathBuf>,
-    /// The policy file that was read, for people.
-    pub source: String,
-}
-
-impl Setup {
-    /// From the loaded policy and where it came from.
-    pub fn new(cfg: &Config, policy: Option<PathBuf>, source: String) -> Self {
-        Self {
-            hook: cfg.runtime.hook.clone(),
-            runtime: runtime_path(cfg),
-            policy: policy.filter(|p| p != Path::new(crate::config::DEFAULT_PATH)),
-            source,
-        }
-    }
-
-    /// What the engine's runtime entry runs: the launcher for a non-default policy, else the
-    /// runtime itself.
-    pub fn runtime_entry(&self) -> PathBuf {
-        match &self.policy {
-            Some(p) => launcher_path(p),
-            None => self.runtime.clone(),
-        }
-    }
-}
-
-/// `gpushare-runtime` of this installation: next to the configured hook.
-pub fn runtime_path(cfg: &Config) -> PathBuf {
-    cfg.runtime.hook.with_file_name("gpushare-runtime")
-}
-
-/// The launcher that runs `gpushare-runtime` with a non-default policy file:
-/// `<policy dir>/gpushare-runtime-<policy stem>`.
-pub fn launcher_path(policy: &Path) -> PathBuf {
-    let stem = policy
-        .file_stem()
-        .map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
-    policy.with_file_name(format!("gpushare-runtime-{stem}"))
-}
-
-/// An engine's file that cannot be merged into.
-#[derive(Debug, Error)]
-pub enum ConfigureError {
-    #[error("cannot read {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path} is not valid JSON; fix it first (it was left untouched)")]
-    Json {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("{path} is not valid TOML; fix it first (it was left untouched)")]
-    Toml {
-        path: PathBuf,
-        #[source]
-        source: toml_edit::TomlError,
-    },
-    #[error("{path}: {key} is not a {want}; fix it first (it was left untouched)")]
-    Shape {
-        path: PathBuf,
-        key: String,
-        want: &'static str,
-    },
-    #[error("{path} is a containerd version 1 config (`version = 1`, or no `version` key); rewrite it as version 2, the layout `containerd config default` prints, first (it was left untouched)")]
-    ContainerdV1 { path: PathBuf },
-    #[error("{path} has `version = {version}`, a containerd config version gpushare does not know (it writes 2 for containerd 1.x and 3 for 2.x); it was left untouched")]
-    ContainerdVersion { path: PathBuf, version: i64 },
-
-    #[error("{path} does not exist, and the engine's entry would run it; install gpushare there, fix [runtime] hook in the policy, or pass --allow-missing to write it anyway")]
-    Missing { path: PathBuf },
-    #[error("cannot write {path} (files before it in this run were written)")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// One file as it is and as the engine needs it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Change {
-    pub path: PathBuf,
-    /// The file now (`None`: it does not exist).
-    pub before: Option<String>,
-    pub after: String,
-    /// Mode of a new file.
-    pub mode: u32,
-}
-
-impl Change {
-    /// Whether writing it would change anything.
-    pub fn changes(&self) -> bool {
-        self.before.as_deref() != Some(self.after.as_str())
-    }
-}
-
 /// The files `engine` needs, merged with what they hold now. Reads only.
 ///
 /// # Errors
 /// [`ConfigureError`] for a file that cannot be read or parsed.
 pub fn plan(engine: Engine, setup: &Setup, opts: &Options) -> Result<Vec<Change>, ConfigureError> {
-    engines::plan(engine, setup, opts)
+    crate::admin::engines::plan(engine, setup, opts)
+}
+
+/// What a `configure` run does with gpushare's CDI spec in one directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CdiAction {
+    /// Brought up to date with this run's policy.
+    Write(PathBuf),
+    /// Left alone; the report says what this run's policy would write there.
+    Preview(PathBuf),
+}
+
+/// The CDI spec directories a `configure` run acts on (pure). The node-wide specs (in
+/// `node_dirs`, those `has_spec` finds) follow the policy only when the run configures the
+/// node's own engine files with the node's own policy (`node_own`); any other run (`--path`,
+/// `--hooks-dir`, `--config`, `--policy-at`) only says what it would write there. A directory
+/// given explicitly (`explicit`) is written in every case.
+pub fn cdi_actions(
+    node_own: bool,
+    explicit: Option<&std::path::Path>,
+    node_dirs: &[&std::path::Path],
+    has_spec: impl Fn(&std::path::Path) -> bool,
+) -> Vec<CdiAction> {
+    let mut out = Vec::new();
+    if let Some(d) = explicit {
+        out.push(CdiAction::Write(d.to_owned()));
+    }
+    for d in node_dirs {
+        if explicit == Some(*d) || !has_spec(d) {
+            continue;
+        }
+        out.push(if node_own {
+            CdiAction::Write(d.to_path_buf())
+        } else {
+            CdiAction::Preview(d.to_path_buf())
+        });
+    }
+    out
 }
 
 /// What happened to one file.
@@ -288,9 +198,12 @@ pub struct ConfigureReport {
 impl ConfigureReport {
     /// Whether any file changed (or would, with `--dry-run`).
     pub fn changed(&self) -> bool {
-        self.files
-            .iter()
-            .any(|f| !matches!(f.outcome, Outcome::Unchanged | Outcome::Kept { .. }))
+        self.files.iter().any(|f| {
+            !matches!(
+                f.outcome,
+                Outcome::Unchanged | Outcome::Kept { .. } | Outcome::LeftAlone { .. }
+            )
+        })
     }
 
     /// The files written or removed (not those unchanged, kept or only diffed).
@@ -370,11 +283,8 @@ pub fn run(
 /// The binaries the engine's entries will run must exist: `gpushare-runtime` for the engines
 /// that run it, `[runtime] hook` for those that run hooks.
 fn check_installed(engine: Engine, setup: &Setup, opts: &Options) -> Result<(), ConfigureError> {
-    let runs_runtime = match engine {
-        Engine::NvidiaContainerRuntime => opts.order == Order::NvidiaFirst,
-        _ => true,
-    };
-    let runs_hook = matches!(engine, Engine::Podman | Engine::Crio);
+    let runs_runtime = engine.def().runs_runtime(opts.order);
+    let runs_hook = engine.def().runs_hook();
     for (needed, p) in [(runs_runtime, &setup.runtime), (runs_hook, &setup.hook)] {
         if needed && !p.is_file() {
             return Err(ConfigureError::Missing { path: p.clone() });
@@ -389,13 +299,13 @@ fn run_remove(
     setup: &Setup,
     opts: &Options,
 ) -> Result<ConfigureReport, ConfigureError> {
-    let edits = remove::plan(engine, setup, opts)?;
+    let edits = crate::admin::engines::remove(engine, setup, opts)?;
     let mut files = Vec::new();
     for e in &edits {
         let outcome = if opts.dry_run {
             match (write::edit_diff(e), e) {
                 (Some(diff), _) => Outcome::WouldChange { diff },
-                (None, remove::Edit::Keep { why, .. }) => Outcome::Kept { why: why.clone() },
+                (None, Edit::Keep { why, .. }) => Outcome::Kept { why: why.clone() },
                 (None, _) => Outcome::Unchanged,
             }
         } else {
@@ -421,14 +331,7 @@ fn run_remove(
 
 /// What to restart after `engine`'s files changed.
 pub fn restart_hint(engine: Engine, order: Order) -> &'static str {
-    match (engine, order) {
-        (Engine::Docker, _) => "restart Docker to load it: systemctl restart docker (running containers keep running with live-restore, else they stop)",
-        (Engine::Containerd, _) => "restart containerd to load it: systemctl restart containerd (running containers keep running)",
-        (Engine::Crio, _) => "restart CRI-O to load it: systemctl restart crio",
-        (Engine::Podman, _) => "nothing to restart: podman reads containers.conf and the hooks dirs at every run",
-        (Engine::NvidiaContainerRuntime, Order::GpushareFirst) => "nothing to restart: gpushare-runtime reads the policy at every call; register gpushare-runtime with the engine (gpushare-hook configure docker|containerd|crio)",
-        (Engine::NvidiaContainerRuntime, Order::NvidiaFirst) => "nothing to restart: nvidia-container-runtime reads its config.toml at every call",
-    }
+    engine.def().restart(order)
 }
 
 impl super::report::Report for ConfigureReport {
@@ -452,11 +355,24 @@ impl super::report::Report for ConfigureReport {
                     out.push_str(&format!("written {} (backup {backup})\n", f.path));
                 }
                 Outcome::WouldChange { diff } => out.push_str(diff),
-                Outcome::Removed { backup } => {
-                    out.push_str(&format!("removed {} (backup {backup})\n", f.path));
+                Outcome::Removed { earlier_backups: 0 } => {
+                    out.push_str(&format!("removed {}\n", f.path));
+                }
+                Outcome::Removed { earlier_backups } => {
+                    out.push_str(&format!(
+                        "removed {} (and the {earlier_backups} backups configure had kept of it)\n",
+                        f.path
+                    ));
                 }
                 Outcome::Kept { why } => out.push_str(&format!("kept {} ({why})\n", f.path)),
                 Outcome::Regenerated => out.push_str(&format!("regenerated {}\n", f.path)),
+                Outcome::LeftAlone { why, diff } => {
+                    out.push_str(&format!("left alone {} ({why})", f.path));
+                    match diff {
+                        Some(d) => out.push_str(&format!("; this policy would write:\n{d}")),
+                        None => out.push_str("; this policy would write it as it is\n"),
+                    }
+                }
             }
         }
         for (file, key, old) in &self.replaced {

@@ -20,13 +20,17 @@ pub enum Outcome {
     Written { backup: String },
     /// `--dry-run`: it would change like this.
     WouldChange { diff: String },
-    /// `--remove`: gpushare's own file, deleted; its content is at `backup`.
-    Removed { backup: String },
+    /// `--remove`: a file of gpushare's own (or one left with nothing in it), deleted with the
+    /// `earlier_backups` configure had kept of it: nothing of it is left.
+    Removed { earlier_backups: usize },
     /// `--remove`: left as it is, because `why`.
     Kept { why: String },
     /// A file gpushare derives from the policy (the CDI spec) was rewritten; nothing else is
     /// in it, so no backup is kept.
     Regenerated,
+    /// A node-wide file (the CDI spec) this run does not own was left as it is, because
+    /// `why`; `diff` is what this run's policy would write there (`None`: nothing).
+    LeftAlone { why: String, diff: Option<String> },
 }
 
 /// Where the previous version of `path` is kept: `<path>.bak-<unix seconds>` (a suffix no
@@ -106,8 +110,8 @@ pub fn apply(c: &Change) -> Result<Outcome, ConfigureError> {
 ///
 /// # Errors
 /// [`ConfigureError::Write`] when a step fails; the file is then as it was.
-pub fn apply_edit(e: &super::remove::Edit) -> Result<Outcome, ConfigureError> {
-    use super::remove::Edit;
+pub fn apply_edit(e: &super::Edit) -> Result<Outcome, ConfigureError> {
+    use super::Edit;
     match e {
         Edit::Write(c) => apply(c),
         Edit::Keep { why, .. } => Ok(Outcome::Kept { why: why.clone() }),
@@ -116,19 +120,45 @@ pub fn apply_edit(e: &super::remove::Edit) -> Result<Outcome, ConfigureError> {
                 path: path.clone(),
                 source,
             };
-            let b = backup_path(path);
-            std::fs::copy(path, &b).map_err(err)?;
             std::fs::remove_file(path).map_err(err)?;
+            let earlier = backups_of(path);
+            for b in &earlier {
+                std::fs::remove_file(b).map_err(err)?;
+            }
             Ok(Outcome::Removed {
-                backup: b.display().to_string(),
+                earlier_backups: earlier.len(),
             })
         }
     }
 }
 
+/// The backups [`backup_path`] made of `path` (`<path>.bak-<digits>[.<n>]`).
+pub fn backups_of(path: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return Vec::new();
+    };
+    let prefix = format!("{}.bak-", name.to_string_lossy());
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .strip_prefix(&prefix)
+                .is_some_and(|rest| {
+                    !rest.is_empty() && rest.chars().all(|c| c.is_ascii_digit() || c == '.')
+                })
+        })
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    out
+}
+
 /// The unified diff of one `--remove` edit.
-pub fn edit_diff(e: &super::remove::Edit) -> Option<String> {
-    use super::remove::Edit;
+pub fn edit_diff(e: &super::Edit) -> Option<String> {
+    use super::Edit;
     match e {
         Edit::Write(c) if c.changes() => Some(diff(c)),
         Edit::Write(_) | Edit::Keep { .. } => None,
@@ -175,6 +205,25 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().contains("tmp"))
             .collect();
         assert!(leftovers.is_empty(), "no temp files left");
+        // A file of gpushare's own goes with its backups, and nothing else beside it.
+        std::fs::write(p.with_file_name("daemon.json.bak-x"), "other").unwrap();
+        std::fs::write(p.with_file_name("daemon.json.bak-12.1"), "ours").unwrap();
+        let o = apply_edit(&super::super::Edit::Delete {
+            path: p.clone(),
+            before: String::new(),
+        })
+        .unwrap();
+        assert_eq!(o, Outcome::Removed { earlier_backups: 2 });
+        let left: Vec<String> = std::fs::read_dir(p.parent().unwrap())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            left,
+            ["daemon.json.bak-x"],
+            "only what is not a backup of it stays"
+        );
         let d = diff(&Change {
             path: p.clone(),
             before: Some("a\nb\n".into()),

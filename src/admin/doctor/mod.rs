@@ -3,8 +3,6 @@
 //! binaries, the state dir (writable, on a writable filesystem), the binaries the engines will
 //! execute, and each engine's own files, parsed.
 
-mod engines;
-mod live;
 mod probes;
 
 use std::path::Path;
@@ -16,29 +14,19 @@ use crate::host::inventory::NvmlInventory;
 use crate::host::mps::find_binary;
 use crate::vocab::{ComputeMode, Inventory};
 
-/// How a check came out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Ok,
-    Warn,
-    Fail,
-}
+pub use crate::admin::engines::check::{check, Check, Verdict};
 
-/// One line of the report.
-#[derive(Debug, Clone, Serialize)]
-pub struct Check {
-    pub name: String,
-    pub verdict: Verdict,
-    pub detail: String,
-}
-
-pub(crate) fn check(name: &str, verdict: Verdict, detail: impl Into<String>) -> Check {
-    Check {
-        name: name.to_owned(),
-        verdict,
-        detail: detail.into(),
-    }
+/// The `gpushare-runtime` of this installation: the one next to this `gpushare-hook`, else the
+/// one on `$PATH`. (`[runtime] hook` says what containers' hooks run, which may be a wrapper
+/// elsewhere; the engines' own entries are checked with each engine.)
+fn runtime_binary() -> std::path::PathBuf {
+    let beside = std::env::current_exe()
+        .ok()
+        .map(|p| p.with_file_name("gpushare-runtime"))
+        .filter(|p| p.is_file());
+    beside
+        .or_else(|| crate::admin::engines::check::find_tool("gpushare-runtime"))
+        .unwrap_or_else(|| "/usr/bin/gpushare-runtime".into())
 }
 
 /// The policy-file check for a policy that loaded.
@@ -114,21 +102,21 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
             ),
         },
     );
-    out.push(engines::executable_check(
+    out.push(crate::admin::engines::check::executable_check(
         "hook",
         &cfg.runtime.hook,
         &["version"],
         "[runtime] hook; the spec edit puts it into containers' hooks",
     ));
-    let runtime = crate::admin::configure::runtime_path(cfg);
-    out.push(engines::executable_check(
+    let runtime = runtime_binary();
+    out.push(crate::admin::engines::check::executable_check(
         "runtime",
         &runtime,
         &["--version"],
-        "gpushare-runtime, next to [runtime] hook",
+        "gpushare-runtime of this installation, next to this gpushare-hook",
     ));
     out.push(match probes::next_runtime(&cfg.runtime.next, &runtime) {
-        Ok(p) => engines::executable_check(
+        Ok(p) => crate::admin::engines::check::executable_check(
             "next runtime",
             &p,
             &["--version"],
@@ -140,8 +128,21 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
             format!("{e} (looked up on this $PATH as gpushare-runtime does; it uses its engine's)"),
         ),
     });
-    out.extend(engines::checks());
+    out.extend(crate::admin::engines::doctor());
     Checks(out)
+}
+
+/// Whether `[nvml] library` is gpushare's TEST-ONLY simulated driver: its file name, or the
+/// UUIDs it gives its GPUs (`GPU-5a1e0000-0000-4000-8000-…`, whatever the file is called).
+fn simulated(library: &str, uuids: &[&str]) -> bool {
+    let named = Path::new(library)
+        .file_name()
+        .is_some_and(|f| f.to_string_lossy().starts_with("libgpushare_simdriver"));
+    named
+        || (!uuids.is_empty()
+            && uuids
+                .iter()
+                .all(|u| u.starts_with("GPU-5a1e0000-0000-4000-8000-")))
 }
 
 /// NVML, and per GPU: its compute mode and size, against the daemons and clients the state
@@ -168,6 +169,14 @@ fn gpu_checks(cfg: &Config, inv: &NvmlInventory, out: &mut Vec<Check>) {
         Verdict::Ok,
         format!("{}: {} GPU(s)", cfg.nvml.library, gpus.len()),
     ));
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    if simulated(&cfg.nvml.library, &uuids) {
+        out.push(check(
+            "driver",
+            Verdict::Warn,
+            format!("TEST-ONLY: {} is gpushare's simulated driver ([nvml] library): its GPUs do not exist and no CUDA program runs on them; for trying gpushare and for its tests, never for production (GPUSHARE_SIM_* settings: docs/testing.md)", cfg.nvml.library),
+        ));
+    }
     out.push(memory_cap_check(cfg, inv, gpus[0].index));
     let status = crate::admin::status::status(cfg, Some(inv));
     for g in gpus {

@@ -7,67 +7,10 @@
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 use super::{check, Check, Verdict};
-
-/// How long one probed program may take.
-pub(super) const TOOL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Runs `cmd` with stdin closed, killing it (by its pid: we started it) after `timeout`.
-///
-/// # Errors
-/// The program cannot be started, or it ran past `timeout`.
-pub(super) fn run_bounded(cmd: &mut Command, timeout: Duration) -> Result<Output, String> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run {:?}: {e}", cmd.get_program()))?;
-    let deadline = Instant::now() + timeout;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{:?} did not answer within {}s",
-                    cmd.get_program(),
-                    timeout.as_secs()
-                ));
-            }
-        }
-    }
-    child
-        .wait_with_output()
-        .map_err(|e| format!("{:?}: {e}", cmd.get_program()))
-}
-
-/// The first non-empty line of a program's stdout, else of its stderr (the other way round
-/// when it failed: its complaint is on stderr).
-pub(super) fn first_line(o: &Output) -> String {
-    let order = if o.status.success() {
-        [&o.stdout, &o.stderr]
-    } else {
-        [&o.stderr, &o.stdout]
-    };
-    order
-        .iter()
-        .flat_map(|b| {
-            String::from_utf8_lossy(b)
-                .lines()
-                .map(|l| l.trim().to_owned())
-                .collect::<Vec<_>>()
-        })
-        .find(|l| !l.is_empty())
-        .unwrap_or_default()
-}
+use crate::admin::engines::check::{first_line, run_bounded, TOOL_TIMEOUT};
 
 /// A program found by [`crate::host::mps::find_binary`], run with a clean env and the safe PATH.
 fn tool(bin: &Path) -> Command {
