@@ -256,7 +256,7 @@ async fn a_kubelet_registers_the_plugin_then_prepares_and_unprepares_claims() {
         .contains("resourceclaims not found"));
     let cp = checkpoint(t.path());
     let held: Vec<&String> = cp["claims"].as_object().unwrap().keys().collect();
-    let mut want = vec![uid("a"), uid("b")];
+    let mut want = [uid("a"), uid("b")];
     want.sort();
     assert_eq!(
         held,

@@ -89,7 +89,8 @@ ctr_ images import --index-name gpushare.test/busybox:1 "$T/image.tar" >/dev/nul
 echo "== the fake API server, then gpushare-dra"
 API=$T/api
 mkdir -p "$API/claims/default"
-kubelet apiserver "$T/api.port" "$API" 2>"$T/api.log" &
+# Not through the function: the pid must be python's own, for the kill at exit.
+"$PYTHON" "$GS_REPO/dra/tests/engines/kubelet.py" apiserver "$T/api.port" "$API" 2>"$T/api.log" &
 APID=$!
 on_exit "kill $APID"
 wait_until 10 test -s "$T/api.port" || fail "the fake API server did not start"

@@ -35,8 +35,9 @@ def gen(outdir, protodir):
 def channel(socket):
     import grpc
 
-    sys.path.insert(0, os.environ["KUBELET_GEN"])
-    return grpc.insecure_channel(f"unix://{socket}")
+    # As Go's gRPC (the kubelet's) names a unix socket's peer: "localhost". Python's default
+    # authority, the socket's path, is not a valid :authority for the plugin's HTTP/2 server.
+    return grpc.insecure_channel(f"unix://{socket}", options=[("grpc.default_authority", "localhost")])
 
 
 def as_json(msg):
@@ -163,6 +164,9 @@ def apiserver(portfile, root):
 
 def main(argv):
     import grpc
+
+    if "KUBELET_GEN" in os.environ:
+        sys.path.insert(0, os.environ["KUBELET_GEN"])
 
     try:
         if len(argv) == 3 and argv[0] == "gen":
