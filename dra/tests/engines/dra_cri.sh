@@ -191,8 +191,10 @@ ok "inside: each claim's memory and SM limits"
 ST=$("$GS_HOOK" status --config "$CONFIG" --json)
 echo "$ST" | jq -e '[.gpus[].clients[]] | length == 2' >/dev/null || { echo "$ST"; fail "status does not list two clients"; }
 echo "$ST" | jq -e '[.gpus[].clients[].memory] | sort == [32212254720, 42949672960]' >/dev/null || { echo "$ST"; fail "the clients' memory caps are not the claims'"; }
-echo "$ST" | jq -e '[.gpus[].daemons[]?] | length == 1' >/dev/null || { echo "$ST"; fail "not one MPS daemon for both"; }
-ok "status: two clients with the claims' caps (30Gi, 40Gi) on one MPS daemon"
+echo "$ST" | jq -e '[.gpus[].clients[].cores] | sort == [25, 50]' >/dev/null || { echo "$ST"; fail "the clients' cores are not the claims'"; }
+echo "$ST" | jq -e '[.gpus[].domains[] | select(.daemon.alive)] as $d | ($d | length) == 1 and ($d[0].clients | length) == 2' >/dev/null ||
+    { echo "$ST"; fail "not one MPS daemon for both"; }
+ok "status: two clients with the claims' caps (30Gi, 40Gi) and cores (25, 50) on one MPS daemon"
 
 echo "== delete the pods, unprepare: everything released"
 for p in $PA $PB; do
