@@ -11,7 +11,6 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use prost::Message;
 use tokio::net::UnixListener;
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use crate::driver::{Driver, Prepared};
@@ -230,13 +229,13 @@ pub async fn serve(
     let dra_server = tonic::transport::Server::builder()
         .add_service(v1::dra_plugin_server::DraPluginServer::new(plugin.clone()))
         .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(plugin))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(dra_listener), wait(rx.clone()));
+        .serve_with_incoming_shutdown(crate::authority::incoming(dra_listener), wait(rx.clone()));
     let reg_server = tonic::transport::Server::builder()
         .add_service(RegistrationServer::new(Registrar::new(
             dra.to_owned(),
             registered,
         )))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), wait(rx));
+        .serve_with_incoming_shutdown(crate::authority::incoming(reg_listener), wait(rx));
     tokio::spawn(async move {
         shutdown.await;
         let _ = tx.send(true);

@@ -11,6 +11,7 @@
 //!
 //! The binary (`src/main.rs`) only parses arguments and calls [`run`].
 
+pub mod authority;
 pub mod claim;
 pub mod driver;
 pub mod grpc;

@@ -35,9 +35,9 @@ def gen(outdir, protodir):
 def channel(socket):
     import grpc
 
-    # As Go's gRPC (the kubelet's) names a unix socket's peer: "localhost". Python's default
-    # authority, the socket's path, is not a valid :authority for the plugin's HTTP/2 server.
-    return grpc.insecure_channel(f"unix://{socket}", options=[("grpc.default_authority", "localhost")])
+    # The :authority is Python's default for a unix socket, the socket's path, as the kubelet's
+    # registration client sends it: not a valid HTTP authority, which the plugin must take.
+    return grpc.insecure_channel(f"unix://{socket}")
 
 
 def as_json(msg):
