@@ -120,7 +120,11 @@ pub fn share(claim: &ResourceClaim, pool: &str, cfg: &Config) -> Result<Share, C
     };
     let request = request::parse(&src, cfg)
         .map_err(ClaimError::Request)?
-        .expect("a claim's annotations always name a mode");
+        .ok_or_else(|| {
+            ClaimError::Config(
+                "mode asks for no share; a gpushare claim is a share: drop mode, or pick the DeviceClass of the mode wanted".into(),
+            )
+        })?;
     if request.mode == Mode::Mps {
         // The MPS domain the hook will choose: a group the policy has no place for is refused
         // now, not when the container starts.

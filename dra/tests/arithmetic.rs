@@ -240,3 +240,134 @@ fn the_hook_plans_the_claims_request_from_its_cdi_spec() {
     );
     let _ = quantity::MIN_MEMORY;
 }
+
+#[test]
+fn a_bad_config_gets_the_annotations_own_one_line_error() {
+    let cfg = policy("[policy]\nmax_memory = \"40Gi\"\n");
+    // (what, allocated device, consumed, config fields, the annotation a container would
+    // write instead (None: no annotation says it), the claim's refusal)
+    type Row = (
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        serde_json::Value,
+        Option<(&'static str, &'static str)>,
+        &'static str,
+    );
+    let rows: Vec<Row> = vec![
+        (
+            "memory not a quantity",
+            "gpu-0-mps",
+            None,
+            serde_json::json!({"memory": "lots"}),
+            Some(("gpu.share.memory", "lots")),
+            "",
+        ),
+        (
+            "cores out of range",
+            "gpu-0-mps",
+            Some("4Gi"),
+            serde_json::json!({"cores": 101}),
+            Some(("gpu.share.cores", "101")),
+            "",
+        ),
+        (
+            "above the node's maximum",
+            "gpu-0-limit",
+            Some("48Gi"),
+            serde_json::json!({}),
+            Some(("gpu.share.memory", "48Gi")),
+            "",
+        ),
+        (
+            "bad group name",
+            "gpu-0-mps",
+            Some("4Gi"),
+            serde_json::json!({"group": "Team A"}),
+            Some(("gpu.share.group", "Team A")),
+            "",
+        ),
+        (
+            "unknown time slice",
+            "gpu-0-timeslice",
+            None,
+            serde_json::json!({"timeslice": "forever"}),
+            Some(("gpu.share.timeslice", "forever")),
+            "",
+        ),
+        (
+            "cores mean nothing to timeslice",
+            "gpu-0-timeslice",
+            None,
+            serde_json::json!({"cores": 10}),
+            Some(("gpu.share.cores", "10")),
+            "",
+        ),
+        (
+            "another mode than the device's",
+            "gpu-0-mps",
+            Some("4Gi"),
+            serde_json::json!({"mode": "limit"}),
+            None,
+            "mode limit does not match the allocated device gpu-0-mps (mps)",
+        ),
+        (
+            "mode none, no capacity counted",
+            "gpu-0-mps",
+            None,
+            serde_json::json!({"mode": "none"}),
+            None,
+            "mode asks for no share",
+        ),
+        (
+            "an unknown field",
+            "gpu-0-mps",
+            Some("4Gi"),
+            serde_json::json!({"colour": "red"}),
+            None,
+            "unknown field \"colour\"; valid fields are mode, memory, cores, timeslice, group",
+        ),
+        (
+            "more memory than counted",
+            "gpu-0-mps",
+            Some("4Gi"),
+            serde_json::json!({"memory": "8Gi"}),
+            None,
+            "memory 8Gi is more than the 4Gi the scheduler counted",
+        ),
+    ];
+    for (what, device, consumed, fields, annotation, want) in rows {
+        let t = tempfile::tempdir().unwrap();
+        let drv = driver(cfg.clone(), t.path(), vec![80 * GIB]);
+        let c = claim("x", device, consumed, Some(config(fields)));
+        let e = drv.prepare(&uid("x"), &c).unwrap_err().to_string();
+        assert!(!e.contains('\n'), "{what}: one line: {e}");
+        assert!(e.starts_with("gpushare.io config: "), "{what}: {e}");
+        assert!(
+            !drv.spec_path(&uid("x")).exists(),
+            "{what}: nothing written"
+        );
+        assert!(drv.prepared().is_empty(), "{what}: nothing held");
+        match annotation {
+            // The container's own annotation, as the hook reads it, gets the same words.
+            Some((key, value)) => {
+                let mode = slices::parse_device_name(device).unwrap().1;
+                let ann = std::collections::HashMap::from([
+                    ("gpu.share".to_owned(), mode.as_str().to_owned()),
+                    (key.to_owned(), value.to_owned()),
+                ]);
+                let hook = gpushare::decide::request::parse(
+                    &gpushare::decide::request::Sources {
+                        annotations: &ann,
+                        env: &[],
+                    },
+                    &cfg,
+                )
+                .unwrap_err()
+                .to_string();
+                assert_eq!(e, format!("gpushare.io config: {hook}"), "{what}");
+            }
+            None => assert!(e.contains(want), "{what}: {e}"),
+        }
+    }
+}
