@@ -63,6 +63,9 @@ pub fn names(cfg: &Config) -> Vec<String> {
 /// # Errors
 /// [`ProfileError::Unknown`] when neither a mode nor a policy profile has that name.
 pub fn find(cfg: &Config, name: &str) -> Result<Profile, ProfileError> {
+    if let Some(rest) = name.strip_prefix(INLINE_PREFIX) {
+        return inline(rest, name);
+    }
     if BUILTIN_PROFILES.contains(&name) {
         return Ok(Profile {
             name: name.to_owned(),
@@ -85,6 +88,33 @@ pub fn find(cfg: &Config, name: &str) -> Result<Profile, ProfileError> {
         (timeslice, p.timeslice.clone()),
     ];
     keys.extend(optional.into_iter().filter_map(|(k, v)| v.map(|v| (k, v))));
+    Ok(Profile {
+        name: name.to_owned(),
+        keys,
+    })
+}
+
+/// An inline profile starts so: the request itself, `gpu.share=<mode>[,gpu.share.<key>=<value>…]`
+/// (a per-claim CDI spec of the DRA plugin puts it in the hook's argv).
+pub const INLINE_PREFIX: &str = "gpu.share=";
+
+fn inline(rest: &str, name: &str) -> Result<Profile, ProfileError> {
+    let mut parts = rest.split(',');
+    let mut keys = vec![(
+        request::ANNOTATION,
+        parts.next().unwrap_or_default().to_owned(),
+    )];
+    for part in parts {
+        let (k, v) = part.split_once('=').unwrap_or((part, ""));
+        let Some(key) = request::annotation_keys().into_iter().find(|a| *a == k) else {
+            return Err(ProfileError::Request {
+                name: name.chars().take(64).collect(),
+                where_: "an inline request",
+                source: RequestError::UnknownKey(k.chars().take(64).collect()),
+            });
+        };
+        keys.push((key, v.to_owned()));
+    }
     Ok(Profile {
         name: name.to_owned(),
         keys,
@@ -133,7 +163,9 @@ impl Profile {
         };
         let wrap = |source| ProfileError::Request {
             name: self.name.clone(),
-            where_: if BUILTIN_PROFILES.contains(&self.name.as_str()) {
+            where_: if self.name.starts_with(INLINE_PREFIX) {
+                "an inline request"
+            } else if BUILTIN_PROFILES.contains(&self.name.as_str()) {
                 "[policy] modes"
             } else {
                 "[profiles] of the policy"
@@ -312,6 +344,37 @@ mod tests {
         }
         let chain = crate::vocab::chain(checked["huge"].as_ref().unwrap_err());
         assert!(chain.contains("above"), "{chain}");
+    }
+
+    #[test]
+    fn an_inline_profile_is_the_request_itself() {
+        let cfg = policy("[policy]\nmax_memory = \"8Gi\"\n");
+        let p = find(
+            &cfg,
+            "gpu.share=mps,gpu.share.memory=4Gi,gpu.share.cores=25",
+        )
+        .unwrap();
+        let got: Vec<(&str, &str)> = p.keys.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("gpu.share", "mps"),
+                ("gpu.share.memory", "4Gi"),
+                ("gpu.share.cores", "25")
+            ]
+        );
+        let r = p.check(&cfg).unwrap();
+        assert_eq!((r.mode, r.memory, r.cores), (Mode::Mps, Some(4 << 30), 25));
+        let e = find(&cfg, "gpu.share=mps,gpu.share.memory=16Gi")
+            .unwrap()
+            .check(&cfg)
+            .unwrap_err();
+        assert!(crate::vocab::chain(&e).contains("above"), "{e}");
+        let e = find(&cfg, "gpu.share=mps,gpu.share.colour=red").unwrap_err();
+        assert!(
+            crate::vocab::chain(&e).contains("unknown annotation \"gpu.share.colour\""),
+            "{e}"
+        );
     }
 
     #[test]
