@@ -327,16 +327,6 @@ pub unsafe extern "C" fn cuMemCreate(
 /// # Safety
 /// The CUDA driver API contract of the function of the same name.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
-    let f = real!(cuMemRelease as FreeFn);
-    // The driver keeps memory that is still mapped until its last cuMemUnmap.
-    // SAFETY: forwarded caller contract.
-    crate::vmm::released(handle, unsafe { f(handle) })
-}
-
-/// # Safety
-/// The CUDA driver API contract of the function of the same name.
-#[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
     let f = real!(cuMemFree_v2 as FreeFn);
     // SAFETY: forwarded caller contract.

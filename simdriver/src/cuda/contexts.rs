@@ -3,7 +3,8 @@
 //! primary context `cuDevicePrimaryCtxReset` or its last `cuDevicePrimaryCtxRelease`) frees
 //! every allocation and array it owns, as a real driver does.
 
-use super::memory::{device_give, free_owned_by};
+use super::device_memory::device_give;
+use super::memory::free_owned_by;
 use super::{
     current_dev, dev_index, enter, put, record, with_driver, CuDevice, CuResult, Driver, Opaque,
     CONTEXT_ALREADY_IN_USE, CTX_STACK, INVALID_CONTEXT, INVALID_VALUE, SUCCESS,

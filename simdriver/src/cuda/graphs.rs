@@ -8,8 +8,8 @@
 //! does not). `cuDeviceGetGraphMemAttribute` reports the pool. Nodes other than memory nodes
 //! are not simulated (a graph launch also queues one simulated kernel, in `launch.rs`).
 
+use super::device_memory::{device_give, device_take, new_ptr};
 use super::guesses::POOL_CHUNK;
-use super::memory::{device_give, device_take, new_ptr};
 use super::{
     dev_index, enter, put, stream_ctx, stream_key, token, with_driver, CuDevice, CuDevicePtr,
     CuResult, Driver, Opaque, INVALID_HANDLE, INVALID_VALUE, SUCCESS,

@@ -1,7 +1,8 @@
 //! TEST-ONLY: simulated CUDA stream-ordered memory pools: reserved/used bookkeeping, release
 //! threshold, `cuMemAllocAsync`/`cuMemFreeAsync` and the `cuMemPool*` calls.
 
-use super::memory::{device_give, device_take, free_ptr, new_ptr};
+use super::device_memory::{device_give, device_take, new_ptr};
+use super::memory::free_ptr;
 use super::{
     dev_index, enter, put, stream_ctx, stream_key, token, with_driver, CuDevice, CuDevicePtr,
     CuResult, Driver, Opaque, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS,
