@@ -41,7 +41,11 @@ macro_rules! launch {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
             let real = real!($name as unsafe extern "C" fn($($ty),*) -> CuResult);
             gate();
-            // SAFETY: forwarded caller contract.
+            // SAFETY: `real` is the driver's own `$name`, typed as cuda.h declares it (`real!`,
+            // from the same signature as this wrapper's); it gets this function's arguments
+            // unchanged, under the contract its caller accepted (`# Safety`): handles the driver
+            // checks, and the parameter and `extra` arrays, or launch config, the caller made
+            // valid for that kernel as `$name`'s documentation says.
             unsafe { real($($arg),*) }
         }
     )*};
@@ -70,7 +74,9 @@ macro_rules! graph_launch {
         pub unsafe extern "C" fn $name(exec: Opaque, stream: Opaque) -> CuResult {
             let real = real!($name as unsafe extern "C" fn(Opaque, Opaque) -> CuResult);
             gate();
-            // SAFETY: forwarded caller contract.
+            // SAFETY: `real` is the driver's own `$name`, typed as cuda.h declares it (`real!`);
+            // it gets this function's arguments unchanged: two handles, which the driver
+            // checks itself.
             graphs::launch(exec, || unsafe { real(exec, stream) })
         }
     )*};
@@ -90,7 +96,9 @@ macro_rules! synchronise {
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
             let real = real!($name as unsafe extern "C" fn($($ty),*) -> CuResult);
-            // SAFETY: forwarded caller contract.
+            // SAFETY: `real` is the driver's own `$name`, typed as cuda.h declares it (`real!`,
+            // from the same signature as this wrapper's); it gets this function's arguments
+            // unchanged: handles, which the driver checks itself.
             mempool::shrinking(|| unsafe { real($($arg),*) })
         }
     )*};

@@ -287,7 +287,8 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
         return INVALID_VALUE;
     }
     tri!(dev_index(prop.location_id));
-    // SAFETY: forwarded caller contract (null is refused by `put`).
+    // SAFETY: `granularity` is null or valid for one write of its type, as this function's
+    // `# Safety` requires of the caller; `put` refuses null.
     unsafe { put(granularity, GRANULARITY as usize) }
 }
 

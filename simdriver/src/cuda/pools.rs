@@ -218,7 +218,8 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut Opaque, dev: CuDev
     tri!(enter("cuDeviceGetDefaultMemPool"));
     let i = tri!(dev_index(dev));
     let h = with_driver(|d| default_pool(d, i));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `pool` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(pool, h as Opaque) }
 }
 
@@ -229,7 +230,8 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut Opaque, dev: CuDevice) ->
     tri!(enter("cuDeviceGetMemPool"));
     let i = tri!(dev_index(dev));
     let h = with_driver(|d| current_pool(d, i));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `pool` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(pool, h as Opaque) }
 }
 
