@@ -21,9 +21,23 @@ pub(crate) fn counted(
     call: impl FnOnce() -> CuResult,
     key: impl FnOnce() -> u64,
 ) -> CuResult {
-    let Some(l) = state::get() else {
-        return call();
-    };
+    match state::get() {
+        Some(l) => counted_by(l, ord, ctx, size, kind, call, key),
+        None => call(),
+    }
+}
+
+/// [`counted`] with the limiter at hand.
+#[inline(always)]
+fn counted_by(
+    l: &Limiter,
+    ord: usize,
+    ctx: usize,
+    size: u64,
+    kind: Kind,
+    call: impl FnOnce() -> CuResult,
+    key: impl FnOnce() -> u64,
+) -> CuResult {
     let ticket = match l.reserve(ord, size) {
         Ok(t) => t,
         Err(()) => return OUT_OF_MEMORY,
@@ -47,7 +61,7 @@ pub(crate) fn counted_current(
 ) -> CuResult {
     match state::get() {
         Some(l) if l.limits.any_mem() => match drv::current() {
-            Some((ctx, ord)) => counted(ord, ctx, size, Kind::Ptr, call, key),
+            Some((ctx, ord)) => counted_by(l, ord, ctx, size, Kind::Ptr, call, key),
             None => call(),
         },
         _ => call(),

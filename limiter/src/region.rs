@@ -419,8 +419,14 @@ impl Region {
 
     /// Subtracts `size` from `slot`'s count on `dev` (never below zero).
     pub fn release(&self, slot: usize, dev: usize, size: u64) {
-        let _ = self.procs[slot].used[dev]
-            .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(size)));
+        // One atomic subtraction (a compare-exchange loop costs more on every free): only this
+        // process changes its slot while it lives, and it releases only what it counted, so the
+        // counter holds at least `size`. Should it not, the counter is brought back to zero.
+        let counter = &self.procs[slot].used[dev];
+        let before = counter.fetch_sub(size, SeqCst);
+        if before < size {
+            counter.fetch_add(size - before, SeqCst);
+        }
     }
 }
 
