@@ -10,12 +10,19 @@ use std::ffi::{c_uint, c_void};
 
 type Opaque = *mut c_void;
 
-/// The SM gate on every launch path: free when the process has no SM cap.
+/// The SM gate on every launch path: free when the process has no SM cap. A process that
+/// sees one device launches on ordinal 0 without asking for its current context (a launch
+/// without one is the driver's to refuse).
 #[inline(always)]
 fn gate() {
     if let Some(l) = state::get() {
         if l.sm.any {
-            if let Some(ord) = drv::current_ordinal() {
+            let ord = if drv::single_device() {
+                Some(0)
+            } else {
+                drv::current_ordinal()
+            };
+            if let Some(ord) = ord {
                 if !l.sm.take(ord) {
                     wait(l, ord);
                 }
