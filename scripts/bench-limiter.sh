@@ -5,6 +5,7 @@
 # median). Driver vs limiter in the same run. Then the same as the limiter runs in `mps` mode
 # with a container memory cap: memory cap only (no SM limit), as an MPS client
 # (CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT set, as the spec edit gives them).
+# Last, the limiter's own cost on an independent fake driver (scripts/bench-limiter-fake.sh).
 # Usage: scripts/bench-limiter.sh [ROUNDS]     (needs cargo, cc and Debian's nvidia-cuda-dev)
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,3 +33,5 @@ env -u CUDA_DEVICE_MEMORY_LIMIT -u CUDA_DEVICE_SM_LIMIT \
     CUDA_MPS_PIPE_DIRECTORY="$state/pipe" CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=65536M \
     CUDA_DEVICE_MEMORY_SHARED_CACHE="$state/cache-mps" \
     "$target/overhead" "$rel/libgpushare_limiter.so" "${1:-101}"
+echo "-- the limiter's own cost, on an independent fake driver (scripts/bench-limiter-fake.sh):"
+bash "$root/scripts/bench-limiter-fake.sh" "${1:-101}" 3

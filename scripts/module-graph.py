@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
-"""Checks the module graph of src/: no import circles between files, and no arrow from a lower
-layer to a higher one. Prints the layers and every offending edge; exits 1 if there is one.
+"""Checks the module graph of every crate of the workspace (the root Cargo.toml's `members`,
+each crate's library or binary sources: gpushare's src/, the limiter, the simulated driver, ...):
+no import circles between files in any crate, and, in gpushare's src/, no arrow from a lower
+layer to a higher one (sys/failpoint/logging < vocab < config < decide < host < container <
+admin < cli). Prints every offending edge; exits 1 if there is one.
 
 Reads `crate::` paths (`crate::{a, b::{c, d}}` groups expanded) and `super::` paths (repeated
 ones climb further); `#[cfg(test)]` items, wherever they sit, and test-module files are not
 part of the graph.
 
-Usage: scripts/module-graph.py [--dot | --self-test]   (--dot prints the file graph in Graphviz
-form; --self-test checks the parser on the forms above)
+Usage: scripts/module-graph.py [--dot | --self-test] [--root DIR]
+  --dot prints gpushare's file graph in Graphviz form; --self-test checks the parser on the forms
+  above and that a circle is reported; --root checks the workspace at DIR (default: this one).
 """
 import pathlib
 import re
 import sys
+import tomllib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "src"
+WORKSPACE = pathlib.Path(__file__).resolve().parent.parent
+ROOT = WORKSPACE / "src"
 # Lowest first; a module may use its own layer or a lower one.
 LAYERS = [
     {"sys", "failpoint", "logging"},
@@ -27,9 +33,9 @@ LAYERS = [
 ]
 
 
-def module_of(path):
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = [p for p in rel.parts if p not in ("mod", "lib")]
+def module_of(path, root=None):
+    rel = path.relative_to(root or ROOT).with_suffix("")
+    parts = [p for p in rel.parts if p not in ("mod", "lib", "main")]
     return "::".join(parts)
 
 
@@ -169,9 +175,12 @@ def paths_after(text, head):
     return out
 
 
-def edges():
-    files = [p for p in ROOT.rglob("*.rs") if "bin" not in p.relative_to(ROOT).parts]
-    mods = {module_of(p): p for p in files}
+def edges(root=None):
+    """The production file graph of the crate whose sources are under `root` (src/bin, thin
+    binaries of their own, left out)."""
+    root = root or ROOT
+    files = [p for p in root.rglob("*.rs") if "bin" not in p.relative_to(root).parts]
+    mods = {module_of(p, root): p for p in files}
     texts, test_files = {}, set()
     for mod, path in mods.items():
         text, test_mods = production(strip_comments(path.read_text()))
@@ -231,6 +240,19 @@ def self_test():
     assert "testonly" not in prod and "comment" not in prod, prod
     assert test_mods == {"more"}, test_mods
     assert "super::super::up" in prod
+    # A circle through `crate::` and `super::` arrows is found, a parent's use of its child is not.
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        src = pathlib.Path(d)
+        (src / "lib.rs").write_text("mod a; mod b; mod c; fn f() { crate::a::x(); }\n")
+        (src / "a.rs").write_text("use crate::b::y;\n")
+        (src / "b.rs").write_text("fn g() { super::a::x(); }\n")
+        (src / "c.rs").write_text("use crate::a;\n")
+        got = cycles(edges(src))
+        assert got == [["a", "b"]], got
+        (src / "b.rs").write_text("fn g() {}\n")
+        assert cycles(edges(src)) == []
     print("self-test ok")
 
 
@@ -266,11 +288,35 @@ def cycles(graph):
     return found
 
 
+def crate_roots(workspace):
+    """(crate name, source dir) of every member of the workspace at `workspace`: the directory of
+    its library (or binary) root file."""
+    ws = tomllib.loads((workspace / "Cargo.toml").read_text())
+    out = []
+    for member in ws["workspace"]["members"]:
+        d = workspace / member
+        manifest = tomllib.loads((d / "Cargo.toml").read_text())
+        name = manifest["package"]["name"]
+        lib = manifest.get("lib", {}).get("path")
+        if lib:
+            src = (d / lib).parent
+        elif (d / "src" / "lib.rs").exists() or (d / "src" / "main.rs").exists():
+            src = d / "src"
+        else:
+            continue
+        out.append((name, src.resolve()))
+    return out
+
+
 def main():
     if "--self-test" in sys.argv:
         self_test()
         return 0
-    graph = edges()
+    workspace = WORKSPACE
+    if "--root" in sys.argv:
+        workspace = pathlib.Path(sys.argv[sys.argv.index("--root") + 1]).resolve()
+    root = workspace / "src"
+    graph = edges(root)
     if "--dot" in sys.argv:
         print("digraph src {")
         for a in sorted(graph):
@@ -279,6 +325,15 @@ def main():
         print("}")
         return 0
     bad = 0
+    crates = 0
+    for name, src in crate_roots(workspace):
+        if src == root.resolve():
+            continue
+        crates += 1
+        other = edges(src)
+        for comp in cycles(other):
+            print(f"circle in {name}:", " <-> ".join(comp))
+            bad += 1
     for comp in cycles(graph):
         print("circle:", " <-> ".join(comp))
         bad += 1
@@ -292,7 +347,7 @@ def main():
                 print(f"upward arrow: {a} -> {b}")
                 bad += 1
     nedges = sum(len(v) for v in graph.values())
-    print(f"{len(graph)} modules, {nedges} arrows, {bad} problem(s)")
+    print(f"src/: {len(graph)} modules, {nedges} arrows; {crates} other crate(s); {bad} problem(s)")
     return 1 if bad else 0
 
 

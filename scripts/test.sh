@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: installs what is missing (engines, busybox, the NVIDIA
-# MPS daemon, CUDA headers), then the gates: rustfmt, clippy with warnings denied, and every test
+# MPS daemon, CUDA headers), then the gates: rustfmt, the module graph (no import circles in any
+# crate of the workspace, the layer order of src/), clippy with warnings denied, and every test
 # of the workspace (unit, simulated-driver, runc/podman/containerd/Docker end to end).
 # Needs root. Tests that lack an engine fail under CI=true and print SKIPPED elsewhere.
+#
+# The workspace is built once (`cargo build --workspace`: the binaries and the limiter's and the
+# simulated driver's cdylibs, which the limiter tests take from there instead of building their
+# own); the tests then run with cargo-nextest, each in its own process and the test binaries side
+# by side (.config/nextest.toml; the engine scripts, which share one host-wide lock, one at a
+# time). Without cargo-nextest they run with `cargo test`, one binary after another.
+# TEST_THREADS (default 4) is how many tests run at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,12 +19,22 @@ scripts/install-deps.sh
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 
+echo "== module graph (no import circles in the workspace; src/ layers)"
+python3 scripts/module-graph.py --self-test
+python3 scripts/module-graph.py
+
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== cargo build --workspace"
 cargo build --workspace
+export GPUSHARE_TEST_CDYLIBS=${CARGO_TARGET_DIR:-$PWD/target}/debug
 
-echo "== cargo test --workspace"
-# Engine tests start daemons and containers: keep their number at once modest on small machines.
-cargo test --workspace -- --test-threads="${TEST_THREADS:-4}"
+threads=${TEST_THREADS:-4}
+if cargo nextest --version >/dev/null 2>&1; then
+    echo "== cargo nextest run --workspace"
+    cargo nextest run --workspace --no-fail-fast --test-threads="$threads"
+else
+    echo "== cargo test --workspace (cargo-nextest not installed: one test binary at a time)"
+    cargo test --workspace --no-fail-fast -- --test-threads="$threads"
+fi

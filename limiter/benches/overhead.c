@@ -9,7 +9,8 @@
  * (1 MiB from the default pool, NULL stream).
  * Run through scripts/bench-limiter.sh, which sets the limits and the simulated driver up.
  *
- * usage: overhead LIMITER.so [ROUNDS]
+ * usage: overhead LIMITER.so [ROUNDS [LAUNCHES_PER_ROUND [PAIRS_PER_ROUND]]]
+ * (defaults 101, 20000, 2000; a fast driver needs more calls per round to rise above the clock)
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -103,7 +104,7 @@ int main(int argc, char **argv) {
     double t0 = now_ns();
     while (now_ns() - t0 < 2.5e9) time_launch(lim_launch, 1000);
 
-    const int NL = 20000, NA = 2000;
+    const int NL = argc > 3 ? atoi(argv[3]) : 20000, NA = argc > 4 ? atoi(argv[4]) : 2000;
     double *rl = malloc(rounds * sizeof(double)), *ll = malloc(rounds * sizeof(double)), *dl = malloc(rounds * sizeof(double));
     double *ra = malloc(rounds * sizeof(double)), *la = malloc(rounds * sizeof(double)), *da = malloc(rounds * sizeof(double));
     double *rs = malloc(rounds * sizeof(double)), *ls = malloc(rounds * sizeof(double)), *ds = malloc(rounds * sizeof(double));
@@ -119,11 +120,14 @@ int main(int argc, char **argv) {
         ds[r] = ls[r] - rs[r];
     }
     printf("rounds: %d (launch: %d calls/round, alloc+free: %d pairs/round)\n", rounds, NL, NA);
-    printf("cuLaunchKernel (SM cap set, under the cap): driver %.1f ns, with limiter %.1f ns, added %.1f ns (median)\n",
-           median(rl, rounds), median(ll, rounds), median(dl, rounds));
-    printf("cuMemAlloc+cuMemFree pair (memory cap set): driver %.1f ns, with limiter %.1f ns, added %.1f ns (median)\n",
-           median(ra, rounds), median(la, rounds), median(da, rounds));
-    printf("cuMemAllocAsync+cuMemFreeAsync pair (default pool, memory cap set): driver %.1f ns, with limiter %.1f ns, added %.1f ns (median)\n",
-           median(rs, rounds), median(ls, rounds), median(ds, rounds));
+    double mrl = median(rl, rounds), mll = median(ll, rounds);
+    double mra = median(ra, rounds), mla = median(la, rounds);
+    double mrs = median(rs, rounds), mls = median(ls, rounds);
+    printf("cuLaunchKernel (SM cap set, under the cap): driver %.1f ns, with limiter %.1f ns, added %.1f ns (median), ratio %.3f\n",
+           mrl, mll, median(dl, rounds), mll / mrl);
+    printf("cuMemAlloc+cuMemFree pair (memory cap set): driver %.1f ns, with limiter %.1f ns, added %.1f ns (median), ratio %.3f\n",
+           mra, mla, median(da, rounds), mla / mra);
+    printf("cuMemAllocAsync+cuMemFreeAsync pair (default pool, memory cap set): driver %.1f ns, with limiter %.1f ns, added %.1f ns (median), ratio %.3f\n",
+           mrs, mls, median(ds, rounds), mls / mrs);
     return 0;
 }

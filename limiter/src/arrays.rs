@@ -93,7 +93,10 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
         num_channels: d.num_channels,
         flags: 0,
     });
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuArrayCreate_v2`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `out` null or writable and `desc` null or readable as the documentation of
+    // `cuArrayCreate_v2` says (the driver refuses null); handles are the driver's to check.
     create(Kind::Array, out, d, 1, &mut || unsafe { f(out, desc) })
 }
 
@@ -110,7 +113,10 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     );
     // SAFETY: null or a valid CUDA_ARRAY3D_DESCRIPTOR per the caller.
     let d = unsafe { desc.as_ref() }.copied();
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuArray3DCreate_v2`, typed as cuda.h declares it (`real!`);
+    // it gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `out` null or writable and `desc` null or readable as the documentation of
+    // `cuArray3DCreate_v2` says (the driver refuses null); handles are the driver's to check.
     create(Kind::Array, out, d, 1, &mut || unsafe { f(out, desc) })
 }
 
@@ -128,7 +134,10 @@ pub unsafe extern "C" fn cuArrayCreate(
     );
     // SAFETY: null or a valid CUDA_ARRAY_DESCRIPTOR_v1 per the caller.
     let d = unsafe { desc.as_ref() }.map(|d| Array3dDescriptor::from(*d));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuArrayCreate`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `out` null or writable and `desc` null or readable as the documentation of
+    // `cuArrayCreate` says (the driver refuses null); handles are the driver's to check.
     create(Kind::Array, out, d, 1, &mut || unsafe { f(out, desc) })
 }
 
@@ -147,7 +156,10 @@ pub unsafe extern "C" fn cuArray3DCreate(
     );
     // SAFETY: null or a valid CUDA_ARRAY3D_DESCRIPTOR_v1 per the caller.
     let d = unsafe { desc.as_ref() }.map(|d| Array3dDescriptor::from(*d));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuArray3DCreate`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `out` null or writable and `desc` null or readable as the documentation of
+    // `cuArray3DCreate` says (the driver refuses null); handles are the driver's to check.
     create(Kind::Array, out, d, 1, &mut || unsafe { f(out, desc) })
 }
 
@@ -165,7 +177,11 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
     );
     // SAFETY: null or a valid CUDA_ARRAY3D_DESCRIPTOR per the caller.
     let d = unsafe { desc.as_ref() }.copied();
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMipmappedArrayCreate`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `out` null or writable and `desc` null or readable as the
+    // documentation of `cuMipmappedArrayCreate` says (the driver refuses null); handles are the
+    // driver's to check.
     create(Kind::Mipmapped, out, d, levels, &mut || unsafe {
         f(out, desc, levels)
     })
@@ -176,7 +192,9 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 #[no_mangle]
 pub unsafe extern "C" fn cuArrayDestroy(array: Opaque) -> CuResult {
     let f = real!(cuArrayDestroy as unsafe extern "C" fn(Opaque) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuArrayDestroy`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
     forget(Kind::Array, array as u64, unsafe { f(array) })
 }
 
@@ -185,7 +203,9 @@ pub unsafe extern "C" fn cuArrayDestroy(array: Opaque) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(array: Opaque) -> CuResult {
     let f = real!(cuMipmappedArrayDestroy as unsafe extern "C" fn(Opaque) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMipmappedArrayDestroy`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): plain values and handles, which the driver checks itself.
     forget(Kind::Mipmapped, array as u64, unsafe { f(array) })
 }
 

@@ -63,7 +63,10 @@ fn destroyed(ctx: usize) {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut Opaque, flags: c_uint, dev: c_int) -> CuResult {
     let f = real!(cuCtxCreate_v2 as unsafe extern "C" fn(*mut Opaque, c_uint, c_int) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuCtxCreate_v2`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `ctx` null or writable as the documentation of `cuCtxCreate_v2` says (the
+    // driver refuses null); handles are the driver's to check.
     with_footprint(dev, ctx, || unsafe { f(ctx, flags, dev) })
 }
 
@@ -82,7 +85,10 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
         cuCtxCreate_v3
             as unsafe extern "C" fn(*mut Opaque, *mut c_void, c_int, c_uint, c_int) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuCtxCreate_v3`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `ctx`, `params` null or writable as the documentation of `cuCtxCreate_v3` says
+    // (the driver refuses null); handles are the driver's to check.
     with_footprint(dev, ctx, || unsafe {
         f(ctx, params, num_params, flags, dev)
     })
@@ -101,7 +107,10 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     let f = real!(
         cuCtxCreate_v4 as unsafe extern "C" fn(*mut Opaque, *mut c_void, c_uint, c_int) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuCtxCreate_v4`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `ctx`, `params` null or writable as the documentation of `cuCtxCreate_v4` says
+    // (the driver refuses null); handles are the driver's to check.
     with_footprint(dev, ctx, || unsafe { f(ctx, params, flags, dev) })
 }
 
@@ -110,7 +119,9 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Opaque) -> CuResult {
     let f = real!(cuCtxDestroy_v2 as unsafe extern "C" fn(Opaque) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuCtxDestroy_v2`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(ctx) };
     if r == SUCCESS {
         destroyed(ctx as usize);
@@ -125,7 +136,9 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: Opaque) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxDestroy(ctx: Opaque) -> CuResult {
     let f = real!(cuCtxDestroy as unsafe extern "C" fn(Opaque) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuCtxDestroy`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(ctx) };
     if r == SUCCESS {
         destroyed(ctx as usize);
@@ -138,7 +151,10 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: Opaque) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut Opaque, dev: c_int) -> CuResult {
     let f = real!(cuDevicePrimaryCtxRetain as unsafe extern "C" fn(*mut Opaque, c_int) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuDevicePrimaryCtxRetain`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `ctx` null or writable as the documentation of
+    // `cuDevicePrimaryCtxRetain` says (the driver refuses null); handles are the driver's to check.
     let r = with_footprint(dev, ctx, || unsafe { f(ctx, dev) });
     if r == SUCCESS {
         if let Some(slot) = usize::try_from(dev).ok().and_then(|o| PRIMARY.get(o)) {
@@ -164,7 +180,9 @@ fn primary_maybe_gone(dev: c_int, reset: bool) {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CuResult {
     let f = real!(cuDevicePrimaryCtxRelease_v2 as unsafe extern "C" fn(c_int) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuDevicePrimaryCtxRelease_v2`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(dev) };
     if r == SUCCESS {
         primary_maybe_gone(dev, false);
@@ -179,7 +197,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: c_int) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: c_int) -> CuResult {
     let f = real!(cuDevicePrimaryCtxRelease as unsafe extern "C" fn(c_int) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuDevicePrimaryCtxRelease`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(dev) };
     if r == SUCCESS {
         primary_maybe_gone(dev, false);
@@ -194,7 +214,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: c_int) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: c_int) -> CuResult {
     let f = real!(cuDevicePrimaryCtxReset as unsafe extern "C" fn(c_int) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuDevicePrimaryCtxReset`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(dev) };
     if r == SUCCESS {
         primary_maybe_gone(dev, true);
@@ -207,7 +229,9 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: c_int) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: c_int) -> CuResult {
     let f = real!(cuDevicePrimaryCtxReset_v2 as unsafe extern "C" fn(c_int) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuDevicePrimaryCtxReset_v2`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(dev) };
     if r == SUCCESS {
         primary_maybe_gone(dev, true);

@@ -229,7 +229,11 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
     let f = real!(
         cuGraphInstantiateWithFlags as unsafe extern "C" fn(*mut Opaque, Opaque, u64) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuGraphInstantiateWithFlags`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `exec` null or writable as the documentation of
+    // `cuGraphInstantiateWithFlags` says (the driver refuses null); handles are the driver's to
+    // check.
     instantiated(exec, graph, unsafe { f(exec, graph, flags) })
 }
 
@@ -253,7 +257,10 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
                 usize,
             ) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuGraphInstantiate_v2`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `exec`, `error_node`, `log` null or writable as the documentation of
+    // `cuGraphInstantiate_v2` says (the driver refuses null); handles are the driver's to check.
     instantiated(exec, graph, unsafe {
         f(exec, graph, error_node, log, log_size)
     })
@@ -272,7 +279,11 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
         cuGraphInstantiateWithParams
             as unsafe extern "C" fn(*mut Opaque, Opaque, *mut c_void) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuGraphInstantiateWithParams`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `exec`, `params` null or writable as the documentation of
+    // `cuGraphInstantiateWithParams` says (the driver refuses null); handles are the driver's to
+    // check.
     instantiated(exec, graph, unsafe { f(exec, graph, params) })
 }
 
@@ -281,7 +292,9 @@ pub unsafe extern "C" fn cuGraphInstantiateWithParams(
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: Opaque) -> CuResult {
     let f = real!(cuGraphExecDestroy as unsafe extern "C" fn(Opaque) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuGraphExecDestroy`, typed as cuda.h declares it (`real!`);
+    // it gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(exec) };
     if r == SUCCESS && WITH_MEMORY.load(Ordering::Acquire) != 0 {
         with(|t| {
@@ -297,7 +310,9 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: Opaque) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: c_int) -> CuResult {
     let f = real!(cuDeviceGraphMemTrim as unsafe extern "C" fn(c_int) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuDeviceGraphMemTrim`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(dev) };
     if r == SUCCESS && state::get().is_some_and(|l| l.limits.any_mem()) {
         if let Ok(ord) = usize::try_from(dev) {

@@ -214,10 +214,14 @@ pub unsafe extern "C" fn cuGetProcAddress(
         cuGetProcAddress
             as unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `real` is the driver's own `cuGetProcAddress`, typed as cuda.h declares it (`real!`);
+    // it gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `pfn` null or writable and `symbol` null or readable as the documentation of
+    // `cuGetProcAddress` says (the driver refuses null); handles are the driver's to check.
     let r = unsafe { real(symbol, pfn, version, flags) };
     if r == SUCCESS {
-        // SAFETY: forwarded caller contract; the driver succeeded, so `pfn` is valid.
+        // SAFETY: `symbol` is NUL-terminated, as the driver just read it as a name and succeeded
+        // (it refuses null); `pfn` is writable, as the driver just wrote the entry point there.
         unsafe { fixup_proc_address(symbol, pfn, version, flags) };
     }
     r
@@ -243,10 +247,15 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
                 *mut c_int,
             ) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `real` is the driver's own `cuGetProcAddress_v2`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `pfn`, `status` null or writable and `symbol` null or readable as the
+    // documentation of `cuGetProcAddress_v2` says (the driver refuses null); handles are the
+    // driver's to check.
     let r = unsafe { real(symbol, pfn, version, flags, status) };
     if r == SUCCESS {
-        // SAFETY: forwarded caller contract; the driver succeeded, so `pfn` is valid.
+        // SAFETY: `symbol` is NUL-terminated, as the driver just read it as a name and succeeded
+        // (it refuses null); `pfn` is writable, as the driver just wrote the entry point there.
         unsafe { fixup_proc_address(symbol, pfn, version, flags) };
     }
     r

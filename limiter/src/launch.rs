@@ -10,16 +10,29 @@ use std::ffi::{c_uint, c_void};
 
 type Opaque = *mut c_void;
 
-/// The SM gate on every launch path: free when the process has no SM cap.
+/// The SM gate on every launch path: free when the process has no SM cap. A process that
+/// sees one device launches on ordinal 0 without asking for its current context (a launch
+/// without one is the driver's to refuse).
 #[inline(always)]
 fn gate() {
     if let Some(l) = state::get() {
         if l.sm.any {
-            if let Some(ord) = drv::current_ordinal() {
-                if !l.sm.take(ord) {
-                    wait(l, ord);
-                }
-            }
+            gate_capped(l);
+        }
+    }
+}
+
+/// [`gate`] under an SM cap, apart so that a launch without one stays a load and a test.
+#[inline(never)]
+fn gate_capped(l: &'static state::Limiter) {
+    let ord = if drv::single_device() {
+        Some(0)
+    } else {
+        drv::current_ordinal()
+    };
+    if let Some(ord) = ord {
+        if !l.sm.take(ord) {
+            wait(l, ord);
         }
     }
 }
@@ -41,7 +54,11 @@ macro_rules! launch {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
             let real = real!($name as unsafe extern "C" fn($($ty),*) -> CuResult);
             gate();
-            // SAFETY: forwarded caller contract.
+            // SAFETY: `real` is the driver's own `$name`, typed as cuda.h declares it (`real!`,
+            // from the same signature as this wrapper's); it gets this function's arguments
+            // unchanged, under the contract its caller accepted (`# Safety`): handles the driver
+            // checks, and the parameter and `extra` arrays, or launch config, the caller made
+            // valid for that kernel as `$name`'s documentation says.
             unsafe { real($($arg),*) }
         }
     )*};
@@ -70,7 +87,9 @@ macro_rules! graph_launch {
         pub unsafe extern "C" fn $name(exec: Opaque, stream: Opaque) -> CuResult {
             let real = real!($name as unsafe extern "C" fn(Opaque, Opaque) -> CuResult);
             gate();
-            // SAFETY: forwarded caller contract.
+            // SAFETY: `real` is the driver's own `$name`, typed as cuda.h declares it (`real!`);
+            // it gets this function's arguments unchanged: two handles, which the driver
+            // checks itself.
             graphs::launch(exec, || unsafe { real(exec, stream) })
         }
     )*};
@@ -90,7 +109,9 @@ macro_rules! synchronise {
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CuResult {
             let real = real!($name as unsafe extern "C" fn($($ty),*) -> CuResult);
-            // SAFETY: forwarded caller contract.
+            // SAFETY: `real` is the driver's own `$name`, typed as cuda.h declares it (`real!`,
+            // from the same signature as this wrapper's); it gets this function's arguments
+            // unchanged: handles, which the driver checks itself.
             mempool::shrinking(|| unsafe { real($($arg),*) })
         }
     )*};

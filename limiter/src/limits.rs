@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 /// Most CUDA devices the limiter keeps limits and accounting for.
-pub const MAX_DEVICES: usize = 16;
+pub const MAX_DEVICES: usize = gpushare_region::MAX_DEVICES;
 /// Limits file the hook mounts into the container.
 pub const DEFAULT_LIMITS_FILE: &str = "/usr/local/gpushare/limits";
 /// Shared accounting file when neither env nor limits file names one.

@@ -21,9 +21,23 @@ pub(crate) fn counted(
     call: impl FnOnce() -> CuResult,
     key: impl FnOnce() -> u64,
 ) -> CuResult {
-    let Some(l) = state::get() else {
-        return call();
-    };
+    match state::get() {
+        Some(l) => counted_by(l, ord, ctx, size, kind, call, key),
+        None => call(),
+    }
+}
+
+/// [`counted`] with the limiter at hand.
+#[inline(always)]
+fn counted_by(
+    l: &Limiter,
+    ord: usize,
+    ctx: usize,
+    size: u64,
+    kind: Kind,
+    call: impl FnOnce() -> CuResult,
+    key: impl FnOnce() -> u64,
+) -> CuResult {
     let ticket = match l.reserve(ord, size) {
         Ok(t) => t,
         Err(()) => return OUT_OF_MEMORY,
@@ -47,7 +61,7 @@ pub(crate) fn counted_current(
 ) -> CuResult {
     match state::get() {
         Some(l) if l.limits.any_mem() => match drv::current() {
-            Some((ctx, ord)) => counted(ord, ctx, size, Kind::Ptr, call, key),
+            Some((ctx, ord)) => counted_by(l, ord, ctx, size, Kind::Ptr, call, key),
             None => call(),
         },
         _ => call(),
@@ -159,7 +173,10 @@ type FreeStreamFn = unsafe extern "C" fn(u64, Opaque) -> CuResult;
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> CuResult {
     let f = real!(cuMemAlloc_v2 as AllocFn);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemAlloc_v2`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `dptr` null or writable as the documentation of `cuMemAlloc_v2` says (the
+    // driver refuses null); handles are the driver's to check.
     counted_current(size as u64, || unsafe { f(dptr, size) }, || read_ptr(dptr))
 }
 
@@ -172,7 +189,10 @@ pub unsafe extern "C" fn cuMemAlloc(dptr: *mut u32, size: c_uint) -> CuResult {
     let f = real!(cuMemAlloc as unsafe extern "C" fn(*mut u32, c_uint) -> CuResult);
     counted_current(
         u64::from(size),
-        // SAFETY: forwarded caller contract.
+        // SAFETY: `f` is the driver's own `cuMemAlloc`, typed as cuda.h declares it (`real!`); it
+        // gets this function's arguments unchanged, under the contract its caller accepted
+        // (`# Safety`): `dptr` null or writable as the documentation of `cuMemAlloc` says (the
+        // driver refuses null); handles are the driver's to check.
         || unsafe { f(dptr, size) },
         || {
             (!dptr.is_null())
@@ -190,7 +210,9 @@ pub unsafe extern "C" fn cuMemAlloc(dptr: *mut u32, size: c_uint) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree(ptr: u32) -> CuResult {
     let f = real!(cuMemFree as unsafe extern "C" fn(u32) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemFree`, typed as cuda.h declares it (`real!`); it gets
+    // this function's arguments unchanged, under the contract its caller accepted (`# Safety`):
+    // plain values and handles, which the driver checks itself.
     forget(Kind::Ptr, u64::from(ptr), unsafe { f(ptr) })
 }
 
@@ -218,7 +240,10 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         kind: Kind::Ptr,
         device: None,
         estimate,
-        // SAFETY: forwarded caller contract.
+        // SAFETY: `f` is the driver's own `cuMemAllocPitch_v2`, typed as cuda.h declares it
+        // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+        // accepted (`# Safety`): `dptr`, `pitch` null or writable as the documentation of
+        // `cuMemAllocPitch_v2` says (the driver refuses null); handles are the driver's to check.
         call: &mut || unsafe { f(dptr, pitch, width, height, elem) },
         key: &|| read_ptr(dptr),
         real_size: &|_, _| {
@@ -258,7 +283,10 @@ pub unsafe extern "C" fn cuMemAllocPitch(
         kind: Kind::Ptr,
         device: None,
         estimate,
-        // SAFETY: forwarded caller contract.
+        // SAFETY: `f` is the driver's own `cuMemAllocPitch`, typed as cuda.h declares it (`real!`);
+        // it gets this function's arguments unchanged, under the contract its caller accepted
+        // (`# Safety`): `dptr`, `pitch` null or writable as the documentation of `cuMemAllocPitch`
+        // says (the driver refuses null); handles are the driver's to check.
         call: &mut || unsafe { f(dptr, pitch, width, height, elem) },
         key: &|| read32(dptr).map_or(0, u64::from),
         real_size: &|_, _| u64::from(read32(pitch)?).checked_mul(u64::from(height)),
@@ -277,7 +305,10 @@ pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut u64, size: usize, flags: c
     let f = real!(cuMemAllocManaged as unsafe extern "C" fn(*mut u64, usize, c_uint) -> CuResult);
     counted_current(
         size as u64,
-        // SAFETY: forwarded caller contract.
+        // SAFETY: `f` is the driver's own `cuMemAllocManaged`, typed as cuda.h declares it
+        // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+        // accepted (`# Safety`): `dptr` null or writable as the documentation of
+        // `cuMemAllocManaged` says (the driver refuses null); handles are the driver's to check.
         || unsafe { f(dptr, size, flags) },
         || read_ptr(dptr),
     )
@@ -304,7 +335,10 @@ pub unsafe extern "C" fn cuMemCreate(
     });
     let capped = |o: usize| state::get().is_some_and(|l| l.mem_limit(o).is_some());
     let Some(ord) = ord.filter(|&o| capped(o)) else {
-        // SAFETY: forwarded caller contract.
+        // SAFETY: `f` is the driver's own `cuMemCreate`, typed as cuda.h declares it (`real!`); it
+        // gets this function's arguments unchanged, under the contract its caller accepted
+        // (`# Safety`): `handle` null or writable and `prop` null or readable as the documentation
+        // of `cuMemCreate` says (the driver refuses null); handles are the driver's to check.
         return unsafe { f(handle, size, prop, flags) };
     };
     // A size that is not a multiple of the granularity is the driver's to refuse, not the cap's.
@@ -316,7 +350,10 @@ pub unsafe extern "C" fn cuMemCreate(
         kind: Kind::Handle,
         device: Some(ord),
         estimate: size64.is_multiple_of(granularity).then_some(size64),
-        // SAFETY: forwarded caller contract.
+        // SAFETY: `f` is the driver's own `cuMemCreate`, typed as cuda.h declares it (`real!`); it
+        // gets this function's arguments unchanged, under the contract its caller accepted
+        // (`# Safety`): `handle` null or writable and `prop` null or readable as the documentation
+        // of `cuMemCreate` says (the driver refuses null); handles are the driver's to check.
         call: &mut || unsafe { f(handle, size, prop, flags) },
         key: &|| read_ptr(handle),
         real_size: &|_, _| Some(size64),
@@ -327,19 +364,11 @@ pub unsafe extern "C" fn cuMemCreate(
 /// # Safety
 /// The CUDA driver API contract of the function of the same name.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
-    let f = real!(cuMemRelease as FreeFn);
-    // The driver keeps memory that is still mapped until its last cuMemUnmap.
-    // SAFETY: forwarded caller contract.
-    crate::vmm::released(handle, unsafe { f(handle) })
-}
-
-/// # Safety
-/// The CUDA driver API contract of the function of the same name.
-#[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
     let f = real!(cuMemFree_v2 as FreeFn);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemFree_v2`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
     forget(Kind::Ptr, ptr, unsafe { f(ptr) })
 }
 
@@ -348,7 +377,9 @@ pub unsafe extern "C" fn cuMemFree_v2(ptr: u64) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: Opaque) -> CuResult {
     let f = real!(cuMemFreeAsync as FreeStreamFn);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemFreeAsync`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
     forget(Kind::Ptr, ptr, unsafe { f(ptr, stream) })
 }
 
@@ -357,7 +388,9 @@ pub unsafe extern "C" fn cuMemFreeAsync(ptr: u64, stream: Opaque) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(ptr: u64, stream: Opaque) -> CuResult {
     let f = real!(cuMemFreeAsync_ptsz as FreeStreamFn);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemFreeAsync_ptsz`, typed as cuda.h declares it (`real!`);
+    // it gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
     forget(Kind::Ptr, ptr, unsafe { f(ptr, stream) })
 }
 
@@ -377,7 +410,10 @@ fn capped_view(ord: usize, real_total: u64) -> Option<(u64, u64)> {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CuResult {
     let f = real!(cuMemGetInfo_v2 as unsafe extern "C" fn(*mut usize, *mut usize) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemGetInfo_v2`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `free`, `total` null or writable as the documentation of `cuMemGetInfo_v2` says
+    // (the driver refuses null); handles are the driver's to check.
     let r = unsafe { f(free, total) };
     if r != SUCCESS || free.is_null() || total.is_null() {
         return r;
@@ -404,7 +440,10 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 #[no_mangle]
 pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> CuResult {
     let f = real!(cuMemGetInfo as unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemGetInfo`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `free`, `total` null or writable as the documentation of `cuMemGetInfo` says
+    // (the driver refuses null); handles are the driver's to check.
     let r = unsafe { f(free, total) };
     if r != SUCCESS || free.is_null() || total.is_null() {
         return r;
@@ -437,7 +476,10 @@ pub unsafe extern "C" fn cuMemGetInfo(free: *mut c_uint, total: *mut c_uint) -> 
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: c_int) -> CuResult {
     let f = real!(cuDeviceTotalMem as unsafe extern "C" fn(*mut c_uint, c_int) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuDeviceTotalMem`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `bytes` null or writable as the documentation of `cuDeviceTotalMem` says (the
+    // driver refuses null); handles are the driver's to check.
     let r = unsafe { f(bytes, dev) };
     if r == SUCCESS && !bytes.is_null() {
         let limit = usize::try_from(dev)
@@ -457,7 +499,10 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: c_int) -> CuR
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: c_int) -> CuResult {
     let f = real!(cuDeviceTotalMem_v2 as unsafe extern "C" fn(*mut usize, c_int) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuDeviceTotalMem_v2`, typed as cuda.h declares it (`real!`);
+    // it gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `bytes` null or writable as the documentation of `cuDeviceTotalMem_v2` says
+    // (the driver refuses null); handles are the driver's to check.
     let r = unsafe { f(bytes, dev) };
     if r == SUCCESS && !bytes.is_null() {
         let limit = usize::try_from(dev)

@@ -180,7 +180,10 @@ type AllocPoolFn = unsafe extern "C" fn(*mut u64, usize, Opaque, Opaque) -> CuRe
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut u64, size: usize, stream: Opaque) -> CuResult {
     let f = real!(cuMemAllocAsync as AllocStreamFn);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemAllocAsync`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `dptr` null or writable as the documentation of `cuMemAllocAsync` says (the
+    // driver refuses null); handles are the driver's to check.
     counted_async(
         size as u64,
         None,
@@ -199,7 +202,10 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     stream: Opaque,
 ) -> CuResult {
     let f = real!(cuMemAllocAsync_ptsz as AllocStreamFn);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemAllocAsync_ptsz`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `dptr` null or writable as the documentation of `cuMemAllocAsync_ptsz`
+    // says (the driver refuses null); handles are the driver's to check.
     counted_async(
         size as u64,
         None,
@@ -219,7 +225,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
     stream: Opaque,
 ) -> CuResult {
     let f = real!(cuMemAllocFromPoolAsync as AllocPoolFn);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemAllocFromPoolAsync`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `dptr` null or writable as the documentation of
+    // `cuMemAllocFromPoolAsync` says (the driver refuses null); handles are the driver's to check.
     counted_async(
         size as u64,
         Some(pool),
@@ -239,7 +248,11 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
     stream: Opaque,
 ) -> CuResult {
     let f = real!(cuMemAllocFromPoolAsync_ptsz as AllocPoolFn);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemAllocFromPoolAsync_ptsz`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `dptr` null or writable as the documentation of
+    // `cuMemAllocFromPoolAsync_ptsz` says (the driver refuses null); handles are the driver's to
+    // check.
     counted_async(
         size as u64,
         Some(pool),
@@ -259,7 +272,10 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     let f = real!(
         cuMemPoolCreate as unsafe extern "C" fn(*mut Opaque, *const MemPoolPropsHead) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemPoolCreate`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): `pool` null or writable and `props` null or readable as the documentation of
+    // `cuMemPoolCreate` says (the driver refuses null); handles are the driver's to check.
     let r = unsafe { f(pool, props) };
     if r != SUCCESS || pool.is_null() || props.is_null() {
         return r;
@@ -293,7 +309,9 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Opaque) -> CuResult {
     } else {
         None
     };
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemPoolDestroy`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(pool) };
     if r == SUCCESS {
         // A later pool may get the same handle.
@@ -316,7 +334,9 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Opaque) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Opaque, keep: usize) -> CuResult {
     let f = real!(cuMemPoolTrimTo as unsafe extern "C" fn(Opaque, usize) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemPoolTrimTo`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
     shrinking(|| unsafe { f(pool, keep) })
 }
 
@@ -335,7 +355,10 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
     let f = real!(
         cuMemPoolSetAttribute as unsafe extern "C" fn(Opaque, c_int, *mut c_void) -> CuResult
     );
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemPoolSetAttribute`, typed as cuda.h declares it
+    // (`real!`); it gets this function's arguments unchanged, under the contract its caller
+    // accepted (`# Safety`): `value` null or writable as the documentation of
+    // `cuMemPoolSetAttribute` says (the driver refuses null); handles are the driver's to check.
     let r = unsafe { f(pool, attr, value) };
     if r == SUCCESS
         && (attr == REUSE_ALLOW_OPPORTUNISTIC || attr == REUSE_ALLOW_INTERNAL_DEPENDENCIES)

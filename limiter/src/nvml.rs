@@ -57,7 +57,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     let Some(f) = drv::memory_info_fn() else {
         return UNINITIALIZED;
     };
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `nvmlDeviceGetMemoryInfo`, typed as nvml.h declares it
+    // (`drv::memory_info_fn`); it gets this function's arguments unchanged, under the contract its
+    // caller accepted (`# Safety`): `memory` null or writable as the documentation of
+    // `nvmlDeviceGetMemoryInfo` says (the driver refuses null); handles are the driver's to check.
     let r = unsafe { f(device, memory) };
     if r == SUCCESS && !memory.is_null() {
         // SAFETY: filled by NVML; valid per the caller.
@@ -85,7 +88,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     let Some(f) = drv::memory_info_v2_fn() else {
         return UNINITIALIZED;
     };
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `nvmlDeviceGetMemoryInfo_v2`, typed as nvml.h declares it
+    // (`drv::memory_info_v2_fn`); it gets this function's arguments unchanged, under the contract
+    // its caller accepted (`# Safety`): `memory` null or writable as the documentation of
+    // `nvmlDeviceGetMemoryInfo_v2` says (the driver refuses null); handles are the driver's to
+    // check.
     let r = unsafe { f(device, memory) };
     if r == SUCCESS && !memory.is_null() {
         // SAFETY: filled by NVML; valid per the caller.

@@ -15,13 +15,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
-/// "GPSHLIM\0".
-pub const MAGIC: u64 = u64::from_le_bytes(*b"GPSHLIM\0");
-/// Bump on any layout change.
-pub const VERSION: u32 = 1;
-/// Process slots per container.
-pub const MAX_PROCS: usize = 512;
-const RECLAIMING: u32 = u32::MAX;
+use gpushare_region::{uuid_words, DEV_IN_USE, RECLAIMING};
+pub use gpushare_region::{MAGIC, MAX_PROCS, VERSION};
 
 /// A device the container uses, keyed by UUID (never by an index, which differs between
 /// CUDA ordinals and NVML indices and between processes).
@@ -44,7 +39,7 @@ pub struct ProcSlot {
     pub used: [AtomicU64; MAX_DEVICES],
 }
 
-/// The file's layout.
+/// The file's layout (`gpushare_region`'s offsets, checked below at compile time).
 #[repr(C)]
 pub struct Region {
     pub magic: AtomicU64,
@@ -59,6 +54,30 @@ pub struct Region {
 }
 
 const SIZE: usize = std::mem::size_of::<Region>();
+
+// The struct is the shared definition's layout, field by field.
+const _: () = {
+    use gpushare_region as l;
+    use std::mem::{offset_of, size_of};
+    assert!(SIZE == l::SIZE);
+    assert!(offset_of!(Region, magic) == l::header::MAGIC);
+    assert!(offset_of!(Region, version) == l::header::VERSION);
+    assert!(offset_of!(Region, size) == l::header::SIZE);
+    assert!(offset_of!(Region, max_devices) == l::header::MAX_DEVICES);
+    assert!(offset_of!(Region, max_procs) == l::header::MAX_PROCS);
+    assert!(offset_of!(Region, proc_hwm) == l::header::PROC_HWM);
+    assert!(offset_of!(Region, devs) == l::DEVS);
+    assert!(offset_of!(Region, procs) == l::PROCS);
+    assert!(size_of::<DevEntry>() == l::dev::LEN);
+    assert!(offset_of!(DevEntry, state) == l::dev::STATE);
+    assert!(offset_of!(DevEntry, uuid) == l::dev::UUID);
+    assert!(offset_of!(DevEntry, limit) == l::dev::LIMIT);
+    assert!(size_of::<ProcSlot>() == l::slot::LEN);
+    assert!(offset_of!(ProcSlot, pid) == l::slot::PID);
+    assert!(offset_of!(ProcSlot, start_time) == l::slot::START_TIME);
+    assert!(offset_of!(ProcSlot, used) == l::slot::USED);
+    assert!(MAX_DEVICES == l::MAX_DEVICES);
+};
 
 /// Why the shared file could not be used.
 #[derive(Debug)]
@@ -244,14 +263,6 @@ fn with_file_lock<T>(path: Option<&Path>, f: impl FnOnce() -> T) -> T {
     f()
 }
 
-fn uuid_words(uuid: &[u8; 16]) -> (u64, u64) {
-    let (a, b) = uuid.split_at(8);
-    (
-        u64::from_le_bytes(a.try_into().unwrap_or([0; 8])),
-        u64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
-    )
-}
-
 impl Region {
     fn init_header(&self) {
         self.version.store(VERSION, SeqCst);
@@ -280,9 +291,11 @@ impl Region {
 
     /// Entry index of the device with `uuid`, if any process recorded it.
     pub fn find_dev(&self, uuid: &[u8; 16]) -> Option<usize> {
-        let (a, b) = uuid_words(uuid);
+        let [a, b] = uuid_words(uuid);
         self.devs.iter().position(|d| {
-            d.state.load(SeqCst) == 1 && d.uuid[0].load(SeqCst) == a && d.uuid[1].load(SeqCst) == b
+            d.state.load(SeqCst) == DEV_IN_USE
+                && d.uuid[0].load(SeqCst) == a
+                && d.uuid[1].load(SeqCst) == b
         })
     }
 
@@ -296,12 +309,12 @@ impl Region {
                 return Some(i);
             }
             let i = self.devs.iter().position(|d| d.state.load(SeqCst) == 0)?;
-            let (a, b) = uuid_words(uuid);
+            let [a, b] = uuid_words(uuid);
             let d = &self.devs[i];
             d.uuid[0].store(a, SeqCst);
             d.uuid[1].store(b, SeqCst);
             d.limit.store(limit, SeqCst);
-            d.state.store(1, SeqCst);
+            d.state.store(DEV_IN_USE, SeqCst);
             Some(i)
         })
     }
@@ -406,8 +419,14 @@ impl Region {
 
     /// Subtracts `size` from `slot`'s count on `dev` (never below zero).
     pub fn release(&self, slot: usize, dev: usize, size: u64) {
-        let _ = self.procs[slot].used[dev]
-            .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(size)));
+        // One atomic subtraction (a compare-exchange loop costs more on every free): only this
+        // process changes its slot while it lives, and it releases only what it counted, so the
+        // counter holds at least `size`. Should it not, the counter is brought back to zero.
+        let counter = &self.procs[slot].used[dev];
+        let before = counter.fetch_sub(size, SeqCst);
+        if before < size {
+            counter.fetch_add(size - before, SeqCst);
+        }
     }
 }
 
@@ -459,6 +478,49 @@ mod tests {
         let bad = dir.join("bad");
         std::fs::write(&bad, b"not a region at all").unwrap();
         assert!(matches!(open(&bad), Err(OpenError::Mismatch { .. })));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// What this library writes into the file is what the shared definition reads back (the
+    /// host reads the file that way), and what the shared definition writes this library reads.
+    #[test]
+    fn the_file_round_trips_through_the_shared_definition() {
+        let dir = std::env::temp_dir().join(format!("gpushare-region-rt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cache");
+        let g = gpushare_region::uuid_bytes("GPU-5a1e0000-0000-4000-8000-000000000007").unwrap();
+        let h = [9u8; 16];
+        let r = open(&path).unwrap();
+        let me = std::process::id();
+        let dh = r.dev_entry(Some(&path), &h, 5).unwrap();
+        let dg = r.dev_entry(Some(&path), &g, 1 << 30).unwrap();
+        let other = r.claim(0x7fff_fffe, 1).unwrap();
+        let a = r.claim(me, 42).unwrap();
+        r.add(a, dg, 3 << 20);
+        r.add(other, dg, 1 << 20);
+        r.add(a, dh, 77);
+        let bytes = std::fs::read(&path).unwrap();
+        let v = gpushare_region::View::new(&bytes).expect("the limiter's file is the layout");
+        assert_eq!(v.dev_of(&g), Some(dg));
+        assert_eq!(v.dev_of(&h), Some(dh));
+        assert_eq!(v.limit(dg), 1 << 30);
+        assert_eq!(v.used(dg), 4 << 20, "both slots on the GPU");
+        assert_eq!(v.used(dh), 77);
+        assert!(v.live().any(|(i, pid, st)| i == a && pid == me && st == 42));
+        assert_eq!(gpushare_region::used_in(&bytes, &g), Some(4 << 20));
+
+        // The other way: a file written from the shared definition alone.
+        let image = gpushare_region::Image::new()
+            .dev(2, &g, 7 << 20)
+            .slot(4, me, 42, &[(2, 6 << 20)])
+            .into_bytes();
+        let path2 = dir.join("image");
+        std::fs::write(&path2, &image).unwrap();
+        let r2 = open(&path2).expect("the shared definition's bytes are this library's layout");
+        assert_eq!(r2.find_dev(&g), Some(2));
+        assert_eq!(r2.devs[2].limit.load(SeqCst), 7 << 20);
+        assert_eq!(r2.used(2), 6 << 20);
+        assert_eq!(r2.pids(), vec![me]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,20 +1,21 @@
 //! The SM cap's token buckets: one per CUDA device, taken from on every launch path and
 //! refilled by the watcher thread (`watcher.rs`).
 //!
-//! Hot path (under the cap): two relaxed/acq-rel atomic operations, no `getenv`, no
-//! allocation, no lock.
+//! Hot path (under the cap): one atomic operation, no `getenv`, no allocation, no lock.
 #![forbid(unsafe_code)]
 
 use crate::limits::{Limits, MAX_DEVICES};
 use crate::sys;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 /// One device's bucket.
 pub struct Bucket {
     /// Cap in percent; 0 = uncapped.
     pub target: u32,
+    /// Launches allowed now; each launch takes one, only the watcher thread adds. So the
+    /// watcher counts the launches between two of its looks from the tokens alone, and a
+    /// launch pays one atomic operation.
     pub tokens: AtomicI64,
-    pub launched: AtomicU64,
 }
 
 /// All buckets.
@@ -36,7 +37,6 @@ impl Sm {
         let buckets = std::array::from_fn(|i| Bucket {
             target: l.sm[i].unwrap_or(0),
             tokens: AtomicI64::new(2),
-            launched: AtomicU64::new(0),
         });
         Sm {
             any: l.any_sm(),
@@ -54,7 +54,6 @@ impl Sm {
         if b.target == 0 {
             return true;
         }
-        b.launched.fetch_add(1, Ordering::Relaxed);
         b.tokens.fetch_sub(1, Ordering::AcqRel) > 0 && WATCHER_STARTED.load(Ordering::Relaxed)
     }
 

@@ -8,6 +8,8 @@ use crate::region::{self, OpenError, Region};
 use crate::sm::{self, Sm};
 use crate::sys;
 use rustc_hash::FxHashMap as HashMap;
+use spin::mutex::SpinMutex;
+use spin::relax::Yield;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -25,14 +27,18 @@ pub enum Kind {
 /// What one counted allocation holds.
 #[derive(Debug, Clone, Copy)]
 pub struct Counted {
-    slot: usize,
-    dev: usize,
     size: u64,
+    /// The region's process slot (< `MAX_PROCS`) and device entry (< `MAX_DEVICES`), small so
+    /// that a table entry stays small.
+    slot: u16,
+    dev: u8,
     /// The context that owns it (0: none; `cuMemCreate` memory belongs to the process).
     ctx: usize,
     /// The process that counted it: a forked child inherits the table but not the memory.
     pid: u32,
 }
+
+const _: () = assert!(region::MAX_PROCS <= u16::MAX as usize && MAX_DEVICES <= u8::MAX as usize);
 
 /// A reservation made before calling the driver.
 #[derive(Debug, Clone, Copy)]
@@ -68,7 +74,10 @@ pub struct Limiter {
     /// Why allocations are refused (the shared file has another layout), if they are.
     refused: OnceLock<String>,
     pub sm: Sm,
-    allocs: Mutex<HashMap<(Kind, u64), Counted>>,
+    /// Every counted allocation. Taken once per allocation and once per free, for one map
+    /// operation: a spin lock (yielding the CPU while another thread holds it) costs one
+    /// atomic operation per critical section where std's `Mutex` costs two.
+    allocs: SpinMutex<HashMap<(Kind, u64), Counted>, Yield>,
     /// How many allocations `allocs` holds (written under its lock): a free finds nothing to
     /// forget without taking the lock when it is 0.
     allocs_live: AtomicUsize,
@@ -193,7 +202,7 @@ fn init() -> Option<Limiter> {
         region,
         region_path,
         refused,
-        allocs: Mutex::new(HashMap::default()),
+        allocs: SpinMutex::new(HashMap::default()),
         allocs_live: AtomicUsize::new(0),
         footprints: Mutex::new(Footprints::default()),
         ord_dev: [const { AtomicU32::new(u32::MAX) }; MAX_DEVICES],
@@ -239,6 +248,12 @@ impl Limiter {
         if !self.shared_ok() {
             return None;
         }
+        self.slot_checked()
+    }
+
+    /// [`Self::slot`] once [`Self::shared_ok`] said yes.
+    #[inline]
+    fn slot_checked(&self) -> Option<usize> {
         let s = OWN_SLOT.load(Ordering::Acquire);
         if s != usize::MAX {
             return Some(s);
@@ -312,14 +327,14 @@ impl Limiter {
         let Some(dev) = self.dev_entry(ord) else {
             return Err(());
         };
-        let Some(slot) = self.slot() else {
+        let Some(slot) = self.slot_checked() else {
             return Ok(None);
         };
         let pid = OWN_PID.load(Ordering::Relaxed);
         if self.region.try_reserve(slot, dev, size, limit, pid) {
             Ok(Some(Ticket(Counted {
-                slot,
-                dev,
+                slot: slot as u16,
+                dev: dev as u8,
                 size,
                 ctx: 0,
                 pid,
@@ -351,7 +366,8 @@ impl Limiter {
 
     fn release_bytes(&self, c: &Counted, bytes: u64) {
         if bytes != 0 && c.pid == OWN_PID.load(Ordering::Relaxed) && self.shared_ok() {
-            self.region.release(c.slot, c.dev, bytes);
+            self.region
+                .release(usize::from(c.slot), usize::from(c.dev), bytes);
         }
     }
 
@@ -364,7 +380,7 @@ impl Limiter {
     /// free, or its context's destruction, can be matched.
     pub fn commit(&self, kind: Kind, key: u64, t: Ticket, ctx: usize) {
         let old = {
-            let mut allocs = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+            let mut allocs = self.allocs.lock();
             let old = allocs.insert((kind, key), Counted { ctx, ..t.0 });
             self.allocs_live.store(allocs.len(), Ordering::Release);
             old
@@ -383,7 +399,7 @@ impl Limiter {
             return;
         }
         let c = {
-            let mut allocs = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+            let mut allocs = self.allocs.lock();
             let c = allocs.remove(&(kind, key));
             self.allocs_live.store(allocs.len(), Ordering::Release);
             c
@@ -400,7 +416,7 @@ impl Limiter {
             return;
         }
         let gone: Vec<Counted> = {
-            let mut allocs = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+            let mut allocs = self.allocs.lock();
             let keys: Vec<(Kind, u64)> = allocs
                 .iter()
                 .filter(|(_, c)| c.ctx == ctx)

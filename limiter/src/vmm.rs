@@ -1,5 +1,5 @@
-//! Exported wrappers of the virtual-memory-management mappings: `cuMemMap` and `cuMemUnmap`
-//! are tracked so that `cuMemCreate` memory is credited only when it is both released
+//! Exported wrappers of the virtual-memory-management mappings: `cuMemRelease`, `cuMemMap` and
+//! `cuMemUnmap` are tracked so that `cuMemCreate` memory is credited only when it is both released
 //! (`cuMemRelease`) and unmapped, as the driver keeps it until then. The table ([`Mappings`])
 //! is pure; only these calls touch it.
 
@@ -78,8 +78,17 @@ fn with<T>(f: impl FnOnce(&mut Mappings) -> T) -> T {
     f(g.get_or_insert_with(Mappings::default))
 }
 
-/// `cuMemRelease` succeeded for `handle`: credit it unless it is still mapped.
-pub(crate) fn released(handle: u64, r: CuResult) -> CuResult {
+/// # Safety
+/// The CUDA driver API contract of the function of the same name.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CuResult {
+    let f = real!(cuMemRelease as unsafe extern "C" fn(u64) -> CuResult);
+    // SAFETY: `f` is the driver's own `cuMemRelease`, typed as cuda.h declares it (`real!`); it
+    // gets this function's arguments unchanged, under the contract its caller accepted
+    // (`# Safety`): plain values and handles, which the driver checks itself.
+    let r = unsafe { f(handle) };
+    // The driver keeps memory that is still mapped until its last cuMemUnmap: credit it
+    // unless it is still mapped.
     if r == SUCCESS && with(|m| m.released(handle)) {
         return forget(Kind::Handle, handle, r);
     }
@@ -98,7 +107,9 @@ pub unsafe extern "C" fn cuMemMap(
 ) -> CuResult {
     let f =
         real!(cuMemMap as unsafe extern "C" fn(u64, usize, usize, u64, c_ulonglong) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemMap`, typed as cuda.h declares it (`real!`); it gets
+    // this function's arguments unchanged, under the contract its caller accepted (`# Safety`):
+    // plain values and handles, which the driver checks itself.
     let r = unsafe { f(ptr, size, offset, handle, flags) };
     if r == SUCCESS {
         with(|m| m.mapped(ptr, handle));
@@ -111,7 +122,9 @@ pub unsafe extern "C" fn cuMemMap(
 #[no_mangle]
 pub unsafe extern "C" fn cuMemUnmap(ptr: u64, size: usize) -> CuResult {
     let f = real!(cuMemUnmap as unsafe extern "C" fn(u64, usize) -> CuResult);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `f` is the driver's own `cuMemUnmap`, typed as cuda.h declares it (`real!`); it gets
+    // this function's arguments unchanged, under the contract its caller accepted (`# Safety`):
+    // plain values and handles, which the driver checks itself.
     let r = unsafe { f(ptr, size) };
     if r == SUCCESS {
         for h in with(|m| m.unmapped(ptr, size as u64)) {

@@ -57,6 +57,19 @@ struct Ctl {
     corr: f64,
     /// Consecutive measurements in which this process launched but NVML had no sample.
     blind: u32,
+    /// Launches counted since the last measurement.
+    launched: u64,
+    /// The bucket's tokens as the watcher last saw or set them: only launches take tokens in
+    /// between, one each.
+    last_tokens: i64,
+}
+
+impl Ctl {
+    /// The bucket holds `tokens` now: the launches since the last look.
+    fn saw(&mut self, tokens: i64) {
+        self.launched += u64::try_from(self.last_tokens.saturating_sub(tokens)).unwrap_or(0);
+        self.last_tokens = tokens;
+    }
 }
 
 fn watch(l: &'static Limiter) {
@@ -67,7 +80,7 @@ fn watch(l: &'static Limiter) {
     // utilisation as the container's (and we theirs) even without any memory cap.
     let _ = l.slot();
     let mut ctl: Vec<Ctl> = (0..MAX_DEVICES)
-        .map(|_| Ctl {
+        .map(|ord| Ctl {
             handle: None,
             tried_handle: false,
             last_seen: 0,
@@ -77,6 +90,9 @@ fn watch(l: &'static Limiter) {
             last_measure: sys::now_ns(),
             corr: 1.0,
             blind: 0,
+            launched: 0,
+            // Launches before the watcher started are not counted.
+            last_tokens: l.sm.buckets[ord].tokens.load(Ordering::Acquire),
         })
         .collect();
     let mut last = sys::now_ns();
@@ -98,11 +114,14 @@ fn watch(l: &'static Limiter) {
             let whole = add.floor();
             c.carry = add - whole;
             let burst = (c.rate * TICK_NS as f64 / 1e9).max(1.0) as i64;
-            let _ = b
+            let refill = |t: i64| t.saturating_add(whole as i64).min(burst.max(t));
+            if let Ok(before) = b
                 .tokens
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                    Some(t.saturating_add(whole as i64).min(burst.max(t)))
-                });
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(refill(t)))
+            {
+                c.saw(before);
+                c.last_tokens = refill(before);
+            }
         }
     }
 }
@@ -119,7 +138,8 @@ fn measure(l: &Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
     }
     let window = (now - c.last_measure) as f64 / 1e9;
     c.last_measure = now;
-    let launched = b.launched.swap(0, Ordering::AcqRel);
+    c.saw(b.tokens.load(Ordering::Acquire));
+    let launched = std::mem::take(&mut c.launched);
     let Some(h) = c.handle else {
         return;
     };

@@ -18,12 +18,35 @@ const MARK: &str = "@@answer ";
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 
-/// The command server: does nothing unless run as a child of the tests below.
+/// The command server, not a test of its own: [`Server::spawn`] runs this test binary again
+/// with `--ignored --exact` on this entry and `GPUSHARE_SIM_TEST_ROLE` set. Run any other way
+/// (`--include-ignored`), it fails rather than pass without doing anything.
 #[test]
+#[ignore = "the command server of this module's tests, run by them as a child process"]
 fn server() {
-    if std::env::var_os(ROLE).is_some() {
-        serve();
-    }
+    assert!(
+        std::env::var_os(ROLE).is_some(),
+        "cgroup_e2e::server is the command server of the simulated-driver tests, started by them \
+         with {ROLE} set; it is not a test to run alone"
+    );
+    serve();
+}
+
+/// Positive control of the command server the other tests talk to: it runs in a child process
+/// (its own pid), under the state directory and devices it was started with, and answers.
+#[test]
+fn server_runs_in_a_child_with_its_own_state() {
+    let state = scratch("server-control");
+    let mut s = Server::spawn(&state, &[]);
+    let child = s.pid();
+    let got = s.ask("whoami");
+    assert_eq!(got[0], u64::from(child), "the answer comes from the child");
+    assert_ne!(got[0], u64::from(std::process::id()));
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&state).unwrap());
+    assert_eq!(got[1], ino, "it runs with this test's state directory");
+    assert_eq!(got[2], 2, "and the two GPUs it was given");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&state);
 }
 
 /// NVML handle of GPU `i` (initialising NVML).
@@ -123,6 +146,14 @@ fn serve() {
                 // SAFETY: plain system call; the result is reported.
                 unsafe { libc::setresuid(uid, uid, uid) }.to_string()
             }
+            ["whoami"] => format!(
+                "{} {} {}",
+                std::process::id(),
+                std::env::var_os("GPUSHARE_SIM_STATE")
+                    .and_then(|v| std::fs::metadata(v).ok())
+                    .map_or(0, |m| std::os::unix::fs::MetadataExt::ino(&m)),
+                crate::config::config().devices.len()
+            ),
             ["exit"] => break,
             _ => panic!("unknown command {line:?}"),
         };
@@ -147,7 +178,13 @@ impl Server {
             .to_owned()
             + "::server";
         let mut c = Command::new(std::env::current_exe().expect("test binary"));
-        c.args(["--exact", &name, "--nocapture", "--test-threads=1"]);
+        c.args([
+            "--exact",
+            &name,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
         for (k, _) in std::env::vars() {
             if k.starts_with("GPUSHARE_SIM_") || k.starts_with("CUDA_MPS_") {
                 c.env_remove(k);

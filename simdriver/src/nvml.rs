@@ -179,7 +179,9 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     length: c_uint,
 ) -> NvmlReturn {
     tri!(enter("nvmlSystemGetDriverVersion", None));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `version` is null or valid for `length` bytes of writes, as this function's
+    // `# Safety` requires of the caller; `put_str` refuses null and writes at most `length` bytes,
+    // NUL included.
     unsafe { put_str(config::DRIVER_VERSION, version, length) }
 }
 
@@ -191,7 +193,9 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
     length: c_uint,
 ) -> NvmlReturn {
     tri!(enter("nvmlSystemGetNVMLVersion", None));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `version` is null or valid for `length` bytes of writes, as this function's
+    // `# Safety` requires of the caller; `put_str` refuses null and writes at most `length` bytes,
+    // NUL included.
     unsafe { put_str(config::NVML_VERSION, version, length) }
 }
 
@@ -200,7 +204,8 @@ pub unsafe extern "C" fn nvmlSystemGetNVMLVersion(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) -> NvmlReturn {
     tri!(enter("nvmlSystemGetCudaDriverVersion", None));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `v` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(v, config::CUDA_VERSION) }
 }
 
@@ -209,7 +214,8 @@ pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion(v: *mut c_int) -> NvmlRe
 #[no_mangle]
 pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(v: *mut c_int) -> NvmlReturn {
     tri!(enter("nvmlSystemGetCudaDriverVersion_v2", None));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `v` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(v, config::CUDA_VERSION) }
 }
 
@@ -269,12 +275,14 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
     tri!(enter("nvmlDeviceGetHandleByUUID", None));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `device` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     let Some(want) = (unsafe { c_str(uuid) }) else {
         return INVALID_ARGUMENT;
     };
     match (0..device_count()).find(|&i| config::uuid(i).eq_ignore_ascii_case(want)) {
-        // SAFETY: forwarded caller contract.
+        // SAFETY: `device` is null or valid for one write of its type, as this function's
+        // `# Safety` requires of the caller; `put` refuses null.
         Some(i) => unsafe { put(device, handle_for(i)) },
         None => NOT_FOUND,
     }
@@ -288,7 +296,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
     device: *mut NvmlDevice,
 ) -> NvmlReturn {
     tri!(enter("nvmlDeviceGetHandleByPciBusId_v2", None));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `bus_id` is null or a NUL-terminated string, as this function's `# Safety` requires
+    // of the caller; `c_str` refuses null.
     let Some(want) = (unsafe { c_str(bus_id) }) else {
         return INVALID_ARGUMENT;
     };
@@ -298,7 +307,8 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
         id == want || id[4..] == *want
     };
     match (0..device_count()).find(|&i| matches(i)) {
-        // SAFETY: forwarded caller contract.
+        // SAFETY: `device` is null or valid for one write of its type, as this function's
+        // `# Safety` requires of the caller; `put` refuses null.
         Some(i) => unsafe { put(device, handle_for(i)) },
         None => NOT_FOUND,
     }
@@ -313,7 +323,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     length: c_uint,
 ) -> NvmlReturn {
     let i = tri!(enter("nvmlDeviceGetUUID", Some(device)));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `uuid` is null or valid for `length` bytes of writes, as this function's `# Safety`
+    // requires of the caller; `put_str` refuses null and writes at most `length` bytes, NUL
+    // included.
     unsafe { put_str(&config::uuid(i), uuid, length) }
 }
 
@@ -326,7 +338,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     length: c_uint,
 ) -> NvmlReturn {
     tri!(enter("nvmlDeviceGetName", Some(device)));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `name` is null or valid for `length` bytes of writes, as this function's `# Safety`
+    // requires of the caller; `put_str` refuses null and writes at most `length` bytes, NUL
+    // included.
     unsafe { put_str(config::NAME, name, length) }
 }
 
@@ -335,7 +349,8 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: NvmlDevice, index: *mut c_uint) -> NvmlReturn {
     let i = tri!(enter("nvmlDeviceGetIndex", Some(device)));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `index` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(index, i as c_uint) }
 }
 
@@ -347,7 +362,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     minor: *mut c_uint,
 ) -> NvmlReturn {
     let i = tri!(enter("nvmlDeviceGetMinorNumber", Some(device)));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `minor` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(minor, i as c_uint) }
 }
 
@@ -387,7 +403,8 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
     for (k, b) in id[4..].bytes().enumerate() {
         info.bus_id_legacy[k] = b as c_char;
     }
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `pci` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(pci, info) }
 }
 
@@ -399,7 +416,8 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(
     mode: *mut c_uint,
 ) -> NvmlReturn {
     let i = tri!(enter("nvmlDeviceGetComputeMode", Some(device)));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `mode` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(mode, state::compute_mode(i)) }
 }
 
@@ -434,7 +452,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 ) -> NvmlReturn {
     let i = tri!(enter("nvmlDeviceGetMemoryInfo", Some(device)));
     let (total, used) = mem_of(i);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `memory` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe {
         put(
             memory,
@@ -470,7 +489,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         free: total - used,
         used,
     };
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `memory` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(memory, v) }
 }
 
@@ -500,7 +520,8 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     let t0 = now.saturating_sub(UTIL_WINDOW_NS);
     let mut busy = 0u64;
     state::for_each_live(|_, rec| busy += state::busy_between(&rec.devs[i], t0, now));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `util` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe {
         put(
             util,
@@ -634,7 +655,9 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     count: *mut c_uint,
     infos: *mut ProcessInfoV1,
 ) -> NvmlReturn {
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `count` is null or writable and `infos` null or writable for `*count` entries, as
+    // this function's `# Safety` requires of the caller, which is `put_procs`'s contract; it
+    // refuses a null `count` and writes no more entries than `*count`.
     unsafe {
         put_procs(
             "nvmlDeviceGetComputeRunningProcesses",
@@ -666,7 +689,9 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut ProcessInfoV2,
 ) -> NvmlReturn {
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `count` is null or writable and `infos` null or writable for `*count` entries, as
+    // this function's `# Safety` requires of the caller, which is `put_procs`'s contract; it
+    // refuses a null `count` and writes no more entries than `*count`.
     unsafe {
         put_procs(
             "nvmlDeviceGetComputeRunningProcesses_v2",
@@ -686,7 +711,9 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ProcessInfoV2,
 ) -> NvmlReturn {
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `count` is null or writable and `infos` null or writable for `*count` entries, as
+    // this function's `# Safety` requires of the caller, which is `put_procs`'s contract; it
+    // refuses a null `count` and writes no more entries than `*count`.
     unsafe {
         put_procs(
             "nvmlDeviceGetComputeRunningProcesses_v3",
@@ -712,6 +739,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
         Some(device)
     ));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `count` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(count, 0) }
 }

@@ -9,21 +9,8 @@ use std::path::Path;
 
 use crate::host::state::StateDir;
 
-/// "GPSHLIM\0", the region's magic.
-const MAGIC: u64 = u64::from_le_bytes(*b"GPSHLIM\0");
-const VERSION: u32 = 1;
-const MAX_DEVICES: usize = 16;
-const MAX_PROCS: usize = 512;
-/// A slot being reclaimed.
-const RECLAIMING: u32 = u32::MAX;
-/// Header: magic, version, size, max_devices, max_procs, proc_hwm, padding.
-const HEADER: usize = 32;
-/// Device entry: state, padding, uuid (2 × u64), limit.
-const DEV: usize = 32;
-/// Process slot: pid, padding, start time, used per device.
-const SLOT: usize = 16 + 8 * MAX_DEVICES;
-/// The whole region, as the limiter lays it out (`#[repr(C)]`).
-pub const SIZE: usize = HEADER + DEV * MAX_DEVICES + SLOT * MAX_PROCS;
+/// The whole region, as the limiter lays it out (the shared definition, `gpushare_region`).
+pub const SIZE: usize = gpushare_region::SIZE;
 
 /// The accounting file of container `id`.
 pub fn region_path(sd: &StateDir, id: &str) -> std::path::PathBuf {
@@ -47,85 +34,27 @@ pub fn used_on(path: &Path, uuid: &str) -> Option<u64> {
     used_in(&buf, &want)
 }
 
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
 /// [`used_on`] over the region's bytes.
 pub fn used_in(b: &[u8], uuid: &[u8; 16]) -> Option<u64> {
-    if b.len() != SIZE
-        || u64_at(b, 0) != MAGIC
-        || u32_at(b, 8) != VERSION
-        || u32_at(b, 12) as usize != SIZE
-    {
-        return None;
-    }
-    let (a, z) = uuid.split_at(8);
-    let (a, z) = (
-        u64::from_le_bytes(a.try_into().ok()?),
-        u64::from_le_bytes(z.try_into().ok()?),
-    );
-    let dev = (0..MAX_DEVICES).find(|i| {
-        let at = HEADER + i * DEV;
-        u32_at(b, at) == 1 && u64_at(b, at + 8) == a && u64_at(b, at + 16) == z
-    })?;
-    let hwm = (u32_at(b, 24) as usize).min(MAX_PROCS);
-    let procs = HEADER + DEV * MAX_DEVICES;
-    Some((0..hwm).fold(0u64, |acc, i| {
-        let at = procs + i * SLOT;
-        let pid = u32_at(b, at);
-        if pid == 0 || pid == RECLAIMING {
-            acc
-        } else {
-            acc.saturating_add(u64_at(b, at + 16 + 8 * dev))
-        }
-    }))
+    gpushare_region::used_in(b, uuid)
 }
 
 /// The 16 bytes of an NVML UUID (`GPU-xxxxxxxx-xxxx-…`), as the limiter keys devices.
-pub fn uuid_bytes(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s
-        .strip_prefix("GPU-")?
-        .chars()
-        .filter(|c| *c != '-')
-        .collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
+pub use gpushare_region::uuid_bytes;
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use gpushare_region::RECLAIMING;
 
     /// A region as the limiter writes it: GPU `uuid` in device entry `dev`, and `(pid, bytes)`
     /// per process slot.
     pub(crate) fn region(uuid: &str, dev: usize, procs: &[(u32, u64)]) -> Vec<u8> {
-        let mut b = vec![0u8; SIZE];
-        b[0..8].copy_from_slice(&MAGIC.to_le_bytes());
-        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        b[12..16].copy_from_slice(&(SIZE as u32).to_le_bytes());
-        b[24..28].copy_from_slice(&(procs.len() as u32).to_le_bytes());
-        let u = uuid_bytes(uuid).unwrap();
-        let at = HEADER + dev * DEV;
-        b[at..at + 4].copy_from_slice(&1u32.to_le_bytes());
-        b[at + 8..at + 24].copy_from_slice(&u);
+        let mut image = gpushare_region::Image::new().dev(dev, &uuid_bytes(uuid).unwrap(), 0);
         for (i, (pid, used)) in procs.iter().enumerate() {
-            let at = HEADER + DEV * MAX_DEVICES + i * SLOT;
-            b[at..at + 4].copy_from_slice(&pid.to_le_bytes());
-            let u = at + 16 + 8 * dev;
-            b[u..u + 8].copy_from_slice(&used.to_le_bytes());
+            image = image.slot(i, *pid, 0, &[(dev, *used)]);
         }
-        b
+        image.into_bytes()
     }
 
     const G: &str = "GPU-5a1e0000-0000-4000-8000-000000000001";
@@ -151,10 +80,11 @@ pub(crate) mod tests {
         bad[0] ^= 1;
         assert_eq!(used_in(&bad, &u), None, "magic");
         let mut bad = good.clone();
-        bad[8] = 2;
+        bad[gpushare_region::header::VERSION] = 2;
         assert_eq!(used_in(&bad, &u), None, "version");
         let mut huge = good.clone();
-        huge[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+        let hwm = gpushare_region::header::PROC_HWM;
+        huge[hwm..hwm + 4].copy_from_slice(&u32::MAX.to_le_bytes());
         assert_eq!(used_in(&huge, &u), Some(5), "hwm clamped");
         assert_eq!(uuid_bytes("GPU-zz"), None);
     }

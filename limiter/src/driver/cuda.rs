@@ -8,7 +8,7 @@ use cuda_abi::result::SUCCESS;
 use cuda_abi::{ArrayMemoryRequirements, CuResult, MemAllocationProp};
 use std::cell::Cell;
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 /// `CUcontext`, `CUstream`, `CUmemoryPool`, `CUarray`…
 pub type Opaque = *mut c_void;
@@ -173,6 +173,26 @@ pub fn device_count() -> Option<usize> {
     (unsafe { f(&mut n) } == SUCCESS)
         .then(|| usize::try_from(n).ok())
         .flatten()
+}
+
+/// Whether this process sees exactly one CUDA device (then every context is on ordinal 0),
+/// asked of the driver until it answers, then remembered: the devices a process sees are
+/// fixed at `cuInit`.
+#[inline]
+pub fn single_device() -> bool {
+    /// 0: not known yet, 1: one device, 2: several (or none).
+    static SINGLE: AtomicU8 = AtomicU8::new(0);
+    match SINGLE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => match device_count() {
+            Some(n) => {
+                SINGLE.store(if n == 1 { 1 } else { 2 }, Ordering::Relaxed);
+                n == 1
+            }
+            None => false,
+        },
+    }
 }
 
 /// A `cuuint64_t` attribute (`cuda_abi::pool_attr`) of memory pool `pool`.

@@ -40,7 +40,7 @@ macro_rules! hook_list {
             Cuda mempool::cuMemAllocFromPoolAsync;
             Cuda mempool::cuMemAllocFromPoolAsync_ptsz;
             Cuda memory::cuMemCreate;
-            Cuda memory::cuMemRelease;
+            Cuda vmm::cuMemRelease;
             Cuda vmm::cuMemMap;
             Cuda vmm::cuMemUnmap;
             Cuda memory::cuMemFree_v2;

@@ -46,22 +46,8 @@ pub fn uuid_string(u: &[u8; 16]) -> String {
     )
 }
 
-/// The 16 bytes of a `GPU-…` UUID string.
-pub fn uuid_bytes(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s
-        .strip_prefix("GPU-")?
-        .chars()
-        .filter(|c| *c != '-')
-        .collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
+/// The 16 bytes of a `GPU-…` UUID string (the shared region's key).
+pub use gpushare_region::uuid_bytes;
 
 /// NVML handle of CUDA ordinal `ord` (by UUID).
 pub fn handle_for_ordinal(ord: usize) -> Option<Handle> {

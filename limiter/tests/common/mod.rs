@@ -1,8 +1,11 @@
-//! Shared harness of the limiter and simulated-driver integration tests: builds the two cdylibs
-//! once per test binary (nested `cargo build` into `target/nested`, its own target directory, so
-//! it never waits on the build lock the outer `cargo test` holds), installs the TEST-ONLY
-//! simulated driver as `libcuda.so.1`/`libnvidia-ml.so.1`, compiles the C probes, and runs them
-//! in private scratch "containers".
+//! Shared harness of the limiter and simulated-driver integration tests: takes the two cdylibs
+//! from `GPUSHARE_TEST_CDYLIBS` (a directory where the workspace's build put them, as
+//! `scripts/test.sh` sets it) or else builds them (nested `cargo build` into `target/nested`, its
+//! own target directory, so it never waits on the build lock the outer `cargo test` holds),
+//! installs the TEST-ONLY simulated driver as `libcuda.so.1`/`libnvidia-ml.so.1`, compiles the C
+//! probes, and runs them in private scratch "containers". The preparation runs once per test
+//! process under a lock on `target/nested/.lock`, and a probe is compiled only when its source
+//! is newer than the program, so test processes running at once (nextest) share one preparation.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -27,22 +30,54 @@ pub struct Built {
     pub nested: PathBuf,
 }
 
-/// Compiles a C test program or library with `cc`.
-fn cc(args: &[&str], out: &Path, src: &Path, libs: &[String]) {
-    let o = Command::new("cc")
+/// Whether `out` is missing or older than `src` or the simulated driver `simlib` links it to.
+fn stale(out: &Path, src: &Path, simlib: &Path) -> bool {
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let Some(have) = mtime(out) else {
+        return true;
+    };
+    [src, &simlib.join("libcuda.so.1")]
+        .iter()
+        .any(|p| mtime(p).is_none_or(|t| t > have))
+}
+
+/// Compiles a C test program or library with `cc` when it is stale: into a temporary name,
+/// renamed into place, so that another test process never runs a half-written program.
+/// `Err` when there is no `cc`.
+fn cc_into(
+    args: &[&str],
+    out: &Path,
+    src: &Path,
+    libs: &[String],
+    simlib: &Path,
+) -> Result<(), &'static str> {
+    if !stale(out, src, simlib) {
+        return Ok(());
+    }
+    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+    let o = match Command::new("cc")
         .args(args)
         .arg("-o")
-        .arg(out)
+        .arg(&tmp)
         .arg(src)
         .args(libs)
         .output()
-        .expect("cc");
+    {
+        Ok(o) => o,
+        Err(_) => return Err("no C compiler (cc) on PATH"),
+    };
     assert!(
         o.status.success(),
         "cc {} failed: {}",
         src.display(),
         String::from_utf8_lossy(&o.stderr)
     );
+    std::fs::rename(&tmp, out).expect("rename the compiled probe into place");
+    Ok(())
+}
+
+fn cc(args: &[&str], out: &Path, src: &Path, libs: &[String], simlib: &Path) {
+    cc_into(args, out, src, libs, simlib).expect("cc");
 }
 
 pub fn root() -> PathBuf {
@@ -67,23 +102,42 @@ pub fn built() -> Result<&'static Built, &'static str> {
             }
             let root = root();
             let nested = root.join("target").join("nested");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = Command::new(cargo)
-                .current_dir(&root)
-                .args([
-                    "build",
-                    "-p",
-                    "gpushare-limiter",
-                    "-p",
-                    "gpushare-simdriver",
-                    "--target-dir",
-                ])
-                .arg(&nested)
-                .env_remove("CARGO_TARGET_DIR")
-                .status()
-                .expect("run nested cargo build");
-            assert!(status.success(), "nested cargo build failed");
-            let debug = nested.join("debug");
+            std::fs::create_dir_all(&nested).expect("target/nested");
+            // One preparation at a time across test processes; released when this returns.
+            let lock = std::fs::File::create(nested.join(".lock")).expect("target/nested/.lock");
+            lock.lock().expect("lock target/nested/.lock");
+            let debug = match std::env::var_os("GPUSHARE_TEST_CDYLIBS") {
+                Some(dir) => {
+                    let dir = PathBuf::from(dir);
+                    for lib in ["libgpushare_limiter.so", "libgpushare_simdriver.so"] {
+                        assert!(
+                            dir.join(lib).exists(),
+                            "GPUSHARE_TEST_CDYLIBS={}: {lib} is missing (cargo build --workspace)",
+                            dir.display()
+                        );
+                    }
+                    dir
+                }
+                None => {
+                    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+                    let status = Command::new(cargo)
+                        .current_dir(&root)
+                        .args([
+                            "build",
+                            "-p",
+                            "gpushare-limiter",
+                            "-p",
+                            "gpushare-simdriver",
+                            "--target-dir",
+                        ])
+                        .arg(&nested)
+                        .env_remove("CARGO_TARGET_DIR")
+                        .status()
+                        .expect("run nested cargo build");
+                    assert!(status.success(), "nested cargo build failed");
+                    nested.join("debug")
+                }
+            };
             let simlib = nested.join("simlib");
             let status = Command::new("sh")
                 .arg(root.join("simdriver/install-sim.sh"))
@@ -93,59 +147,42 @@ pub fn built() -> Result<&'static Built, &'static str> {
                 .status()
                 .expect("run install-sim.sh");
             assert!(status.success(), "install-sim.sh failed");
+            let sim = |libs: &[&str]| -> Vec<String> {
+                std::iter::once(format!("-L{}", simlib.display()))
+                    .chain(libs.iter().map(|l| l.to_string()))
+                    .collect()
+            };
             let probe = nested.join("cuprobe");
-            let out = Command::new("cc")
-                .args(["-O2", "-Wall", "-o"])
-                .arg(&probe)
-                .arg(root.join("tests/limiter/cuprobe.c"))
-                .arg(format!("-L{}", simlib.display()))
-                .args(["-lcuda", "-lnvidia-ml", "-ldl"])
-                .output();
-            match out {
-                Ok(o) if o.status.success() => {}
-                Ok(o) => panic!(
-                    "cc cuprobe.c failed: {}",
-                    String::from_utf8_lossy(&o.stderr)
-                ),
-                Err(_) => return Err("no C compiler (cc) on PATH"),
-            }
+            cc_into(
+                &["-O2", "-Wall"],
+                &probe,
+                &root.join("tests/limiter/cuprobe.c"),
+                &sim(&["-lcuda", "-lnvidia-ml", "-ldl"]),
+                &simlib,
+            )?;
             let interposer = nested.join("libinterposer.so");
-            let out = Command::new("cc")
-                .args(["-O2", "-Wall", "-shared", "-fPIC", "-o"])
-                .arg(&interposer)
-                .arg(root.join("tests/limiter/interposer.c"))
-                .arg("-ldl")
-                .output()
-                .expect("cc");
-            assert!(
-                out.status.success(),
-                "cc interposer.c failed: {}",
-                String::from_utf8_lossy(&out.stderr)
+            cc(
+                &["-O2", "-Wall", "-shared", "-fPIC"],
+                &interposer,
+                &root.join("tests/limiter/interposer.c"),
+                &["-ldl".into()],
+                &simlib,
             );
             let nvmlprobe = nested.join("nvmlprobe");
-            let out = Command::new("cc")
-                .args(["-O2", "-Wall", "-o"])
-                .arg(&nvmlprobe)
-                .arg(root.join("tests/limiter/nvmlprobe.c"))
-                .arg(format!("-L{}", simlib.display()))
-                .arg("-lnvidia-ml")
-                .output()
-                .expect("cc");
-            assert!(
-                out.status.success(),
-                "cc nvmlprobe.c failed: {}",
-                String::from_utf8_lossy(&out.stderr)
+            cc(
+                &["-O2", "-Wall"],
+                &nvmlprobe,
+                &root.join("tests/limiter/nvmlprobe.c"),
+                &sim(&["-lnvidia-ml"]),
+                &simlib,
             );
             let conformance = nested.join("conformance");
             cc(
                 &["-O2", "-Wall", "-pthread"],
                 &conformance,
                 &root.join("tests/limiter/conformance.c"),
-                &[
-                    format!("-L{}", simlib.display()),
-                    "-lcuda".into(),
-                    "-ldl".into(),
-                ],
+                &sim(&["-lcuda", "-ldl"]),
+                &simlib,
             );
             let foreign = nested.join("libforeign.so");
             cc(
@@ -153,7 +190,9 @@ pub fn built() -> Result<&'static Built, &'static str> {
                 &foreign,
                 &root.join("tests/limiter/foreign.c"),
                 &[],
+                &simlib,
             );
+            drop(lock);
             Ok(Built {
                 limiter: debug.join("libgpushare_limiter.so"),
                 simlib,

@@ -6,7 +6,7 @@
 //! `CUDA_ARRAY3D_DEFERRED_MAPPING` (else `CUDA_ERROR_INVALID_VALUE`), and such an array takes
 //! no memory until it is mapped (mapping is not simulated).
 
-use super::memory::{device_give, device_take, new_ptr};
+use super::device_memory::{device_give, device_take, new_ptr};
 use super::{
     current_ctx, dev_index, enter, with_driver, Array, CuDevice, CuResult, Opaque, INVALID_HANDLE,
     INVALID_VALUE, SUCCESS,

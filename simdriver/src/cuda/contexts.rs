@@ -3,7 +3,8 @@
 //! primary context `cuDevicePrimaryCtxReset` or its last `cuDevicePrimaryCtxRelease`) frees
 //! every allocation and array it owns, as a real driver does.
 
-use super::memory::{device_give, free_owned_by};
+use super::device_memory::device_give;
+use super::memory::free_owned_by;
 use super::{
     current_dev, dev_index, enter, put, record, with_driver, CuDevice, CuResult, Driver, Opaque,
     CONTEXT_ALREADY_IN_USE, CTX_STACK, INVALID_CONTEXT, INVALID_VALUE, SUCCESS,
@@ -135,7 +136,8 @@ fn destroy(name: &str, ctx: Opaque) -> CuResult {
 pub unsafe extern "C" fn cuCtxGetCurrent(ctx: *mut Opaque) -> CuResult {
     tri!(enter("cuCtxGetCurrent"));
     let top = CTX_STACK.with(|s| s.borrow().last().copied()).unwrap_or(0);
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `ctx` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(ctx, top as Opaque) }
 }
 
@@ -192,7 +194,8 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(ctx: *mut Opaque) -> CuResult {
 pub unsafe extern "C" fn cuCtxGetDevice(dev: *mut CuDevice) -> CuResult {
     tri!(enter("cuCtxGetDevice"));
     let i = tri!(current_dev());
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `dev` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(dev, i as CuDevice) }
 }
 
@@ -309,7 +312,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
     tri!(enter("cuDevicePrimaryCtxGetState"));
     let i = tri!(dev_index(dev));
     let on = with_driver(|d| d.primary.contains_key(&i));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `flags` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe {
         let r = put(flags, 0);
         if r != SUCCESS {

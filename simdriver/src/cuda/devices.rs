@@ -29,7 +29,8 @@ pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CuResult {
     if config::fails("cuDriverGetVersion") {
         return UNKNOWN;
     }
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `v` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(v, config::CUDA_VERSION) }
 }
 
@@ -38,7 +39,8 @@ pub unsafe extern "C" fn cuDriverGetVersion(v: *mut c_int) -> CuResult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CuResult {
     tri!(enter("cuDeviceGetCount"));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `count` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(count, device_count() as c_int) }
 }
 
@@ -48,7 +50,8 @@ pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CuResult {
 pub unsafe extern "C" fn cuDeviceGet(dev: *mut CuDevice, ordinal: c_int) -> CuResult {
     tri!(enter("cuDeviceGet"));
     let i = tri!(dev_index(ordinal));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `dev` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(dev, i as CuDevice) }
 }
 
@@ -58,7 +61,8 @@ pub unsafe extern "C" fn cuDeviceGet(dev: *mut CuDevice, ordinal: c_int) -> CuRe
 pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CuDevice) -> CuResult {
     tri!(enter("cuDeviceGetName"));
     tri!(dev_index(dev));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `name` is null or valid for `len` bytes of writes, as this function's `# Safety`
+    // requires of the caller; `put_str` refuses null and writes at most `len` bytes, NUL included.
     unsafe { put_str(config::NAME, name, len) }
 }
 
@@ -83,7 +87,8 @@ unsafe fn put_str(s: &str, buf: *mut c_char, len: c_int) -> CuResult {
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CuDevice) -> CuResult {
     tri!(enter("cuDeviceGetUuid"));
     let i = tri!(dev_index(dev));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `uuid` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(uuid, config::uuid_bytes(i)) }
 }
 
@@ -93,7 +98,8 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CuDevice) -> 
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CuDevice) -> CuResult {
     tri!(enter("cuDeviceGetUuid_v2"));
     let i = tri!(dev_index(dev));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `uuid` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(uuid, config::uuid_bytes(i)) }
 }
 
@@ -107,7 +113,8 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
 ) -> CuResult {
     tri!(enter("cuDeviceGetPCIBusId"));
     let i = tri!(dev_index(dev));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `bus_id` is null or valid for `len` bytes of writes, as this function's `# Safety`
+    // requires of the caller; `put_str` refuses null and writes at most `len` bytes, NUL included.
     unsafe { put_str(&config::pci_bus_id(i), bus_id, len) }
 }
 
@@ -117,7 +124,8 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CuDevice) -> CuResult {
     tri!(enter("cuDeviceTotalMem_v2"));
     let i = tri!(dev_index(dev));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `bytes` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(bytes, config().devices[i] as usize) }
 }
 
@@ -130,7 +138,8 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut u32, dev: CuDevice) -> CuR
     tri!(enter("cuDeviceTotalMem"));
     let i = tri!(dev_index(dev));
     let t = u32::try_from(crate::config::config().devices[i]).unwrap_or(u32::MAX);
-    // SAFETY: forwarded caller contract (null is refused by `put`).
+    // SAFETY: `bytes` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(bytes, t) }
 }
 
@@ -188,6 +197,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
         a if (1..=124).contains(&a) => 0,
         _ => return INVALID_VALUE,
     };
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `value` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(value, v) }
 }

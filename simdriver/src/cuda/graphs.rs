@@ -8,8 +8,8 @@
 //! does not). `cuDeviceGetGraphMemAttribute` reports the pool. Nodes other than memory nodes
 //! are not simulated (a graph launch also queues one simulated kernel, in `launch.rs`).
 
+use super::device_memory::{device_give, device_take, new_ptr};
 use super::guesses::POOL_CHUNK;
-use super::memory::{device_give, device_take, new_ptr};
 use super::{
     dev_index, enter, put, stream_ctx, stream_key, token, with_driver, CuDevice, CuDevicePtr,
     CuResult, Driver, Opaque, INVALID_HANDLE, INVALID_VALUE, SUCCESS,
@@ -163,7 +163,8 @@ pub unsafe extern "C" fn cuGraphCreate(out: *mut Opaque, _flags: c_uint) -> CuRe
     }
     let g = token();
     with_driver(|d| d.graphs.graphs.insert(g as usize, Vec::new()));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `out` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(out, g) }
 }
 
@@ -344,7 +345,8 @@ pub unsafe extern "C" fn cuGraphNodeGetType(node: Opaque, kind: *mut c_uint) -> 
         Some(Node::Free { .. }) => GRAPH_NODE_TYPE_MEM_FREE,
         None => return INVALID_VALUE,
     };
-    // SAFETY: forwarded caller contract (null is refused by `put`).
+    // SAFETY: `kind` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(kind, t) }
 }
 
@@ -408,7 +410,8 @@ pub unsafe extern "C" fn cuStreamIsCapturing(stream: Opaque, status: *mut c_int)
     tri!(enter("cuStreamIsCapturing"));
     tri!(stream_ctx(stream));
     let on = capture_of(stream).is_some();
-    // SAFETY: forwarded caller contract (null is refused by `put`).
+    // SAFETY: `status` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(status, c_int::from(on)) }
 }
 
@@ -420,7 +423,8 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: Opaque, graph: *mut Opaque) 
     let Some(g) = with_driver(|d| d.graphs.capturing.remove(&stream_key(stream))) else {
         return INVALID_VALUE;
     };
-    // SAFETY: forwarded caller contract (null is refused by `put`).
+    // SAFETY: `graph` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(graph, g as Opaque) }
 }
 
@@ -457,6 +461,8 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
         graph_mem_attr::RESERVED_MEM_HIGH => p.reserved_high,
         _ => return INVALID_VALUE,
     };
-    // SAFETY: forwarded caller contract (null is refused by `put`).
+    // SAFETY: `value` is null or valid for one write of its type (a `u64`, as the attribute's
+    // documentation says), as this function's `# Safety` requires of the caller; `put` refuses
+    // null.
     unsafe { put(value.cast::<u64>(), v) }
 }

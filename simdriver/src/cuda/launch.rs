@@ -19,7 +19,8 @@ const QUEUE_NS: u64 = 20_000_000;
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(out: *mut Opaque, _image: *const c_void) -> CuResult {
     tri!(enter("cuModuleLoadData"));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `out` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(out, token()) }
 }
 
@@ -41,7 +42,8 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     if m.is_null() {
         return INVALID_HANDLE;
     }
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `out` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(out, token()) }
 }
 
@@ -56,7 +58,8 @@ pub unsafe extern "C" fn cuStreamCreate(out: *mut Opaque, _flags: c_uint) -> CuR
     }
     let s = token();
     super::with_driver(|d| d.streams.insert(s as usize, ctx));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `out` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(out, s) }
 }
 
@@ -75,7 +78,8 @@ pub extern "C" fn cuStreamDestroy_v2(s: Opaque) -> CuResult {
 pub unsafe extern "C" fn cuStreamGetCtx(s: Opaque, ctx: *mut Opaque) -> CuResult {
     tri!(enter("cuStreamGetCtx"));
     let (c, _) = tri!(super::stream_ctx(s));
-    // SAFETY: forwarded caller contract (null is refused by `put`).
+    // SAFETY: `ctx` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(ctx, c as Opaque) }
 }
 
@@ -236,7 +240,8 @@ pub extern "C" fn cuGraphLaunch_ptsz(exec: Opaque, _stream: Opaque) -> CuResult 
 pub unsafe extern "C" fn cuEventCreate(out: *mut Opaque, _flags: c_uint) -> CuResult {
     tri!(enter("cuEventCreate"));
     tri!(current_dev());
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `out` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(out, token()) }
 }
 

@@ -189,6 +189,7 @@ fn token() -> Opaque {
 
 mod arrays;
 mod contexts;
+mod device_memory;
 mod devices;
 mod graphs;
 pub mod guesses;

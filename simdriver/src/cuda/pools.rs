@@ -1,7 +1,8 @@
 //! TEST-ONLY: simulated CUDA stream-ordered memory pools: reserved/used bookkeeping, release
 //! threshold, `cuMemAllocAsync`/`cuMemFreeAsync` and the `cuMemPool*` calls.
 
-use super::memory::{device_give, device_take, free_ptr, new_ptr};
+use super::device_memory::{device_give, device_take, new_ptr};
+use super::memory::free_ptr;
 use super::{
     dev_index, enter, put, stream_ctx, stream_key, token, with_driver, CuDevice, CuDevicePtr,
     CuResult, Driver, Opaque, INVALID_VALUE, OUT_OF_MEMORY, SUCCESS,
@@ -217,7 +218,8 @@ pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(pool: *mut Opaque, dev: CuDev
     tri!(enter("cuDeviceGetDefaultMemPool"));
     let i = tri!(dev_index(dev));
     let h = with_driver(|d| default_pool(d, i));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `pool` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(pool, h as Opaque) }
 }
 
@@ -228,7 +230,8 @@ pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut Opaque, dev: CuDevice) ->
     tri!(enter("cuDeviceGetMemPool"));
     let i = tri!(dev_index(dev));
     let h = with_driver(|d| current_pool(d, i));
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `pool` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(pool, h as Opaque) }
 }
 

@@ -34,7 +34,8 @@ pub unsafe extern "C" fn cuGetErrorString(e: CuResult, out: *mut *const c_char) 
         UNKNOWN => c"unknown error",
         _ => return INVALID_VALUE,
     };
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `out` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(out, s.as_ptr()) }
 }
 
@@ -55,7 +56,8 @@ pub unsafe extern "C" fn cuGetErrorName(e: CuResult, out: *mut *const c_char) ->
         UNKNOWN => c"CUDA_ERROR_UNKNOWN",
         _ => return INVALID_VALUE,
     };
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `out` is null or valid for one write of its type, as this function's `# Safety`
+    // requires of the caller; `put` refuses null.
     unsafe { put(out, s.as_ptr()) }
 }
 
@@ -235,7 +237,9 @@ pub unsafe extern "C" fn cuGetProcAddress(
     version: c_int,
     flags: u64,
 ) -> CuResult {
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `symbol` is NUL-terminated and `pfn` null or writable, as this function's
+    // `# Safety` requires of the caller; a null `status` is `get_proc`'s "no status" (it writes
+    // through `status` only when non-null).
     unsafe {
         get_proc(
             "cuGetProcAddress",
@@ -258,7 +262,8 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     flags: u64,
     status: *mut c_int,
 ) -> CuResult {
-    // SAFETY: forwarded caller contract.
+    // SAFETY: `symbol` NUL-terminated, `pfn` and `status` null or writable, as this function's
+    // `# Safety` requires of the caller: exactly `get_proc`'s contract.
     unsafe { get_proc("cuGetProcAddress_v2", symbol, pfn, version, flags, status) }
 }
 

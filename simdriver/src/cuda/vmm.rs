@@ -3,10 +3,12 @@
 //! `cuMemSetAccess`) and `cuMemRelease`. As the `cuMemRelease` documentation says, memory
 //! released while still mapped stays taken until its last mapping is unmapped.
 
-use super::memory::{device_give, free_ptr, new_ptr};
+use super::device_memory::{device_give, new_ptr, LAST_FREE};
+use super::memory::free_ptr;
 use super::{enter, with_driver, CuDevicePtr, CuResult, Driver, INVALID_VALUE, SUCCESS};
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_ulonglong, c_void};
+use std::sync::atomic::Ordering;
 
 /// The address ranges, mappings and released-but-mapped handles of the process.
 #[derive(Default)]
@@ -31,8 +33,19 @@ impl Vmm {
     }
 }
 
+#[no_mangle]
+pub extern "C" fn cuMemRelease(handle: u64) -> CuResult {
+    tri!(enter("cuMemRelease"));
+    if handle == 0 {
+        LAST_FREE.store(0, Ordering::Relaxed);
+        return INVALID_VALUE;
+    }
+    LAST_FREE.store(handle, Ordering::Relaxed);
+    release(handle)
+}
+
 /// `cuMemRelease`: frees the handle's memory now, or marks it released while it is mapped.
-pub(super) fn release(handle: u64) -> CuResult {
+fn release(handle: u64) -> CuResult {
     let deferred = with_driver(|d: &mut Driver| {
         if d.vmm.mapped(handle) && d.allocs.contains_key(&handle) {
             d.vmm.released.insert(handle)
