@@ -6,7 +6,8 @@
 //! `<device>=<size>`, the device a CUDA ordinal or a GPU UUID, the size an integer with the
 //! qualifier `M` or `G`) caps the device memory the process itself may hold on that device:
 //! an allocation that would take its own use past the limit fails with
-//! `CUDA_ERROR_OUT_OF_MEMORY`, and `cuMemGetInfo*` reports at most the limit as total. Both
+//! `CUDA_ERROR_OUT_OF_MEMORY`, and `cuMemGetInfo*` reports at most the room left under the limit
+//! as free (total stays the device's). Both
 //! variables are read once per process (at `cuInit`, or at the first allocation or memory query
 //! if that comes first); a malformed value is ignored with a one-line warning on stderr. What
 //! goes beyond NVIDIA's documentation is listed in [`crate::cuda::guesses`].
@@ -119,14 +120,11 @@ pub fn fits(dev: usize, own: u64, size: u64) -> bool {
     limit(dev).is_none_or(|l| own.saturating_add(size) <= l)
 }
 
-/// `(total, free)` of GPU `dev` as this MPS client sees it: `total` and `free` as reported
-/// without MPS, capped by its limit and the room its `own` use leaves under it.
+/// `(total, free)` of GPU `dev` as this MPS client sees it: `total` as reported without MPS,
+/// `free` capped by the room its `own` use leaves under its limit.
 pub fn view(dev: usize, total: u64, free: u64, own: u64) -> (u64, u64) {
     match limit(dev) {
-        Some(l) => {
-            let t = total.min(l);
-            (t, free.min(l.saturating_sub(own)).min(t))
-        }
+        Some(l) => (total, free.min(l.saturating_sub(own))),
         None => (total, free),
     }
 }

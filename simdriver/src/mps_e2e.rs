@@ -30,14 +30,14 @@ fn mps_client_limit_caps_own_allocations_and_mem_info() {
     );
     assert_eq!(
         info(&mut s),
-        (0, 512 * MIB, 512 * MIB),
-        "total is the limit"
+        (0, 512 * MIB, 4096 * MIB),
+        "free is the limit, total the device's"
     );
     assert_eq!(alloc(&mut s, 400), 0, "400 MiB fits under 512 MiB");
-    assert_eq!(info(&mut s), (0, 112 * MIB, 512 * MIB));
+    assert_eq!(info(&mut s), (0, 112 * MIB, 4096 * MIB));
     assert_eq!(alloc(&mut s, 200), 2, "600 MiB would pass the limit");
     assert_eq!(alloc(&mut s, 100), 0, "positive control: 500 MiB fits");
-    assert_eq!(info(&mut s), (0, 12 * MIB, 512 * MIB));
+    assert_eq!(info(&mut s), (0, 12 * MIB, 4096 * MIB));
     assert_eq!(alloc(&mut s, 13), 2, "one MiB past the limit");
     assert_eq!(alloc(&mut s, 12), 0, "exactly up to the limit");
     drop(s);

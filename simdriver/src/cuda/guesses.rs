@@ -76,10 +76,10 @@
 //!      (`GPUSHARE_SIM_CTX_MIB`, taken without a check) and pool reserve included, and applies to
 //!      every allocation path; it is read once, at `cuInit` (or the first allocation or memory
 //!      query, if earlier), so later changes to the environment are not seen;
-//!    - `cuMemGetInfo*` reports total = min(device total or cgroup cap, limit) and free = the room
-//!      left under the limit (never more than the device or cgroup free). UNCONFIRMED and
-//!      possibly wrong: one public report of a real client with `0=1G` shows `cuMemGetInfo`
-//!      free capped near 1 GiB but total still the whole device;
+//!    - `cuMemGetInfo*` reports total = the device's total (or the cgroup cap) and free = the
+//!      room left under the limit (never more than the device or cgroup free), as a public
+//!      report of a real client with `0=1G` showed; an H100 with driver 580 did the same
+//!      (docs/real-gpu.md);
 //!    - NVML (`nvmlDeviceGetMemoryInfo*`), `cuDeviceTotalMem*` and other processes do not see it;
 //!      the control daemon's `set_default_device_pinned_mem_limit`/`set_device_pinned_mem_limit`
 //!      (which the documentation says the variable can only lower) are not modelled.
