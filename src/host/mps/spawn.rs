@@ -41,8 +41,46 @@ fn daemon_answers(pipe: &Path, proc: ProcId) -> bool {
     .is_ok_and(|a| !a.lines.is_empty())
 }
 
-/// Size past which the daemon's log is moved aside to `<log>.1` when a daemon starts.
-const LOG_KEEP_BYTES: u64 = 8 << 20;
+/// Size past which the daemon's log is moved aside to `<log>.1` when a daemon starts, and
+/// trimmed by [`trim_log`] while it runs (its tmpfs holds 4 MiB).
+const LOG_KEEP_BYTES: u64 = 1 << 20;
+
+/// What [`trim_log`] keeps of a trimmed log, in `<log>.1`.
+const LOG_TAIL_BYTES: u64 = 256 << 10;
+
+/// Trims the running daemon's `control.log` in `log_dir` when it has grown past
+/// [`LOG_KEEP_BYTES`]: its last [`LOG_TAIL_BYTES`] go to `control.log.1` and it starts again
+/// empty (the daemon writes it in append mode, so its next line lands at the start). Never
+/// through a link; says whether it trimmed.
+pub fn trim_log(log_dir: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = log_dir.join("control.log");
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&path)
+    else {
+        return false;
+    };
+    let len = match f.metadata() {
+        Ok(m) if m.is_file() && m.len() > LOG_KEEP_BYTES => m.len(),
+        _ => return false,
+    };
+    let mut tail = Vec::new();
+    let read = f
+        .seek(SeekFrom::Start(len - LOG_TAIL_BYTES.min(len)))
+        .and_then(|_| (&mut f).take(LOG_TAIL_BYTES).read_to_end(&mut tail));
+    // Room first (the tmpfs may be full), then the tail.
+    if read.is_err() || f.set_len(0).is_err() {
+        return false;
+    }
+    let old = log_dir.join("control.log.1");
+    let _ = std::fs::remove_file(&old);
+    let _ = crate::host::state::write_atomic(&old, &tail, 0o640);
+    true
+}
 
 /// Opens the daemon's log file for appending, never through a link; one grown past
 /// [`LOG_KEEP_BYTES`] is first moved aside to `<path>.1` (replacing an older one).
