@@ -418,8 +418,9 @@ impl Report for Status {
                     d.enforced,
                     if d.drift {
                         format!(
-                            "  DRIFT: daemon has {} (put back at the next acquire)",
-                            d.current.map_or("?".into(), |c| c.to_string())
+                            "  DRIFT: daemon has {}, client priority {} (put back by serve's next healing pass or the next acquire)",
+                            d.current.map_or("?".into(), |c| c.to_string()),
+                            d.current_priority.map_or("?".into(), |p| p.to_string())
                         )
                     } else {
                         String::new()

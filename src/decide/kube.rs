@@ -213,7 +213,12 @@ mod tests {
 
     #[test]
     fn the_namespace_is_the_engines_own() {
-        let rows: &[(&str, &[(&str, &str)], Result<Option<&str>, ()>)] = &[
+        type Row<'a> = (
+            &'a str,
+            &'a [(&'a str, &'a str)],
+            Result<Option<&'a str>, ()>,
+        );
+        let rows: &[Row] = &[
             ("not a CRI container", &[("gpu.share", "mps")], Ok(None)),
             (
                 "containerd",

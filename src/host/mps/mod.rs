@@ -450,3 +450,51 @@ impl MpsControl for Control {
         find::running(pipe)
     }
 }
+
+#[cfg(test)]
+mod settings_tests {
+    use super::*;
+
+    fn lines(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn settings_are_read_with_or_without_a_memory_limit() {
+        // As NVIDIA's daemon answers GET_THREADS, GET_PINNED (nothing when unset), GET_PRIORITY.
+        let rows: &[(&[&str], Option<(u8, Option<u64>, u32)>)] = &[
+            (&["100.0", "0"], Some((100, None, 0))),
+            (&["60.0", "2G", "1"], Some((60, Some(2048), 1))),
+            (&["60.0", "512M", "0"], Some((60, Some(512), 0))),
+            (&["60.0"], None),
+            (&["60.0", "2G", "x"], None),
+            (&["60.0", "2G", "3G", "0"], None),
+            (&[], None),
+        ];
+        for (answer, want) in rows {
+            let got = parse_settings(&lines(answer))
+                .map(|s| (s.limits.cores, s.limits.memory_mib, s.priority));
+            assert_eq!(got, *want, "{answer:?}");
+        }
+    }
+
+    #[test]
+    fn server_pids_and_their_commands() {
+        assert_eq!(
+            server_pids(&lines(&["12", "34 56", "Server list:"])),
+            [12, 34, 56]
+        );
+        assert!(server_pids(&[]).is_empty());
+        let limits = Limits {
+            cores: 30,
+            memory_mib: Some(1024),
+        };
+        assert_eq!(
+            server_commands(7, &limits),
+            [
+                "set_active_thread_percentage 7 30".to_owned(),
+                "set_device_pinned_mem_limit 7 0 1024M".to_owned()
+            ]
+        );
+    }
+}

@@ -306,8 +306,36 @@ mod sandbox_error_tests {
 
 #[cfg(test)]
 mod log_tests {
-    use super::{open_log, LOG_KEEP_BYTES};
+    use super::{open_log, trim_log, LOG_KEEP_BYTES, LOG_TAIL_BYTES};
     use std::io::Write;
+
+    #[test]
+    fn a_running_daemons_log_is_trimmed_to_its_tail_and_appended_to_after() {
+        let t = tempfile::tempdir().unwrap();
+        let log = t.path().join("control.log");
+        let mut f = open_log(&log).unwrap();
+        f.write_all(b"small\n").unwrap();
+        assert!(!trim_log(t.path()), "a small log is left as it is");
+        let mut big = vec![b'a'; LOG_KEEP_BYTES as usize];
+        big.extend_from_slice(b"the last line\n");
+        f.write_all(&big).unwrap();
+        assert!(trim_log(t.path()));
+        let old = std::fs::read(t.path().join("control.log.1")).unwrap();
+        assert_eq!(old.len() as u64, LOG_TAIL_BYTES);
+        assert!(old.ends_with(b"the last line\n"));
+        // The daemon's descriptor (append mode) writes at the start of the emptied file.
+        f.write_all(b"next\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "next\n");
+        let target = t.path().join("elsewhere");
+        std::fs::write(&target, vec![b'x'; LOG_KEEP_BYTES as usize + 1]).unwrap();
+        std::fs::remove_file(&log).unwrap();
+        std::os::unix::fs::symlink(&target, &log).unwrap();
+        assert!(!trim_log(t.path()), "a link is not followed");
+        assert_eq!(
+            std::fs::metadata(&target).unwrap().len(),
+            LOG_KEEP_BYTES + 1
+        );
+    }
 
     #[test]
     fn a_grown_log_is_moved_aside_once_and_links_are_refused() {
