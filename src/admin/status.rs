@@ -110,6 +110,14 @@ pub struct DaemonStatus {
     pub log: String,
 }
 
+/// One MPS server of a domain's daemon in `status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerStatus {
+    pub pid: u32,
+    /// Its active thread percentage and pinned memory limit now.
+    pub current: Limits,
+}
+
 /// One MPS isolation domain in `status`.
 #[derive(Debug, Serialize)]
 pub struct DomainStatus {
@@ -122,6 +130,10 @@ pub struct DomainStatus {
     /// The daemon's default client priority as it reports it now (gpushare keeps
     /// [`crate::host::mps::CLIENT_PRIORITY`]).
     pub current_priority: Option<u32>,
+    /// The MPS servers the daemon runs (one per uid with clients; only with a GPU), with the
+    /// limits each has now; one that differs from `enforced` is drift too.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerStatus>,
     /// The daemon's defaults or client priority differ from what gpushare set (a tenant
     /// changed them); `serve`'s next healing pass, or the next acquire in the domain, puts
     /// them back.
@@ -177,7 +189,11 @@ pub struct Status {
 }
 
 /// What each live daemon gpushare recorded says, keyed by (GPU uuid, domain key).
-type Answers = HashMap<(String, String), Result<Settings, MpsError>>;
+type Answers = HashMap<(String, String), Result<Asked, MpsError>>;
+
+/// What one daemon said: its defaults and client priority, and the limits of each server it
+/// runs.
+type Asked = (Settings, Vec<ServerStatus>);
 
 /// Most daemons asked at once (each conversation is over within its own deadline).
 const ASK_AT_ONCE: usize = 64;
@@ -215,7 +231,17 @@ fn ask_daemons(
         std::thread::scope(|scope| {
             let handles: Vec<_> = chunk
                 .iter()
-                .map(|(k, pipe, p)| (k, scope.spawn(move || crate::host::mps::settings(pipe, *p))))
+                .map(|(k, pipe, p)| {
+                    let ask = move || {
+                        let settings = crate::host::mps::settings(pipe, *p)?;
+                        let servers = crate::host::mps::server_limits(pipe, *p)
+                            .into_iter()
+                            .map(|(pid, current)| ServerStatus { pid, current })
+                            .collect();
+                        Ok((settings, servers))
+                    };
+                    (k, scope.spawn(ask))
+                })
                 .collect();
             for (k, h) in handles {
                 if let Ok(r) = h.join() {
@@ -293,7 +319,11 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
             .map(|(key, d)| {
                 let dirs = sd.mps_dirs(&uuid, key);
                 let asked = answers.get(&(uuid.clone(), key.clone()));
-                let settings = asked.and_then(|r| r.as_ref().ok()).copied();
+                let settings = asked.and_then(|r| r.as_ref().ok()).map(|a| a.0);
+                let servers = asked
+                    .and_then(|r| r.as_ref().ok())
+                    .map(|a| a.1.clone())
+                    .unwrap_or_default();
                 let current = settings.map(|s| s.limits);
                 let current_priority = settings.map(|s| s.priority);
                 let tampered = match asked {
@@ -312,7 +342,8 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
                     enforced: d.limits,
                     drift: settings.is_some_and(|s| {
                         s.limits != d.limits || s.priority != crate::host::mps::CLIENT_PRIORITY
-                    }),
+                    }) || servers.iter().any(|v| v.current != d.limits),
+                    servers,
                     tampered,
                     current,
                     current_priority,
@@ -426,6 +457,12 @@ impl Report for Status {
                         String::new()
                     }
                 ));
+                for v in d.servers.iter().filter(|v| v.current != d.enforced) {
+                    out.push_str(&format!(
+                        "    DRIFT: MPS server pid {} has {}\n",
+                        v.pid, v.current
+                    ));
+                }
                 if let Some(t) = &d.tampered {
                     out.push_str(&format!(
                         "    TAMPERED: {t}; the next acquire or gc restarts the daemon in an emptied pipe directory\n"

@@ -243,31 +243,66 @@ pub fn settings(pipe: &Path, daemon: ProcId) -> Result<Settings, MpsError> {
 
 /// Puts the per-server limits of every server the daemon runs back to `limits`
 /// (`set_active_thread_percentage <pid>`, `set_device_pinned_mem_limit <pid> 0`), which a
-/// tenant could otherwise raise for the server its clients share. Best effort, each server in
-/// a conversation of its own; a failure is logged. A daemon runs servers only while a GPU
-/// client is connected: without a GPU, `get_server_list` lists none, so what a server answers
-/// here is NVIDIA's documented form, not yet seen.
+/// tenant could otherwise raise for the server its clients share, and reads them back. Best
+/// effort, each server in a conversation of its own; a failure is logged. A daemon runs a
+/// server only while a GPU client is connected: what a server answers was seen on a GPU
+/// (`tests/gpu/mps-server-settings.sh`, driver 535 on an H100): one pid a line from
+/// `get_server_list`, the set thread percentage echoed, a pinned limit read back as `1G` and
+/// nothing once `0M` cleared it.
 pub fn restore_servers(pipe: &Path, daemon: ProcId, limits: &Limits) {
-    let Ok(list) = protocol::converse(pipe, daemon, &[GET_SERVERS], ANSWER_TIMEOUT) else {
-        return;
-    };
-    for pid in server_pids(&list.lines) {
+    for pid in servers(pipe, daemon) {
         let cmds = server_commands(pid, limits);
         let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
-        match protocol::converse(pipe, daemon, &refs, ANSWER_TIMEOUT) {
-            Ok(a) if a.lines.iter().all(|l| !l.contains("not found")) => {}
-            Ok(a) => tracing::debug!(
-                "MPS server {pid} in {} did not take its limits: {}",
-                pipe.display(),
-                a.lines.join("; ")
-            ),
-            Err(e) => tracing::warn!(
+        let res = protocol::converse(pipe, daemon, &refs, ANSWER_TIMEOUT);
+        // The echo of the set percentage, then the read-back.
+        let back = res
+            .as_ref()
+            .ok()
+            .and_then(|a| a.lines.get(1..))
+            .and_then(|l| parse_defaults(&l.join("\n")));
+        if back != Some(*limits) {
+            tracing::warn!(
                 "cannot put back the limits of MPS server {pid} in {}: {}",
                 pipe.display(),
-                crate::vocab::chain(&e)
-            ),
+                match res {
+                    Ok(a) => a.lines.join("; "),
+                    Err(e) => crate::vocab::chain(&e),
+                }
+            );
         }
     }
+}
+
+/// The pids of the servers the daemon runs (none when it cannot be asked).
+fn servers(pipe: &Path, daemon: ProcId) -> Vec<u32> {
+    protocol::converse(pipe, daemon, &[GET_SERVERS], ANSWER_TIMEOUT)
+        .map(|a| server_pids(&a.lines))
+        .unwrap_or_default()
+}
+
+/// The limits each running server has now, as far as they can be read within about one
+/// [`ANSWER_TIMEOUT`] in all (a server that cannot be read is left out).
+pub fn server_limits(pipe: &Path, daemon: ProcId) -> Vec<(u32, Limits)> {
+    let start = std::time::Instant::now();
+    let mut out = Vec::new();
+    for pid in servers(pipe, daemon) {
+        let left = ANSWER_TIMEOUT.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        let cmds = [
+            format!("get_active_thread_percentage {pid}"),
+            format!("get_device_pinned_mem_limit {pid} 0"),
+        ];
+        let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+        if let Some(l) = protocol::converse(pipe, daemon, &refs, left)
+            .ok()
+            .and_then(|a| parse_defaults(&a.lines.join("\n")))
+        {
+            out.push((pid, l));
+        }
+    }
+    out
 }
 
 /// The server pids in the answer to `get_server_list` (one or more per line).
@@ -279,14 +314,16 @@ fn server_pids(lines: &[String]) -> Vec<u32> {
         .collect()
 }
 
-/// The commands that set server `pid`'s limits.
-fn server_commands(pid: u32, limits: &Limits) -> [String; 2] {
+/// The commands that set server `pid`'s limits and read them back.
+fn server_commands(pid: u32, limits: &Limits) -> [String; 4] {
     [
         format!("set_active_thread_percentage {pid} {}", limits.cores),
         format!(
             "set_device_pinned_mem_limit {pid} 0 {}M",
             limits.memory_mib.unwrap_or(0)
         ),
+        format!("get_active_thread_percentage {pid}"),
+        format!("get_device_pinned_mem_limit {pid} 0"),
     ]
 }
 
@@ -493,7 +530,9 @@ mod settings_tests {
             server_commands(7, &limits),
             [
                 "set_active_thread_percentage 7 30".to_owned(),
-                "set_device_pinned_mem_limit 7 0 1024M".to_owned()
+                "set_device_pinned_mem_limit 7 0 1024M".to_owned(),
+                "get_active_thread_percentage 7".to_owned(),
+                "get_device_pinned_mem_limit 7 0".to_owned()
             ]
         );
     }
