@@ -499,7 +499,8 @@ mod settings_tests {
     #[test]
     fn settings_are_read_with_or_without_a_memory_limit() {
         // As NVIDIA's daemon answers GET_THREADS, GET_PINNED (nothing when unset), GET_PRIORITY.
-        let rows: &[(&[&str], Option<(u8, Option<u64>, u32)>)] = &[
+        type Row<'a> = (&'a [&'a str], Option<(u8, Option<u64>, u32)>);
+        let rows: &[Row] = &[
             (&["100.0", "0"], Some((100, None, 0))),
             (&["60.0", "2G", "1"], Some((60, Some(2048), 1))),
             (&["60.0", "512M", "0"], Some((60, Some(512), 0))),
