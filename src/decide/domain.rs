@@ -368,6 +368,22 @@ mod tests {
             let e = choose("c1", &r, &ann, &bound).unwrap_err();
             assert!(matches!(e, DomainError::GroupNotInNamespace { .. }), "{e}");
         }
+        // The policy key is checked when the policy is read.
+        let path = std::path::Path::new("/etc/gpushare/config.toml");
+        for (text, ok) in [
+            (
+                "[mps]\ngroup_namespaces = { team-a = [\"team-a\", \"ops\"] }\n",
+                true,
+            ),
+            ("[mps]\ngroup_namespaces = { team-a = [] }\n", false),
+            (
+                "[mps]\ngroup_namespaces = { team-a = [\"Team_A\"] }\n",
+                false,
+            ),
+            ("[mps]\ngroup_namespaces = { \"A B\" = [\"a\"] }\n", false),
+        ] {
+            assert_eq!(Config::parse(text, path).is_ok(), ok, "{text}");
+        }
         // A group the policy does not bind stays open to every namespace.
         let other = req(None, None, Some("b"));
         assert!(choose("c1", &other, &in_namespace("evil"), &bound).is_ok());
