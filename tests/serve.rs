@@ -645,10 +645,12 @@ fn no_client_stalls_or_bloats_serve() {
         rss2 < rss0 + 32 * 1024,
         "serve grew from {rss0} KiB to {rss2} KiB"
     );
-    // They are closed at the head deadline; then healthz answers again while they are held.
-    wait_for(20, "healthz answered beside the slow connections", || {
-        healthz_within(serve.addr, second).is_ok()
-    });
+    // At the cap the oldest connection makes room: healthz answers while they are held.
+    for i in 0..5 {
+        if let Err(e) = healthz_within(serve.addr, second) {
+            panic!("healthz {i} beside 300 slow connections: {e}");
+        }
+    }
     drop(lorises);
     drop(slow);
     healthz_within(serve.addr, second).expect("healthz at the end");

@@ -160,7 +160,7 @@ pub fn heal(cfg: &Config, drifting: &mut BTreeSet<(String, String)>) -> GcReport
 pub mod limits {
     use std::time::Duration;
 
-    /// Connections served at once; one more is closed at once (a scraper retries).
+    /// Connections served at once; one more closes the oldest.
     pub const MAX_CONNECTIONS: usize = 64;
     /// Largest request head (request line and headers) read; a larger one gets 431.
     pub const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -242,9 +242,18 @@ pub fn serve(cfg: &Config, ready: impl FnOnce(SocketAddr)) -> Result<(), ServeEr
     Ok(())
 }
 
-/// Accepts connections until `stop` is set, each served by a task of its own.
+/// The connections open, oldest first, each with the handle that closes it.
+type Open = Arc<std::sync::Mutex<std::collections::VecDeque<(u64, tokio::task::AbortHandle)>>>;
+
+/// Accepts connections until `stop` is set, each served by a task of its own. At
+/// [`limits::MAX_CONNECTIONS`], the oldest connection is closed to make room: clients that
+/// hold connections open (slowly or not at all sending a request, never reading an answer)
+/// delay a new one by nothing, and cost at most that many tasks.
 async fn accept_loop(listener: tokio::net::TcpListener, cfg: Arc<Config>, stop: &AtomicBool) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(limits::MAX_CONNECTIONS));
+    let open: Open = Arc::default();
+    // Answers made at once (each on a blocking thread); more wait for a turn.
+    let renders = Arc::new(tokio::sync::Semaphore::new(limits::MAX_CONNECTIONS));
+    let mut next: u64 = 0;
     while !stop.load(Ordering::Relaxed) {
         let stream = match tokio::time::timeout(Duration::from_millis(200), listener.accept()).await
         {
@@ -257,17 +266,30 @@ async fn accept_loop(listener: tokio::net::TcpListener, cfg: Arc<Config>, stop: 
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&permits).try_acquire_owned() else {
-            tracing::debug!(
-                "serve: {} connections open; closing a new one",
-                limits::MAX_CONNECTIONS
-            );
-            continue;
-        };
-        let cfg = Arc::clone(&cfg);
-        tokio::spawn(async move {
-            let _permit = permit;
-            let service = hyper::service::service_fn(move |req| respond(Arc::clone(&cfg), req));
+        {
+            // Never held across an await.
+            let mut o = open
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            while o.len() >= limits::MAX_CONNECTIONS {
+                if let Some((_, oldest)) = o.pop_front() {
+                    tracing::debug!(
+                        "serve: {} connections open; closing the oldest",
+                        limits::MAX_CONNECTIONS
+                    );
+                    oldest.abort();
+                }
+            }
+        }
+        next += 1;
+        let id = next;
+        let (cfg, renders, mine) = (Arc::clone(&cfg), Arc::clone(&renders), Arc::clone(&open));
+        // On this one-thread runtime the task first runs at the loop's next await, after it
+        // is listed below.
+        let task = tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                respond(Arc::clone(&cfg), Arc::clone(&renders), req)
+            });
             let mut http = hyper::server::conn::http1::Builder::new();
             http.timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits::HEAD_TIMEOUT)
@@ -280,13 +302,20 @@ async fn accept_loop(listener: tokio::net::TcpListener, cfg: Arc<Config>, stop: 
                 Ok(Err(e)) => tracing::debug!("serve: a connection: {e}"),
                 Err(_) => tracing::debug!("serve: a connection was closed at its deadline"),
             }
+            mine.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|(i, _)| *i != id);
         });
+        open.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push_back((id, task.abort_handle()));
     }
 }
 
 /// Answers one request through [`answer`], made on a blocking thread.
 async fn respond(
     cfg: Arc<Config>,
+    renders: Arc<tokio::sync::Semaphore>,
     req: hyper::Request<hyper::body::Incoming>,
 ) -> Result<hyper::Response<http_body_util::Full<hyper::body::Bytes>>, std::convert::Infallible> {
     let get = req.method() == hyper::Method::GET;
@@ -296,13 +325,18 @@ async fn respond(
         .get(hyper::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let a = tokio::task::spawn_blocking(move || answer(&cfg, get, &url, accept.as_deref()))
-        .await
-        .unwrap_or_else(|e| Answer {
-            status: 500,
-            content_type: "text/plain; charset=utf-8",
-            body: format!("{e}\n"),
-        });
+    // A connection closed while it waits for its turn leaves nothing behind.
+    let turn = renders.acquire_owned().await;
+    let a = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        answer(&cfg, get, &url, accept.as_deref())
+    })
+    .await
+    .unwrap_or_else(|e| Answer {
+        status: 500,
+        content_type: "text/plain; charset=utf-8",
+        body: format!("{e}\n"),
+    });
     let mut resp =
         hyper::Response::new(http_body_util::Full::new(hyper::body::Bytes::from(a.body)));
     *resp.status_mut() =
