@@ -121,8 +121,10 @@ def check(hook, state, sim, gpus, live, env=None):
         if len(pids) > 1:
             bad.append(f"daemons: {len(pids)} daemons on {pipe}: {sorted(pids)}")
     live_dirs = set().union(*with_daemon.values()) if with_daemon else set()
-    # A live domain has two capped tmpfs: its pipe directory and its shm.
-    shm_ok = {os.path.join(state, "mps", n, d) for n in live_dirs for d in ("pipe", "shm")}
+    # A live domain has three capped tmpfs: its pipe directory, its log and its shm.
+    shm_ok = {os.path.join(state, "mps", n, d) for n in live_dirs for d in ("pipe", "log", "shm")}
+    # A live container that uses the limiter has one: its shared directory.
+    shm_ok |= {os.path.join(state, "containers", n, "shared") for n in live}
     for m in mounts_under(state):
         if m not in shm_ok:
             bad.append(f"mounts: {m} is mounted")

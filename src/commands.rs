@@ -131,7 +131,9 @@ fn refusal_reason(e: &Error) -> &'static str {
         Error::Acquire(AcquireError::Mps(_)) => "mps",
         Error::Acquire(AcquireError::Timeslice(_)) => "timeslice",
         Error::Acquire(AcquireError::Overcommitted(_)) => "memory",
-        Error::Acquire(AcquireError::DriverLimit { .. }) => "driver_limit",
+        Error::Acquire(AcquireError::DriverLimit { .. } | AcquireError::CgroupTaken { .. }) => {
+            "driver_limit"
+        }
         Error::Inject(_) => "inject",
         Error::SpecEdit(_) => "spec_edit",
         Error::NoSysAdmin(_) => "capability",

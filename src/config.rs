@@ -94,6 +94,9 @@ pub struct MpsConfig {
     /// Mount the pipe directory read-only into containers (whether MPS clients work so is for
     /// a GPU to tell: off by default).
     pub pipe_readonly: bool,
+    /// Groups bound to the Kubernetes namespaces that alone may name them (group -> namespaces);
+    /// a group not listed may be named from any namespace (each gets a domain of its own).
+    pub group_namespaces: BTreeMap<String, Vec<String>>,
 }
 
 impl MpsConfig {
@@ -231,6 +234,7 @@ impl Default for MpsConfig {
             groups: BTreeMap::new(),
             shm_size: "64Mi".into(),
             pipe_readonly: false,
+            group_namespaces: BTreeMap::new(),
         }
     }
 }
@@ -408,6 +412,18 @@ impl Config {
                         "[mps.groups.{name}] memory {m:?} is not a size like 4Gi or 512Mi"
                     ))
                 })?;
+            }
+        }
+        for (group, namespaces) in &self.mps.group_namespaces {
+            if !is_group_name(group)
+                || namespaces.is_empty()
+                || !namespaces
+                    .iter()
+                    .all(|n| crate::decide::kube::is_namespace(n))
+            {
+                return Err(invalid(&format!(
+                    "[mps] group_namespaces: {group:?} must be a group name bound to a list of Kubernetes namespaces, like team-a = [\"team-a\"]"
+                )));
             }
         }
         for (name, p) in &self.profiles {

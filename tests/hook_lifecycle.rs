@@ -569,7 +569,11 @@ fn spec_edit_reservation_keeps_mount_sources_across_a_last_release() {
 
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("cb", 0, &bb)));
     assert!(!dir.exists(), "directories removed after the last client");
-    assert!(common::mounts_under(&sb.state_dir()).is_empty());
+    assert!(
+        common::mounts_under(&sb.state_dir()).is_empty(),
+        "{:?}",
+        common::mounts_under(&sb.state_dir())
+    );
 }
 
 #[test]

@@ -575,3 +575,88 @@ fn a_hook_killed_after_setting_the_driver_limit_leaves_no_client_and_a_retry_wor
     assert_eq!(client(&sb.status(), id)["cap"]["backend"], "driver");
     ok(&sb.hook(&["poststop"], &state));
 }
+
+/// A container whose `linux.cgroupsPath` names another container's cgroup (the runtime puts
+/// it there, so the cgroup passes as its own) is refused: the other's driver limit is neither
+/// replaced nor, at its release, cleared. And `status` never reports a driver cap the driver
+/// does not hold.
+#[test]
+fn a_cgroup_another_container_holds_is_refused_and_status_tells_the_truth() {
+    let sb = sandbox("");
+    let victim = "drv-victim";
+    let Some((cg, vb, vc)) = in_own_cgroup(
+        &sb,
+        victim,
+        json!({"gpu.share": "timeslice", "gpu.share.memory": "1Gi"}),
+    ) else {
+        return;
+    };
+    ok(&sb.hook(
+        &["createRuntime"],
+        &Sandbox::state_json(victim, vc.pid(), &vb),
+    ));
+    assert_eq!(
+        driver_log(&sb).len(),
+        1,
+        "positive control: the victim's cap is set"
+    );
+    // The attacker names the victim's cgroup, and its process is in it.
+    let evil = "drv-evil";
+    let mut spec = spec(
+        json!({"gpu.share": "timeslice", "gpu.share.memory": "2Gi"}),
+        &["NVIDIA_VISIBLE_DEVICES=0"],
+    );
+    spec["linux"]["cgroupsPath"] = json!(format!("/{victim}"));
+    let eb = sb.bundle(evil, &spec);
+    let ec = FakeContainer::start();
+    assert!(
+        cg.enter(ec.pid()),
+        "the attacker's process is in the victim's cgroup"
+    );
+    let dry = sb.hook(
+        &["createRuntime", "--dry-run"],
+        &Sandbox::state_json(evil, ec.pid(), &eb),
+    );
+    ok(&dry);
+    let plan: Value = serde_json::from_slice(&dry.stdout).unwrap();
+    assert!(
+        plan["enforcement"]["cgroup"]
+            .as_str()
+            .is_some_and(|p| cg.is(p)),
+        "positive control: the attacker's cgroup passes as its own: {plan}"
+    );
+    let out = sb.hook(
+        &["createRuntime"],
+        &Sandbox::state_json(evil, ec.pid(), &eb),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("container {victim}")), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let sets = driver_log(&sb);
+    assert_eq!(
+        sets.len(),
+        1,
+        "the victim's limit was not touched: {sets:?}"
+    );
+    let st = sb.status();
+    let cap = &client(&st, victim)["cap"];
+    assert_eq!(cap["backend"], "driver", "{st}");
+    assert!(cap.get("not_enforced").is_none(), "{st}");
+    // The driver no longer holds the victim's limit (its cgroup's limits went): status says so.
+    for e in std::fs::read_dir(sb.sim_state().join("memlimits.0")).unwrap() {
+        std::fs::remove_file(e.unwrap().path()).unwrap();
+    }
+    let st = sb.status();
+    let why = client(&st, victim)["cap"]["not_enforced"]
+        .as_str()
+        .unwrap_or_else(|| panic!("status claims a cap the driver does not hold: {st}"))
+        .to_owned();
+    assert!(why.contains("is none, not the cap"), "{why}");
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json(victim, vc.pid(), &vb)));
+}

@@ -244,7 +244,7 @@ fn metrics_pass_promtool_and_describe_each_share() {
         ["acquire", "daemon_start", "acquire", "refusal"],
         "{events}"
     );
-    assert!(events.contains(r#""pod":"infer-1""#), "{events}");
+    assert!(events.contains(r#""k8s_pod":"infer-1""#), "{events}");
 
     // Releases are events and counted too.
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("cm", m.pid(), &bm)));
@@ -288,5 +288,5 @@ fn metrics_pass_promtool_and_describe_each_share() {
         "{human}"
     );
     assert!(human.contains(" reason=busy "), "{human}");
-    assert!(human.contains(" pod=infer-1"), "{human}");
+    assert!(human.contains(" k8s_pod=infer-1"), "{human}");
 }

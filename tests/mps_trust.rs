@@ -629,3 +629,296 @@ fn the_daemon_runs_without_capabilities() {
         !alive(pid)
     });
 }
+
+// Round 3: what a root tenant tried against groups, the limiter's shared directory, the
+// daemon's log, the daemon's other defaults and `status`.
+
+/// A pod's annotations as containerd's CRI writes them into a container's spec (its own keys
+/// last, over any pod annotation it passes through), asking for MPS group `group`.
+fn pod(namespace: &str, group: &str) -> Value {
+    mps(&[
+        ("gpu.share.group", group),
+        ("io.kubernetes.cri.container-type", "container"),
+        ("io.kubernetes.cri.sandbox-namespace", namespace),
+        ("io.kubernetes.cri.sandbox-name", "p"),
+        ("io.kubernetes.cri.container-name", "c"),
+    ])
+}
+
+/// Round 3, finding 1: a group belongs to its namespace. A pod in namespace `evil` naming
+/// `team-a`'s group gets a domain of its own: it neither sees team-a's `/dev/shm` nor changes
+/// team-a's daemon; a pod annotation that claims team-a's namespace is refused.
+#[test]
+fn the_same_group_in_another_namespace_is_another_domain() {
+    if !required() {
+        return;
+    }
+    let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"group\"\n");
+    let _c = Cleanup(sb.path().to_path_buf());
+    let a = tenant(&sb, "a", pod("team-a", "team-a"), &[], &[]).unwrap();
+    ok(&a.sh("echo secret > /dev/shm/team-a-data"));
+    let e = tenant(&sb, "e", pod("evil", "team-a"), &[], &[]).unwrap();
+    let keys: Vec<String> = sb.status()["gpus"][0]["domains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(keys.len(), 2, "two domains: {keys:?}");
+    let read = e.sh("cat /dev/shm/team-a-data");
+    assert!(
+        !text(&read).contains("secret"),
+        "the other namespace read team-a's /dev/shm"
+    );
+    // Positive control: team-a's own container sees it.
+    assert!(text(&a.sh("cat /dev/shm/team-a-data")).contains("secret"));
+    let a_key = keys.iter().find(|k| k.contains("team-a:")).unwrap().clone();
+    let a_pipe = sb.domain_dir(0, &a_key).join("pipe");
+    let enforced = ask(&a_pipe, "get_default_active_thread_percentage");
+    ok(&e.sh("echo set_default_active_thread_percentage 1 | nvidia-cuda-mps-control"));
+    assert_eq!(
+        ask(&a_pipe, "get_default_active_thread_percentage"),
+        enforced,
+        "the other namespace changed team-a's daemon"
+    );
+    // A pod annotation of CRI-O's namespace key, passed through on containerd, claiming
+    // team-a: refused, naming what was wrong.
+    let mut forged = pod("evil", "team-a");
+    forged["io.kubernetes.pod.namespace"] = json!("team-a");
+    let err = tenant(&sb, "f", forged, &[], &[]).err().expect("refused");
+    assert!(err.contains("more than one Kubernetes namespace"), "{err}");
+    e.stop();
+    a.stop();
+}
+
+/// Round 3, finding 1: `[mps] group_namespaces` binds a group to the namespaces that may name
+/// it; a container of another namespace, or of none, is refused in one line.
+#[test]
+fn a_group_bound_to_namespaces_refuses_the_others() {
+    if !required() {
+        return;
+    }
+    let sb = Sandbox::with_policy(
+        1,
+        "[mps]\nisolation = \"group\"\ngroup_namespaces = { team-a = [\"team-a\"] }\n",
+    );
+    let _c = Cleanup(sb.path().to_path_buf());
+    let a = tenant(&sb, "a", pod("team-a", "team-a"), &[], &[]).unwrap();
+    for (name, ann) in [
+        ("e", pod("evil", "team-a")),
+        ("n", mps(&[("gpu.share.group", "team-a")])),
+    ] {
+        let err = tenant(&sb, name, ann, &[], &[]).err().expect("refused");
+        assert!(err.contains("[mps] group_namespaces"), "{err}");
+    }
+    // A group the policy does not bind is open to every namespace, one domain each.
+    let b = tenant(&sb, "b", pod("evil", "open"), &[], &[]).unwrap();
+    assert_eq!(
+        sb.status()["gpus"][0]["domains"].as_array().unwrap().len(),
+        2
+    );
+    b.stop();
+    a.stop();
+}
+
+/// Round 3, finding 2: the limiter's shared directory is a capped tmpfs of its own (bytes
+/// and inodes), nosuid, nodev, noexec; nothing a tenant writes there lands on the state
+/// directory's filesystem, and it goes with the container.
+#[test]
+fn the_limiters_shared_directory_is_capped_and_off_the_state_filesystem() {
+    if !required() {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let a = tenant(
+        &sb,
+        "a",
+        json!({"gpu.share": "limit", "gpu.share.memory": "1Gi"}),
+        &[],
+        &[],
+    )
+    .unwrap();
+    let dir = "/usr/local/gpushare/shared";
+    let out = a.sh(&format!(
+        "head -c 8388608 /dev/zero > {dir}/fill; wc -c < {dir}/fill"
+    ));
+    let written: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(written > 0, "the write really happened: {}", text(&out));
+    assert!(written <= 1 << 20, "at most 1 MiB: {written}");
+    let files = a.sh(&format!(
+        "for i in $(seq 1 200); do : > {dir}/f$i || exit 1; done"
+    ));
+    assert!(
+        !files.status.success(),
+        "the inode cap stops a tenant making names"
+    );
+    use std::os::unix::fs::MetadataExt;
+    let host = sb.state_dir().join("containers").join(&a.id).join("shared");
+    assert_eq!(std::fs::metadata(host.join("fill")).unwrap().len(), written);
+    assert_ne!(
+        std::fs::metadata(&host).unwrap().dev(),
+        std::fs::metadata(sb.state_dir()).unwrap().dev(),
+        "the shared directory is a filesystem of its own"
+    );
+    let mounts = text(&a.sh("cat /proc/self/mountinfo"));
+    let line = mounts
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(dir))
+        .unwrap_or_else(|| panic!("{mounts}"));
+    for opt in ["nosuid", "nodev", "noexec"] {
+        assert!(line.contains(opt), "{opt}: {line}");
+    }
+    a.stop();
+    assert!(!host.exists(), "the directory went with the container");
+    assert!(
+        common::mounts_under(&sb.state_dir()).is_empty(),
+        "{:?}",
+        common::mounts_under(&sb.state_dir())
+    );
+}
+
+/// Round 3, finding 3: the daemon logs every command a tenant sends; its log is a capped
+/// tmpfs of its own, which serve trims (keeping the tail), and `status` names it.
+#[test]
+fn the_daemons_log_stays_bounded_whatever_a_tenant_sends() {
+    if !required() {
+        return;
+    }
+    let sb = Sandbox::with_policy(
+        1,
+        "[serve]\nlisten = \"127.0.0.1:0\"\ngc_interval_seconds = 1\n",
+    );
+    let _c = Cleanup(sb.path().to_path_buf());
+    let a = tenant(&sb, "a", mps(&[]), &[], &[]).unwrap();
+    // 3,000 commands of 3,000 bytes: about 9 MB of log lines.
+    ok(&a.sh(
+        "L=$(printf '%03000d' 0); for i in $(seq 1 3000); do echo \"get_server_list $L\"; done \
+         | nvidia-cuda-mps-control > /dev/null",
+    ));
+    let d = domain(&sb, "gpu");
+    let log = PathBuf::from(d["daemon"]["log"].as_str().expect("status names the log"));
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert!(
+        size > 1 << 20,
+        "positive control: the commands were logged ({size} B)"
+    );
+    assert!(size <= 4 << 20, "the log holds at most 4 MiB: {size}");
+    use std::os::unix::fs::MetadataExt;
+    assert_ne!(
+        std::fs::metadata(log.parent().unwrap()).unwrap().dev(),
+        std::fs::metadata(sb.state_dir()).unwrap().dev(),
+        "the log is a filesystem of its own"
+    );
+    assert_eq!(d["daemon"]["answers"], true, "the daemon still answers");
+    // serve trims it and keeps the tail; the daemon logs on into it.
+    let mut serve = Command::new(common::hook_bin())
+        .arg("serve")
+        .env_clear()
+        .envs(sb.env())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let old = log.with_file_name("control.log.1");
+    wait_for("serve to trim the log", Duration::from_secs(15), || {
+        old.exists() && std::fs::metadata(&log).is_ok_and(|m| m.len() < 1 << 20)
+    });
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(std::fs::metadata(&old).unwrap().len() <= 256 << 10);
+    ok(&a.sh("echo get_default_client_priority | nvidia-cuda-mps-control"));
+    let now = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        now.contains("Cmd:get_default_client_priority"),
+        "the daemon logs on into the trimmed log: {now}"
+    );
+    a.stop();
+}
+
+/// Round 3, finding 7: a tenant's change of the daemon's default client priority shows as
+/// drift in `status` and is put back by the next acquire.
+#[test]
+fn a_changed_client_priority_is_shown_and_put_back() {
+    if !required() {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    let a = tenant(&sb, "a", mps(&[]), &[], &[]).unwrap();
+    let pipe = sb.domain_dir(0, "gpu").join("pipe");
+    assert_eq!(ask(&pipe, "get_default_client_priority"), "0");
+    assert_eq!(domain(&sb, "gpu")["drift"], false, "positive control");
+    ok(&a.sh("echo set_default_client_priority 1 | nvidia-cuda-mps-control"));
+    assert_eq!(ask(&pipe, "get_default_client_priority"), "1");
+    let d = domain(&sb, "gpu");
+    assert_eq!(d["drift"], true, "{d}");
+    assert_eq!(d["current_priority"], 1, "{d}");
+    let b = tenant(&sb, "b", mps(&[]), &[], &[]).unwrap();
+    assert_eq!(ask(&pipe, "get_default_client_priority"), "0");
+    assert_eq!(domain(&sb, "gpu")["drift"], false);
+    b.stop();
+    a.stop();
+}
+
+/// Round 3, finding 6: `status` and `metrics` take about one daemon's deadline however many
+/// daemons do not answer: 20 wedged domains, under a second each.
+#[test]
+fn twenty_wedged_domains_keep_status_and_metrics_under_a_second() {
+    if !required() {
+        return;
+    }
+    let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"container\"\n");
+    let _c = Cleanup(sb.path().to_path_buf());
+    let mut containers = Vec::new();
+    for i in 0..20 {
+        let b = sb.bundle(
+            &format!("w{i}"),
+            &common::spec(mps(&[]), &["NVIDIA_VISIBLE_DEVICES=0"]),
+        );
+        let c = common::FakeContainer::start();
+        ok(&sb.hook(
+            &["createRuntime"],
+            &Sandbox::state_json(&format!("w{i}"), c.pid(), &b),
+        ));
+        containers.push((c, b));
+    }
+    let daemons = daemons_under(&sb.state_dir());
+    assert_eq!(daemons.len(), 20, "{daemons:?}");
+    // Wedged: stopped, so that a connection is accepted by the kernel and never answered.
+    let signal = |sig: &str| {
+        for p in &daemons {
+            let _ = Command::new("kill").args([sig, &p.to_string()]).status();
+        }
+    };
+    signal("-STOP");
+    let t = Instant::now();
+    let st = sb.status();
+    let took = t.elapsed();
+    let domains = st["gpus"][0]["domains"].as_array().unwrap();
+    let silent = domains
+        .iter()
+        .filter(|d| d["daemon"]["answers"] == false)
+        .count();
+    let t = Instant::now();
+    let m = sb.hook(&["metrics"], "");
+    let took_metrics = t.elapsed();
+    signal("-CONT");
+    assert_eq!(
+        silent, 20,
+        "positive control: every daemon was wedged: {st}"
+    );
+    assert!(took < Duration::from_secs(1), "status took {took:?}");
+    ok(&m);
+    assert!(
+        took_metrics < Duration::from_secs(1),
+        "metrics took {took_metrics:?}"
+    );
+    for (i, (c, b)) in containers.iter().enumerate() {
+        let _ = sb.hook(
+            &["poststop"],
+            &Sandbox::state_json(&format!("w{i}"), c.pid(), b),
+        );
+    }
+}

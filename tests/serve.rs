@@ -524,3 +524,135 @@ fn systemd_units_verify_and_ship_in_both_packages() {
         "a bad unit verified: {said}"
     );
 }
+
+/// `VmRSS` (KiB) and `Threads` of process `pid`.
+fn rss_and_threads(pid: u32) -> (u64, u64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    };
+    (field("VmRSS:"), field("Threads:"))
+}
+
+/// `GET /healthz` with a deadline of `limit`: whether it was answered 200 in time.
+fn healthz_within(addr: SocketAddr, limit: Duration) -> Result<Duration, String> {
+    let t = Instant::now();
+    let mut s = TcpStream::connect_timeout(&addr, limit).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(limit)).unwrap();
+    s.set_write_timeout(Some(limit)).unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    let took = t.elapsed();
+    if text.starts_with("HTTP/1.1 200") && text.ends_with("ok\n") && took < limit {
+        Ok(took)
+    } else {
+        Err(format!("after {took:?}: {text:?}"))
+    }
+}
+
+/// No client stalls or bloats serve: a client that pipelines `/metrics` and never reads, a
+/// 32 MiB header line, and 300 connections that never finish their request. Meanwhile
+/// `/healthz` answers within a second and the healing pass goes on (a tenant's change of its
+/// daemon's defaults is put back).
+#[test]
+fn no_client_stalls_or_bloats_serve() {
+    if !common::require("serve", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::with_policy(
+        1,
+        "[serve]\nlisten = \"127.0.0.1:0\"\ngc_interval_seconds = 1\n",
+    );
+    let _c = Cleanup(sb.path().to_path_buf());
+    let b = mps_bundle(&sb, "b", json!({}));
+    let c = FakeContainer::start();
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("c1", c.pid(), &b)));
+    let serve = Serve::start(&sb);
+    let pid = serve.child.id();
+    let second = Duration::from_secs(1);
+    healthz_within(serve.addr, second).expect("positive control: healthz answers");
+    let (rss0, _) = rss_and_threads(pid);
+
+    // A slow reader: pipelined scrapes, never read. The writer stops when the socket is full.
+    let mut slow = TcpStream::connect(serve.addr).unwrap();
+    slow.set_write_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let mut sent = 0;
+    for _ in 0..20_000 {
+        if slow
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .is_err()
+        {
+            break;
+        }
+        sent += 1;
+    }
+    assert!(sent > 0, "the slow reader sent its requests");
+    // Healing goes on beside it: a tenant's change to the daemon's defaults is put back.
+    let pipe = sb.domain_dir(0, "gpu").join("pipe");
+    let enforced = common::mps_client(&pipe, "get_default_active_thread_percentage");
+    common::mps_client(&pipe, "set_default_active_thread_percentage 1");
+    common::mps_client(&pipe, "set_default_client_priority 1");
+    for i in 0..10 {
+        if let Err(e) = healthz_within(serve.addr, second) {
+            panic!("healthz {i} beside a slow reader: {e}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    wait_for(10, "the healing pass to put back the defaults", || {
+        common::mps_client(&pipe, "get_default_active_thread_percentage") == enforced
+            && common::mps_client(&pipe, "get_default_client_priority").trim() == "0"
+    });
+
+    // A 32 MiB header line: refused long before it is read whole.
+    let mut big = TcpStream::connect(serve.addr).unwrap();
+    big.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    big.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = big.write_all(b"GET /healthz HTTP/1.1\r\nX-Big: ");
+    let chunk = vec![b'a'; 1 << 20];
+    for _ in 0..32 {
+        if big.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    let mut answer = Vec::new();
+    let _ = big.read_to_end(&mut answer);
+    let (rss1, _) = rss_and_threads(pid);
+    assert!(
+        rss1 < rss0 + 16 * 1024,
+        "serve grew from {rss0} KiB to {rss1} KiB on one header"
+    );
+    healthz_within(serve.addr, second).expect("healthz after the big header");
+
+    // 300 connections that never finish their request head.
+    let lorises: Vec<TcpStream> = (0..300)
+        .filter_map(|_| {
+            let mut s = TcpStream::connect(serve.addr).ok()?;
+            let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
+            Some(s)
+        })
+        .collect();
+    assert!(lorises.len() >= 200, "the slow connections were made");
+    std::thread::sleep(Duration::from_millis(500));
+    let (rss2, threads) = rss_and_threads(pid);
+    assert!(threads <= 16, "serve runs {threads} threads");
+    assert!(
+        rss2 < rss0 + 32 * 1024,
+        "serve grew from {rss0} KiB to {rss2} KiB"
+    );
+    // At the cap the oldest connection makes room: healthz answers while they are held.
+    for i in 0..5 {
+        if let Err(e) = healthz_within(serve.addr, second) {
+            panic!("healthz {i} beside 300 slow connections: {e}");
+        }
+    }
+    drop(lorises);
+    drop(slow);
+    healthz_within(serve.addr, second).expect("healthz at the end");
+    drop(c);
+}

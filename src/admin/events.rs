@@ -152,10 +152,10 @@ mod tests {
 
     #[test]
     fn lines_for_people() {
-        let l = r#"{"ts":0.25,"event":"acquire","container":"c1","mode":"mps","gpus":["GPU-1","GPU-2"],"cores":50,"pod":"p"}"#;
+        let l = r#"{"ts":0.25,"event":"acquire","container":"c1","mode":"mps","gpus":["GPU-1","GPU-2"],"cores":50,"k8s_pod":"p"}"#;
         assert_eq!(
             human(l),
-            "1970-01-01T00:00:00.250Z acquire container=c1 mode=mps gpus=GPU-1,GPU-2 cores=50 pod=p"
+            "1970-01-01T00:00:00.250Z acquire container=c1 mode=mps gpus=GPU-1,GPU-2 cores=50 k8s_pod=p"
         );
         let r = r#"{"ts":0,"event":"refusal","container":"c","reason":"busy","message":"GPU 0 serves mps"}"#;
         assert!(

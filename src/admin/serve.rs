@@ -101,15 +101,30 @@ pub fn heal(cfg: &Config, drifting: &mut BTreeSet<(String, String)>) -> GcReport
     }
     events::note_gc(&report.actions);
     let st = crate::admin::status::status(cfg, None);
+    let sd = crate::host::state::StateDir::new(&cfg.state_dir);
+    let control = crate::host::mps::Control::new(&cfg.mps.control).ok();
     let mut now = BTreeSet::new();
     for g in &st.gpus {
+        for d in &g.domains {
+            let dirs = sd.mps_dirs(&g.uuid, &d.key);
+            if crate::host::mps::spawn::trim_log(&dirs.log) {
+                tracing::info!(
+                    "serve: trimmed the MPS daemon log {}/control.log (domain {} of GPU {})",
+                    dirs.log.display(),
+                    d.key,
+                    g.uuid
+                );
+            }
+        }
         for d in g.domains.iter().filter(|d| d.drift) {
             let key = (g.uuid.clone(), d.key.clone());
             if !drifting.contains(&key) {
                 let current = d.current.map_or("?".into(), |c| c.to_string());
                 tracing::warn!(
-                    "serve: MPS daemon of GPU {} ({}, domain {}) has defaults {current}, gpushare set {}; the next acquire in the domain puts them back",
-                    g.index, g.uuid, d.key, d.enforced
+                    "serve: MPS daemon of GPU {} ({}, domain {}) has defaults {current}, client priority {}, gpushare set {}; putting them back",
+                    g.index, g.uuid, d.key,
+                    d.current_priority.map_or("?".into(), |p| p.to_string()),
+                    d.enforced
                 );
                 events::note(Event::Drift {
                     gpu: g.uuid.clone(),
@@ -117,6 +132,19 @@ pub fn heal(cfg: &Config, drifting: &mut BTreeSet<(String, String)>) -> GcReport
                     enforced: d.enforced.to_string(),
                     current,
                 });
+            }
+            // Put back at once, to the daemon gpushare recorded (proven on its socket); a
+            // domain that stays drifting is noted once, and tried again every pass.
+            let pipe = sd.mps_dirs(&g.uuid, &d.key).pipe;
+            match control.as_ref().map(|c| c.set_defaults(&pipe, &d.enforced)) {
+                Some(Ok(())) => continue,
+                Some(Err(e)) => tracing::warn!(
+                    "serve: cannot put back the defaults of domain {} of GPU {}: {}",
+                    d.key,
+                    g.uuid,
+                    crate::vocab::chain(&e)
+                ),
+                None => {}
             }
             now.insert(key);
         }
@@ -126,8 +154,31 @@ pub fn heal(cfg: &Config, drifting: &mut BTreeSet<(String, String)>) -> GcReport
     report
 }
 
+/// The bounds on what one client can make serve do. A client can hold one of
+/// [`MAX_CONNECTIONS`] connections for at most [`CONNECTION_TIMEOUT`]; whatever it sends or
+/// fails to read, it never delays another client's answer, nor the healing.
+pub mod limits {
+    use std::time::Duration;
+
+    /// Connections served at once; one more closes the oldest.
+    pub const MAX_CONNECTIONS: usize = 64;
+    /// Largest request head (request line and headers) read; a larger one gets 431.
+    pub const MAX_HEAD_BYTES: usize = 8 * 1024;
+    /// Most header fields in a request.
+    pub const MAX_HEADERS: usize = 32;
+    /// A request's head must be in within this time of the connection.
+    pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+    /// A connection is closed this long after it was accepted, answered or not (one request
+    /// per connection: no keep-alive, no pipelining).
+    pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
+}
+
 /// Runs the agent until SIGTERM or SIGINT. `ready` is called with the bound address (the
 /// port is the kernel's choice when the policy says `:0`).
+///
+/// HTTP is hyper's HTTP/1 server on one thread, each connection a task of its own bounded by
+/// [`limits`]; an answer is made on a blocking thread, so that one slow `/metrics` (a daemon
+/// that does not answer) never holds up `/healthz`.
 ///
 /// # Errors
 /// [`ServeError`] when the address cannot be bound or the signal handler not installed.
@@ -136,15 +187,28 @@ pub fn serve(cfg: &Config, ready: impl FnOnce(SocketAddr)) -> Result<(), ServeEr
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(ServeError::Signal)?;
     }
-    let server =
-        tiny_http::Server::http(cfg.serve.listen.as_str()).map_err(|e| ServeError::Listen {
-            addr: cfg.serve.listen.clone(),
-            why: e.to_string(),
-        })?;
-    let addr = server
-        .server_addr()
-        .to_ip()
-        .expect("an IP listener has an IP address");
+    let listen_err = |why: String| ServeError::Listen {
+        addr: cfg.serve.listen.clone(),
+        why,
+    };
+    let listener = std::net::TcpListener::bind(cfg.serve.listen.as_str())
+        .map_err(|e| listen_err(e.to_string()))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| listen_err(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| listen_err(e.to_string()))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .max_blocking_threads(limits::MAX_CONNECTIONS)
+        .build()
+        .map_err(ServeError::Thread)?;
+    let listener = {
+        let _entered = runtime.enter();
+        tokio::net::TcpListener::from_std(listener).map_err(|e| listen_err(e.to_string()))?
+    };
     tracing::info!(
         "serve: listening on http://{addr} (/metrics, /healthz); healing every {}s",
         cfg.serve.gc_interval_seconds
@@ -169,39 +233,119 @@ pub fn serve(cfg: &Config, ready: impl FnOnce(SocketAddr)) -> Result<(), ServeEr
             })
             .map_err(ServeError::Thread)?
     };
-    while !stop.load(Ordering::Relaxed) {
-        let req = match server.recv_timeout(Duration::from_millis(200)) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(e) => {
-                tracing::warn!("serve: {e}");
-                continue;
-            }
-        };
-        let accept = req
-            .headers()
-            .iter()
-            .find(|h| h.field.equiv("Accept"))
-            .map(|h| h.value.as_str().to_owned());
-        let a = answer(
-            cfg,
-            *req.method() == tiny_http::Method::Get,
-            req.url(),
-            accept.as_deref(),
-        );
-        let header =
-            tiny_http::Header::from_bytes("Content-Type", a.content_type).expect("a valid header");
-        let resp = tiny_http::Response::from_string(a.body)
-            .with_status_code(a.status)
-            .with_header(header);
-        if let Err(e) = req.respond(resp) {
-            tracing::debug!("serve: answering a scrape: {e}");
-        }
-    }
+    runtime.block_on(accept_loop(listener, Arc::new(cfg.clone()), &stop));
+    // Connections still open are dropped with the runtime; blocking answers are not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(100));
     drop(wake);
     let _ = healer.join();
     tracing::info!("serve: stopped");
     Ok(())
+}
+
+/// The connections open, oldest first, each with the handle that closes it.
+type Open = Arc<std::sync::Mutex<std::collections::VecDeque<(u64, tokio::task::AbortHandle)>>>;
+
+/// Accepts connections until `stop` is set, each served by a task of its own. At
+/// [`limits::MAX_CONNECTIONS`], the oldest connection is closed to make room: clients that
+/// hold connections open (slowly or not at all sending a request, never reading an answer)
+/// delay a new one by nothing, and cost at most that many tasks.
+async fn accept_loop(listener: tokio::net::TcpListener, cfg: Arc<Config>, stop: &AtomicBool) {
+    let open: Open = Arc::default();
+    // Answers made at once (each on a blocking thread); more wait for a turn.
+    let renders = Arc::new(tokio::sync::Semaphore::new(limits::MAX_CONNECTIONS));
+    let mut next: u64 = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let stream = match tokio::time::timeout(Duration::from_millis(200), listener.accept()).await
+        {
+            Err(_) => continue,
+            Ok(Ok((stream, _))) => stream,
+            Ok(Err(e)) => {
+                // Out of descriptors, or a connection reset before it was taken: not fatal.
+                tracing::debug!("serve: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        {
+            // Never held across an await.
+            let mut o = open
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            while o.len() >= limits::MAX_CONNECTIONS {
+                if let Some((_, oldest)) = o.pop_front() {
+                    tracing::debug!(
+                        "serve: {} connections open; closing the oldest",
+                        limits::MAX_CONNECTIONS
+                    );
+                    oldest.abort();
+                }
+            }
+        }
+        next += 1;
+        let id = next;
+        let (cfg, renders, mine) = (Arc::clone(&cfg), Arc::clone(&renders), Arc::clone(&open));
+        // On this one-thread runtime the task first runs at the loop's next await, after it
+        // is listed below.
+        let task = tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                respond(Arc::clone(&cfg), Arc::clone(&renders), req)
+            });
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits::HEAD_TIMEOUT)
+                .max_buf_size(limits::MAX_HEAD_BYTES)
+                .max_headers(limits::MAX_HEADERS)
+                .keep_alive(false);
+            let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            match tokio::time::timeout(limits::CONNECTION_TIMEOUT, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("serve: a connection: {e}"),
+                Err(_) => tracing::debug!("serve: a connection was closed at its deadline"),
+            }
+            mine.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|(i, _)| *i != id);
+        });
+        open.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push_back((id, task.abort_handle()));
+    }
+}
+
+/// Answers one request through [`answer`], made on a blocking thread.
+async fn respond(
+    cfg: Arc<Config>,
+    renders: Arc<tokio::sync::Semaphore>,
+    req: hyper::Request<hyper::body::Incoming>,
+) -> Result<hyper::Response<http_body_util::Full<hyper::body::Bytes>>, std::convert::Infallible> {
+    let get = req.method() == hyper::Method::GET;
+    let url = req.uri().path().to_owned();
+    let accept = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    // A connection closed while it waits for its turn leaves nothing behind.
+    let turn = renders.acquire_owned().await;
+    let a = tokio::task::spawn_blocking(move || {
+        let _turn = turn;
+        answer(&cfg, get, &url, accept.as_deref())
+    })
+    .await
+    .unwrap_or_else(|e| Answer {
+        status: 500,
+        content_type: "text/plain; charset=utf-8",
+        body: format!("{e}\n"),
+    });
+    let mut resp =
+        hyper::Response::new(http_body_util::Full::new(hyper::body::Bytes::from(a.body)));
+    *resp.status_mut() =
+        hyper::StatusCode::from_u16(a.status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(a.content_type),
+    );
+    Ok(resp)
 }
 
 #[cfg(test)]

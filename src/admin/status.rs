@@ -4,7 +4,10 @@
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::host::mps::{Control, MpsControl};
+use std::collections::HashMap;
+
+use crate::host::mps::{Control, MpsError, Settings};
+use crate::host::procinfo::ProcId;
 use crate::host::state::StateDir;
 use crate::vocab::Inventory;
 use crate::vocab::{Isolation, Limits, Mode};
@@ -40,6 +43,10 @@ pub struct CapStatus {
     /// Device memory the container uses now: NVML's `currentUsed` of its cgroup (driver), or
     /// the limiter's account (limiter); `None` when neither could be read.
     pub used: Option<u64>,
+    /// Why the cap is not enforced as recorded (the driver's limit on the cgroup is not the
+    /// cap, or cannot be read). Absent when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_enforced: Option<String>,
 }
 
 /// A client's cap with its current use.
@@ -52,11 +59,35 @@ fn cap_status(
     cap: &crate::host::state::Cap,
 ) -> CapStatus {
     let e = &cap.enforcement;
-    let used = match (&e.backend, &e.cgroup) {
-        (crate::vocab::memcap::Backend::Driver, Some(cg)) => inventory
-            .and_then(|i| i.memory_limits(index, cg).ok())
-            .map(|l| l.used),
-        _ => crate::host::account::used_on(&crate::host::account::region_path(sd, id), uuid),
+    let (used, not_enforced) = match (&e.backend, &e.cgroup) {
+        (crate::vocab::memcap::Backend::Driver, Some(cg)) => {
+            match inventory.map(|i| i.memory_limits(index, cg)) {
+                Some(Ok(l)) if l.hard == cap.bytes => (Some(l.used), None),
+                Some(Ok(l)) => (
+                    Some(l.used),
+                    Some(format!(
+                        "the driver's limit on {cg} is {}, not the cap",
+                        if l.hard == crate::vocab::memcap::LIMIT_MAX {
+                            "none".to_owned()
+                        } else {
+                            crate::vocab::size::human(l.hard)
+                        }
+                    )),
+                ),
+                Some(Err(err)) => (
+                    None,
+                    Some(format!(
+                        "the driver's limit on {cg} cannot be read: {}",
+                        crate::vocab::chain(&err)
+                    )),
+                ),
+                None => (None, None),
+            }
+        }
+        _ => (
+            crate::host::account::used_on(&crate::host::account::region_path(sd, id), uuid),
+            None,
+        ),
     };
     CapStatus {
         bytes: cap.bytes,
@@ -64,6 +95,7 @@ fn cap_status(
         cgroup: e.cgroup.clone(),
         why: e.why.clone(),
         used,
+        not_enforced,
     }
 }
 
@@ -74,6 +106,16 @@ pub struct DaemonStatus {
     pub alive: bool,
     pub answers: bool,
     pub pipe: String,
+    /// The daemon's log (capped; see [`crate::host::mps::dirs::LOG_TMPFS_OPTIONS`]).
+    pub log: String,
+}
+
+/// One MPS server of a domain's daemon in `status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerStatus {
+    pub pid: u32,
+    /// Its active thread percentage and pinned memory limit now.
+    pub current: Limits,
 }
 
 /// One MPS isolation domain in `status`.
@@ -85,8 +127,16 @@ pub struct DomainStatus {
     pub enforced: Limits,
     /// The daemon's defaults as it reports them now.
     pub current: Option<Limits>,
-    /// The daemon's defaults differ from what gpushare set (a tenant changed them); the next
-    /// acquire in the domain puts them back.
+    /// The daemon's default client priority as it reports it now (gpushare keeps
+    /// [`crate::host::mps::CLIENT_PRIORITY`]).
+    pub current_priority: Option<u32>,
+    /// The MPS servers the daemon runs (one per uid with clients; only with a GPU), with the
+    /// limits each has now; one that differs from `enforced` is drift too.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<ServerStatus>,
+    /// The daemon's defaults or client priority differ from what gpushare set (a tenant
+    /// changed them); `serve`'s next healing pass, or the next acquire in the domain, puts
+    /// them back.
     pub drift: bool,
     /// Why the domain counts as tampered with: its control socket is held by another process
     /// than the daemon gpushare started (which the next acquire or `gc` restarts in an
@@ -138,6 +188,71 @@ pub struct Status {
     pub profiles: Vec<crate::admin::cdi::ProfileStatus>,
 }
 
+/// What each live daemon gpushare recorded says, keyed by (GPU uuid, domain key).
+type Answers = HashMap<(String, String), Result<Asked, MpsError>>;
+
+/// What one daemon said: its defaults and client priority, and the limits of each server it
+/// runs.
+type Asked = (Settings, Vec<ServerStatus>);
+
+/// Most daemons asked at once (each conversation is over within its own deadline).
+const ASK_AT_ONCE: usize = 64;
+
+/// Asks every live daemon the records name for its settings, all at once: `status` takes about
+/// one daemon's deadline however many of them do not answer. Asked only of the daemon gpushare
+/// started, proven on the socket; nothing is asked when the control binary is missing.
+fn ask_daemons(
+    cfg: &Config,
+    sd: &StateDir,
+    records: &[(
+        String,
+        Result<crate::host::state::Record, crate::host::state::StateError>,
+    )],
+) -> Answers {
+    if Control::new(&cfg.mps.control).is_err() {
+        return Answers::new();
+    }
+    let asks: Vec<((String, String), std::path::PathBuf, ProcId)> = records
+        .iter()
+        .filter_map(|(uuid, rec)| Some((uuid, rec.as_ref().ok()?)))
+        .flat_map(|(uuid, rec)| {
+            rec.domains.iter().filter_map(move |(key, d)| {
+                let dm = d.daemon.as_ref().filter(|dm| dm.process.is_alive())?;
+                Some((
+                    (uuid.clone(), key.clone()),
+                    sd.mps_dirs(uuid, key).pipe,
+                    dm.process,
+                ))
+            })
+        })
+        .collect();
+    let mut answers = Answers::new();
+    for chunk in asks.chunks(ASK_AT_ONCE) {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|(k, pipe, p)| {
+                    let ask = move || {
+                        let settings = crate::host::mps::settings(pipe, *p)?;
+                        let servers = crate::host::mps::server_limits(pipe, *p)
+                            .into_iter()
+                            .map(|(pid, current)| ServerStatus { pid, current })
+                            .collect();
+                        Ok((settings, servers))
+                    };
+                    (k, scope.spawn(ask))
+                })
+                .collect();
+            for (k, h) in handles {
+                if let Ok(r) = h.join() {
+                    answers.insert(k.clone(), r);
+                }
+            }
+        });
+    }
+    answers
+}
+
 /// Why the state dir cannot be read, if it cannot (a missing one is fine: nothing is shared).
 pub fn unreadable(cfg: &Config) -> Option<String> {
     let sd = StateDir::new(&cfg.state_dir);
@@ -177,9 +292,10 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
             profiles: crate::admin::cdi::profiles(cfg),
         };
     }
-    let control = Control::new(&cfg.mps.control).ok();
+    let records = sd.list_records();
+    let answers = ask_daemons(cfg, &sd, &records);
     let mut gpus = Vec::new();
-    for (uuid, rec) in sd.list_records() {
+    for (uuid, rec) in records {
         let rec = match rec {
             Ok(r) => r,
             Err(e) => {
@@ -201,16 +317,16 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
             .domains
             .iter()
             .map(|(key, d)| {
-                let pipe = sd.mps_dirs(&uuid, key).pipe;
-                // Asked only of the daemon gpushare started, proven on the socket.
-                let asked = d
-                    .daemon
-                    .as_ref()
-                    .filter(|dm| dm.process.is_alive())
-                    .zip(control.as_ref())
-                    .map(|(dm, c)| c.defaults(&pipe, dm.process));
-                let current = asked.as_ref().and_then(|r| r.as_ref().ok()).copied();
-                let tampered = match &asked {
+                let dirs = sd.mps_dirs(&uuid, key);
+                let asked = answers.get(&(uuid.clone(), key.clone()));
+                let settings = asked.and_then(|r| r.as_ref().ok()).map(|a| a.0);
+                let servers = asked
+                    .and_then(|r| r.as_ref().ok())
+                    .map(|a| a.1.clone())
+                    .unwrap_or_default();
+                let current = settings.map(|s| s.limits);
+                let current_priority = settings.map(|s| s.priority);
+                let tampered = match asked {
                     Some(Err(e)) if e.is_tampered() => Some(crate::vocab::chain(e)),
                     _ => None,
                 };
@@ -220,12 +336,17 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
                         pid: dm.process.pid,
                         alive: dm.process.is_alive(),
                         answers: current.is_some(),
-                        pipe: pipe.display().to_string(),
+                        pipe: dirs.pipe.display().to_string(),
+                        log: dirs.log.join("control.log").display().to_string(),
                     }),
                     enforced: d.limits,
-                    drift: current.is_some_and(|c| c != d.limits),
+                    drift: settings.is_some_and(|s| {
+                        s.limits != d.limits || s.priority != crate::host::mps::CLIENT_PRIORITY
+                    }) || servers.iter().any(|v| v.current != d.limits),
+                    servers,
                     tampered,
                     current,
+                    current_priority,
                     clients: rec.domain_clients(key),
                     reserved: d.reserved.keys().cloned().collect(),
                 }
@@ -328,13 +449,20 @@ impl Report for Status {
                     d.enforced,
                     if d.drift {
                         format!(
-                            "  DRIFT: daemon has {} (put back at the next acquire)",
-                            d.current.map_or("?".into(), |c| c.to_string())
+                            "  DRIFT: daemon has {}, client priority {} (put back by serve's next healing pass or the next acquire)",
+                            d.current.map_or("?".into(), |c| c.to_string()),
+                            d.current_priority.map_or("?".into(), |p| p.to_string())
                         )
                     } else {
                         String::new()
                     }
                 ));
+                for v in d.servers.iter().filter(|v| v.current != d.enforced) {
+                    out.push_str(&format!(
+                        "    DRIFT: MPS server pid {} has {}\n",
+                        v.pid, v.current
+                    ));
+                }
                 if let Some(t) = &d.tampered {
                     out.push_str(&format!(
                         "    TAMPERED: {t}; the next acquire or gc restarts the daemon in an emptied pipe directory\n"
@@ -362,6 +490,9 @@ impl Report for Status {
                         },
                         k.used.map_or("?".into(), crate::vocab::size::human),
                     ));
+                    if let Some(why) = &k.not_enforced {
+                        out.push_str(&format!("    NOT ENFORCED: {why}\n"));
+                    }
                 }
             }
         }

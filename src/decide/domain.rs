@@ -7,6 +7,14 @@
 //! of the container that created it. NVIDIA's MPS lets a client's own `CUDA_MPS_*` limits only
 //! further constrain the daemon's, so a request above the domain's limits is refused and one
 //! below them is applied in the container's env (advisory).
+//!
+//! A group belongs to a tenant: on Kubernetes a group's domain is keyed by the pod's namespace
+//! as the CRI set it and the group (`g-<namespace>:<group>`), so the same group name in two
+//! namespaces is two domains; `[mps] group_namespaces` may further bind a group to the
+//! namespaces that may name it. Elsewhere (podman, Docker, ctr, runc) whoever may run a
+//! container names any group (`g-<group>`).
+
+use std::collections::HashMap;
 
 use serde::Serialize;
 use thiserror::Error;
@@ -24,6 +32,9 @@ pub struct PlannedDomain {
     pub key: String,
     /// The group, for domains of a named group.
     pub group: Option<String>,
+    /// The Kubernetes namespace the group's domain belongs to (a CRI container's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// The limits this domain enforces if this container creates it.
     pub limits: Limits,
     /// Whether the limits come from the policy (`gpu` isolation or an admin-defined group),
@@ -43,6 +54,14 @@ pub enum DomainError {
         uuid: String,
         enforced: String,
     },
+    #[error(transparent)]
+    Namespace(#[from] crate::decide::kube::NamespaceConflict),
+    #[error("gpu.share.group {group:?} is bound to Kubernetes namespace(s) {allowed} by [mps] group_namespaces; this container's namespace is {namespace}. Use a group of your namespace, or ask the admin")]
+    GroupNotInNamespace {
+        group: String,
+        allowed: String,
+        namespace: String,
+    },
     #[error("runs as uid {uid} but MPS domain {domain} on GPU {uuid} serves uid {serving}, and this driver's MPS has no multi-user server; use another gpu.share.group or the same user")]
     OtherUser {
         uid: u32,
@@ -52,11 +71,20 @@ pub enum DomainError {
     },
 }
 
-/// The domain of an `mps` container `container` asking for `req` under `cfg`.
+/// The domain of an `mps` container `container` asking for `req` under `cfg`; `annotations`
+/// are its spec's, which tell its Kubernetes namespace ([`crate::decide::kube::namespace`]).
 ///
 /// # Errors
-/// [`DomainError::GroupNotAllowed`] when a group is named but the policy has no groups.
-pub fn choose(container: &str, req: &Request, cfg: &Config) -> Result<PlannedDomain, DomainError> {
+/// [`DomainError::GroupNotAllowed`] when a group is named but the policy has no groups;
+/// [`DomainError::Namespace`] when a group is named and the spec's namespace keys disagree;
+/// [`DomainError::GroupNotInNamespace`] when `[mps] group_namespaces` binds the group to other
+/// namespaces.
+pub fn choose(
+    container: &str,
+    req: &Request,
+    annotations: &HashMap<String, String>,
+    cfg: &Config,
+) -> Result<PlannedDomain, DomainError> {
     let isolation = cfg.mps.isolation;
     if let (Some(g), Isolation::Gpu | Isolation::Container) = (&req.group, isolation) {
         return Err(DomainError::GroupNotAllowed {
@@ -75,26 +103,42 @@ pub fn choose(container: &str, req: &Request, cfg: &Config) -> Result<PlannedDom
         (Isolation::Gpu, _) => PlannedDomain {
             key: GPU_DOMAIN.to_owned(),
             group: None,
+            namespace: None,
             limits: cfg.gpu_domain_limits(),
             from_policy: true,
         },
-        (Isolation::Group, Some(g)) => match cfg.group_limits(g) {
-            Some(limits) => PlannedDomain {
-                key: format!("{GROUP_PREFIX}{g}"),
+        (Isolation::Group, Some(g)) => {
+            let namespace = crate::decide::kube::namespace(annotations)?;
+            if let Some(allowed) = cfg.mps.group_namespaces.get(g) {
+                if !namespace.as_ref().is_some_and(|n| allowed.contains(n)) {
+                    return Err(DomainError::GroupNotInNamespace {
+                        group: g.clone(),
+                        allowed: allowed.join(", "),
+                        namespace: namespace
+                            .map_or("none (not a Kubernetes pod)".into(), |n| format!("{n:?}")),
+                    });
+                }
+            }
+            let key = match &namespace {
+                Some(n) => format!("{GROUP_PREFIX}{n}:{g}"),
+                None => format!("{GROUP_PREFIX}{g}"),
+            };
+            let (limits, from_policy) = match cfg.group_limits(g) {
+                Some(limits) => (limits, true),
+                None => (own, false),
+            };
+            PlannedDomain {
+                key,
                 group: Some(g.clone()),
+                namespace,
                 limits,
-                from_policy: true,
-            },
-            None => PlannedDomain {
-                key: format!("{GROUP_PREFIX}{g}"),
-                group: Some(g.clone()),
-                limits: own,
-                from_policy: false,
-            },
-        },
+                from_policy,
+            }
+        }
         (Isolation::Group, None) | (Isolation::Container, _) => PlannedDomain {
             key: format!("{CONTAINER_PREFIX}{container}"),
             group: None,
+            namespace: None,
             limits: own,
             from_policy: false,
         },
@@ -180,6 +224,7 @@ mod tests {
                 Ok(PlannedDomain {
                     key: "gpu".into(),
                     group: None,
+                    namespace: None,
                     limits: policy,
                     from_policy: true,
                 }),
@@ -209,6 +254,7 @@ mod tests {
                 Ok(PlannedDomain {
                     key: "g-a".into(),
                     group: Some("a".into()),
+                    namespace: None,
                     limits: Limits {
                         cores: 30,
                         memory_mib: Some(1024),
@@ -223,6 +269,7 @@ mod tests {
                 Ok(PlannedDomain {
                     key: "g-a".into(),
                     group: Some("a".into()),
+                    namespace: None,
                     limits: Limits {
                         cores: 100,
                         memory_mib: Some(8192),
@@ -237,6 +284,7 @@ mod tests {
                 Ok(PlannedDomain {
                     key: "g-admins".into(),
                     group: Some("admins".into()),
+                    namespace: None,
                     limits: Limits {
                         cores: 40,
                         memory_mib: Some(2048),
@@ -251,6 +299,7 @@ mod tests {
                 Ok(PlannedDomain {
                     key: "c-c1".into(),
                     group: None,
+                    namespace: None,
                     limits: Limits {
                         cores: 20,
                         memory_mib: Some(8192),
@@ -265,6 +314,7 @@ mod tests {
                 Ok(PlannedDomain {
                     key: "c-c1".into(),
                     group: None,
+                    namespace: None,
                     limits: Limits {
                         cores: 100,
                         memory_mib: Some(2048),
@@ -274,8 +324,69 @@ mod tests {
             ),
         ];
         for (what, iso, r, want) in rows {
-            assert_eq!(choose("c1", &r, &cfg(iso)), want, "{what}");
+            assert_eq!(choose("c1", &r, &HashMap::new(), &cfg(iso)), want, "{what}");
         }
+    }
+
+    fn in_namespace(ns: &str) -> HashMap<String, String> {
+        // As containerd's CRI writes it.
+        [
+            ("io.kubernetes.cri.container-type", "container"),
+            ("io.kubernetes.cri.sandbox-namespace", ns),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
+
+    #[test]
+    fn a_group_belongs_to_its_namespace() {
+        let c = cfg(Isolation::Group);
+        let r = req(None, None, Some("team-a"));
+        let key =
+            |ann: &HashMap<String, String>, c: &Config| choose("c1", &r, ann, c).map(|d| d.key);
+        let a = key(&in_namespace("team-a"), &c).unwrap();
+        let evil = key(&in_namespace("evil"), &c).unwrap();
+        assert_eq!(a, "g-team-a:team-a");
+        assert_ne!(a, evil, "the same group in two namespaces is two domains");
+        assert_ne!(a, key(&HashMap::new(), &c).unwrap(), "nor is a non-CRI one");
+        // A pod annotation of the other engine's key cannot move a pod into team-a.
+        let mut forged = in_namespace("evil");
+        forged.insert("io.kubernetes.pod.namespace".into(), "team-a".into());
+        assert!(matches!(
+            choose("c1", &r, &forged, &c),
+            Err(DomainError::Namespace(_))
+        ));
+        // Bound by the policy: only the namespaces listed may name it.
+        let mut bound = cfg(Isolation::Group);
+        bound
+            .mps
+            .group_namespaces
+            .insert("team-a".into(), vec!["team-a".into()]);
+        assert_eq!(key(&in_namespace("team-a"), &bound).unwrap(), a);
+        for ann in [in_namespace("evil"), HashMap::new()] {
+            let e = choose("c1", &r, &ann, &bound).unwrap_err();
+            assert!(matches!(e, DomainError::GroupNotInNamespace { .. }), "{e}");
+        }
+        // The policy key is checked when the policy is read.
+        let path = std::path::Path::new("/etc/gpushare/config.toml");
+        for (text, ok) in [
+            (
+                "[mps]\ngroup_namespaces = { team-a = [\"team-a\", \"ops\"] }\n",
+                true,
+            ),
+            ("[mps]\ngroup_namespaces = { team-a = [] }\n", false),
+            (
+                "[mps]\ngroup_namespaces = { team-a = [\"Team_A\"] }\n",
+                false,
+            ),
+            ("[mps]\ngroup_namespaces = { \"A B\" = [\"a\"] }\n", false),
+        ] {
+            assert_eq!(Config::parse(text, path).is_ok(), ok, "{text}");
+        }
+        // A group the policy does not bind stays open to every namespace.
+        let other = req(None, None, Some("b"));
+        assert!(choose("c1", &other, &in_namespace("evil"), &bound).is_ok());
     }
 
     #[test]

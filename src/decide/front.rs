@@ -67,7 +67,7 @@ pub(crate) fn plan_for(
     let gpus = inventory.gpus()?;
     let mut plan = plan::decide(id, &req, spec, &gpus)?;
     if plan.mode == Mode::Mps {
-        let d = domain::choose(id, &req, cfg)?;
+        let d = domain::choose(id, &req, &spec.annotations, cfg)?;
         if !req.cores_explicit {
             plan.cores = d.limits.cores;
         }

@@ -1,12 +1,21 @@
 //! The Kubernetes names of a container (namespace, pod, container), from the annotations the
-//! CRI engines put into its spec, for metrics and events. Pure.
+//! CRI engines put into its spec, for metrics and events; and its namespace as the CRI set it,
+//! which a group domain belongs to ([`namespace`]). Pure.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
 /// Where each name is read from, first found wins: the kubelet's own labels (which CRI-O also
-/// copies into the spec), containerd's CRI annotations, then CRI-O's.
+/// copies into the spec), containerd's CRI annotations, then CRI-O's. The namespace is read by
+/// [`namespace`] instead.
+///
+/// Every key a container's namespace may be read from. containerd's CRI sets
+/// `io.kubernetes.cri.sandbox-namespace` after the pod annotations it passes through, and CRI-O
+/// copies the kubelet's label `io.kubernetes.pod.namespace` (and its own
+/// `io.kubernetes.cri-o.Namespace`, and the labels as JSON) after the pod's annotations: so on a
+/// CRI engine the engine's own key always holds the pod's real namespace, and a pod annotation
+/// can only add a key of the other engine.
 const NAMESPACE: &[&str] = &[
     "io.kubernetes.pod.namespace",
     "io.kubernetes.cri.sandbox-namespace",
@@ -53,7 +62,7 @@ impl KubeLabels {
             well_formed(labels.get("io.kubernetes.container.name")?)
         };
         KubeLabels {
-            namespace: pick(NAMESPACE),
+            namespace: namespace(annotations).ok().flatten(),
             pod: pick(POD),
             container: pick(CONTAINER).or_else(crio_container),
         }
@@ -63,6 +72,67 @@ impl KubeLabels {
     pub fn is_empty(&self) -> bool {
         self.namespace.is_none() && self.pod.is_none() && self.container.is_none()
     }
+}
+
+/// The namespace keys of a spec disagree, or one is not a namespace: a pod annotation tried
+/// to pass for the engine's own.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the spec names more than one Kubernetes namespace ({found}); a pod annotation may not set io.kubernetes.* namespace keys: remove it")]
+pub struct NamespaceConflict {
+    /// `key=value` of every namespace key found.
+    pub found: String,
+}
+
+/// The container's Kubernetes namespace as its CRI engine set it: every namespace key present
+/// (see [`NAMESPACE`], and `io.kubernetes.pod.namespace` in CRI-O's labels) must name the same
+/// well-formed namespace, since the engine's own key always holds the real one and a pod
+/// annotation can only add another. `None` when there is none (not a CRI container: on
+/// podman, Docker, ctr or runc whoever runs the container writes every annotation).
+///
+/// # Errors
+/// [`NamespaceConflict`] when the keys disagree or one is not a namespace name.
+pub fn namespace(
+    annotations: &HashMap<String, String>,
+) -> Result<Option<String>, NamespaceConflict> {
+    let mut found: Vec<(String, String)> = NAMESPACE
+        .iter()
+        .filter_map(|k| Some(((*k).to_owned(), annotations.get(*k)?.clone())))
+        .collect();
+    if let Some(labels) = annotations.get(CRIO_LABELS) {
+        let labels: HashMap<String, serde_json::Value> =
+            serde_json::from_str(labels).unwrap_or_default();
+        if let Some(v) = labels.get("io.kubernetes.pod.namespace") {
+            found.push((
+                format!("{CRIO_LABELS}[io.kubernetes.pod.namespace]"),
+                v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+            ));
+        }
+    }
+    let Some((_, first)) = found.first() else {
+        return Ok(None);
+    };
+    if found.iter().all(|(_, v)| v == first) && is_namespace(first) {
+        return Ok(Some(first.clone()));
+    }
+    Err(NamespaceConflict {
+        found: found
+            .iter()
+            .map(|(k, v)| format!("{k}={v:?}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
+}
+
+/// Whether `s` is a Kubernetes namespace name (an RFC 1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`,
+/// at most 63 bytes).
+pub fn is_namespace(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
 }
 
 fn well_formed(v: &str) -> Option<String> {
@@ -139,6 +209,78 @@ mod tests {
             ),
             (Some("default"), Some("segfaulter"), Some("main"))
         );
+    }
+
+    #[test]
+    fn the_namespace_is_the_engines_own() {
+        type Row<'a> = (
+            &'a str,
+            &'a [(&'a str, &'a str)],
+            Result<Option<&'a str>, ()>,
+        );
+        let rows: &[Row] = &[
+            ("not a CRI container", &[("gpu.share", "mps")], Ok(None)),
+            (
+                "containerd",
+                &[
+                    ("io.kubernetes.cri.container-type", "container"),
+                    ("io.kubernetes.cri.sandbox-namespace", "team-a"),
+                ],
+                Ok(Some("team-a")),
+            ),
+            (
+                "CRI-O",
+                &[
+                    ("io.kubernetes.pod.namespace", "team-a"),
+                    ("io.kubernetes.cri-o.Namespace", "team-a"),
+                    (
+                        "io.kubernetes.cri-o.Labels",
+                        r#"{"io.kubernetes.pod.namespace":"team-a"}"#,
+                    ),
+                ],
+                Ok(Some("team-a")),
+            ),
+            (
+                "a pod annotation of containerd's key on CRI-O",
+                &[
+                    ("io.kubernetes.pod.namespace", "evil"),
+                    ("io.kubernetes.cri.sandbox-namespace", "team-a"),
+                ],
+                Err(()),
+            ),
+            (
+                "a passed-through pod annotation of CRI-O's key on containerd",
+                &[
+                    ("io.kubernetes.pod.namespace", "team-a"),
+                    ("io.kubernetes.cri.sandbox-namespace", "evil"),
+                ],
+                Err(()),
+            ),
+            (
+                "CRI-O's labels disagree",
+                &[
+                    ("io.kubernetes.pod.namespace", "team-a"),
+                    (
+                        "io.kubernetes.cri-o.Labels",
+                        r#"{"io.kubernetes.pod.namespace":"evil"}"#,
+                    ),
+                ],
+                Err(()),
+            ),
+            (
+                "not a namespace name",
+                &[("io.kubernetes.cri.sandbox-namespace", "Team_A")],
+                Err(()),
+            ),
+        ];
+        for (what, pairs, want) in rows {
+            let got = namespace(&ann(pairs));
+            assert_eq!(
+                got.as_ref().map(|o| o.as_deref()).map_err(|_| ()),
+                want.clone(),
+                "{what}: {got:?}"
+            );
+        }
     }
 
     #[test]

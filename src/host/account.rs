@@ -4,6 +4,7 @@
 //! is parsed as untrusted bytes: a wrong size, magic or version reads as nothing.
 
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -21,17 +22,30 @@ pub fn region_path(sd: &StateDir, id: &str) -> std::path::PathBuf {
 /// region at `path`; `None` when there is no usable region or the GPU is not in it.
 pub fn used_on(path: &Path, uuid: &str) -> Option<u64> {
     let want = uuid_bytes(uuid)?;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)
-        .ok()?;
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
+    let f = open_regular(path)?;
     let mut buf = Vec::with_capacity(SIZE + 1);
     f.take(SIZE as u64 + 1).read_to_end(&mut buf).ok()?;
     used_in(&buf, &want)
+}
+
+/// Opens `path` for reading only if it is a regular file, looked at before it is opened: an
+/// `O_PATH` descriptor (which opens nothing: no FIFO waits, no device driver runs) is checked
+/// with `fstat`, and only then is that same inode opened for reading, through the descriptor.
+/// A link, FIFO, socket or device node a tenant planted there is never opened.
+fn open_regular(path: &Path) -> Option<std::fs::File> {
+    let probe = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    if !probe.metadata().ok()?.is_file() {
+        return None;
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(format!("/proc/self/fd/{}", probe.as_raw_fd()))
+        .ok()
 }
 
 /// [`used_on`] over the region's bytes.
@@ -98,5 +112,41 @@ pub(crate) mod tests {
         let l = dir.path().join("link");
         std::os::unix::fs::symlink(&p, &l).unwrap();
         assert_eq!(used_on(&l, G), None, "a planted symlink is not followed");
+    }
+
+    #[test]
+    fn a_planted_fifo_is_never_opened() {
+        // A writer blocked in open(2) of a FIFO is let go the moment anyone opens its read end:
+        // the oracle of whether the host opened the node at all.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("cache");
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let writer = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let f = std::fs::OpenOptions::new().write(true).open(&p);
+                tx.send(()).unwrap();
+                f
+            })
+        };
+        // Positive control: the writer is really blocked in open(2) before the host looks.
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "the writer's open did not block"
+        );
+        assert_eq!(used_on(&p, G), None);
+        let opened = rx
+            .recv_timeout(std::time::Duration::from_millis(300))
+            .is_ok();
+        // Let the writer go, whatever happened.
+        let _reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&p)
+            .unwrap();
+        writer.join().unwrap().unwrap();
+        assert!(!opened, "used_on opened the planted FIFO");
     }
 }

@@ -44,6 +44,12 @@ pub enum AcquireError {
     NoDomain,
     #[error(transparent)]
     Overcommitted(#[from] crate::decide::admission::Overcommitted),
+    #[error("the container's cgroup {cgroup} is, or is nested with, the cgroup whose driver memory limit container {other} holds on GPU {index}; a container may not name another's cgroup (linux.cgroupsPath). Give it a cgroup of its own")]
+    CgroupTaken {
+        index: u32,
+        cgroup: String,
+        other: String,
+    },
     #[error("cannot set the driver's memory limit of {cap_mib}Mi on {cgroup} for GPU {index}, so the container would run uncapped; it is refused. Check `gpushare-hook doctor`, or ask an admin")]
     DriverLimit {
         index: u32,
@@ -268,7 +274,7 @@ impl<'a> Host<'a> {
             }
             _ => self.plain_share(&mut rec, plan, &mut done),
         }
-        .and_then(|()| self.set_driver_limit(plan, gpu, &mut done));
+        .and_then(|()| self.set_driver_limit(&rec, plan, gpu, &mut done));
         if let Err(e) = result {
             self.rollback(vec![done]);
             return Err(e);
@@ -358,6 +364,7 @@ impl<'a> Host<'a> {
     /// backend enforces its cap; a failure refuses the container (never uncapped).
     fn set_driver_limit(
         &self,
+        rec: &Record,
         plan: &Plan,
         gpu: &PlannedGpu,
         done: &mut Done,
@@ -373,6 +380,18 @@ impl<'a> Host<'a> {
         else {
             return Ok(());
         };
+        let others = rec.clients.iter().filter_map(|(id, c)| {
+            let k = c.cap.as_ref()?;
+            (k.enforcement.backend == Backend::Driver)
+                .then_some((id.as_str(), k.enforcement.cgroup.as_deref()?))
+        });
+        if let Some(other) = crate::host::cgroup::claimed_by(cgroup, others) {
+            return Err(AcquireError::CgroupTaken {
+                index: gpu.index,
+                cgroup: cgroup.clone(),
+                other: other.to_owned(),
+            });
+        }
         // Soft 0: only the hard cap. A soft limit raises every ancestor's `dmem.min`, and the
         // runtime deletes the container's cgroup before poststop could lower it again, so the
         // ancestors would keep the reservation (NVIDIA's MPS memory partitioning guide).

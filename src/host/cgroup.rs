@@ -233,9 +233,50 @@ pub fn choose(
     }
 }
 
+/// The first of `others` (container id, the cgroup its driver limit is set on) whose cgroup is
+/// `cgroup`, or one above or below it: the driver's limit on one would replace, or bound, the
+/// other's. A container whose `linux.cgroupsPath` names another container's cgroup is put into
+/// it by the runtime, so that its cgroup passes as its own.
+pub fn claimed_by<'a>(
+    cgroup: &str,
+    others: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Option<&'a str> {
+    let nested = |a: &str, b: &str| {
+        let (a, b) = (a.trim_end_matches('/'), b.trim_end_matches('/'));
+        a == b || b.starts_with(&format!("{a}/")) || a.starts_with(&format!("{b}/"))
+    };
+    others
+        .into_iter()
+        .find(|(_, theirs)| nested(cgroup, theirs))
+        .map(|(id, _)| id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cgroup_of_another_client_is_claimed() {
+        let others = [
+            ("victim", "/sys/fs/cgroup/system.slice/victim.scope"),
+            ("b", "/sys/fs/cgroup/b"),
+        ];
+        let rows = [
+            ("/sys/fs/cgroup/system.slice/victim.scope", Some("victim")),
+            ("/sys/fs/cgroup/system.slice/victim.scope/", Some("victim")),
+            (
+                "/sys/fs/cgroup/system.slice/victim.scope/sub",
+                Some("victim"),
+            ),
+            ("/sys/fs/cgroup/system.slice", Some("victim")),
+            ("/sys/fs/cgroup/system.slice/victim.scope2", None),
+            ("/sys/fs/cgroup/bb", None),
+            ("/sys/fs/cgroup/own", None),
+        ];
+        for (cg, want) in rows {
+            assert_eq!(claimed_by(cg, others), want, "{cg}");
+        }
+    }
 
     #[test]
     fn proc_cgroup_of_v2_hybrid_and_v1() {

@@ -35,8 +35,10 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         memory_backend: Option<String>,
         cores: u8,
+        /// The Kubernetes names, under keys of their own (`k8s_namespace`, `k8s_pod`,
+        /// `k8s_container`): never under the event's `container`, which is the OCI id.
         #[serde(default, flatten)]
-        kube: KubeLabels,
+        kube: K8sNames,
     },
     Release {
         container: String,
@@ -81,6 +83,36 @@ pub enum Event {
     },
 }
 
+/// A container's Kubernetes names as event keys: `k8s_namespace`, `k8s_pod`, `k8s_container`,
+/// so that no key of an event line is given twice.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct K8sNames {
+    #[serde(
+        rename = "k8s_namespace",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub namespace: Option<String>,
+    #[serde(rename = "k8s_pod", default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(
+        rename = "k8s_container",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub container: Option<String>,
+}
+
+impl From<&KubeLabels> for K8sNames {
+    fn from(k: &KubeLabels) -> Self {
+        K8sNames {
+            namespace: k.namespace.clone(),
+            pod: k.pod.clone(),
+            container: k.container.clone(),
+        }
+    }
+}
+
 impl Event {
     /// A daemon event: `kind` is `start`, `stop`, `restart` or `replace`.
     pub fn daemon(kind: &str, gpu: &str, domain: &str, pid: i32) -> Self {
@@ -109,7 +141,7 @@ pub fn acquired(plan: &crate::decide::plan::Plan, kube: &KubeLabels) -> Event {
             .filter(|_| plan.cap.is_some())
             .map(|e| e.backend.to_string()),
         cores: plan.cores,
-        kube: kube.clone(),
+        kube: K8sNames::from(kube),
     }
 }
 
@@ -313,10 +345,10 @@ mod tests {
                 cap: Some(1 << 30),
                 memory_backend: Some("driver".into()),
                 cores: 50,
-                kube: KubeLabels {
+                kube: K8sNames {
                     namespace: Some("ml".into()),
                     pod: Some("p".into()),
-                    container: None,
+                    container: Some("worker".into()),
                 },
             },
             Event::DaemonReplace {
@@ -342,7 +374,15 @@ mod tests {
             events
         );
         assert!(text.contains(r#""event":"acquire""#), "{text}");
-        assert!(text.contains(r#""namespace":"ml""#), "{text}");
+        assert!(
+            text.contains(r#""k8s_namespace":"ml","k8s_pod":"p","k8s_container":"worker""#),
+            "{text}"
+        );
+        // The OCI id is the only `container` key (serde_json, jq and Python keep the last of
+        // a repeated key).
+        for l in text.lines() {
+            assert!(l.matches(r#""container":"#).count() <= 1, "{l}");
+        }
         assert!(
             text.contains(r#""cap":1073741824,"memory_backend":"driver""#),
             "{text}"

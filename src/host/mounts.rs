@@ -18,6 +18,48 @@ pub struct Entry {
     pub fstype: String,
 }
 
+/// The options of the tmpfs on a container's `shared` directory (the limiter's accounting
+/// file, about 73 KiB, written from inside the container): 1 MiB and 64 inodes, mounted nosuid,
+/// nodev, noexec, so that a tenant's writes there land on a capped tmpfs of their own, never
+/// on the state directory's filesystem.
+pub const SHARED_TMPFS_OPTIONS: &str = "mode=1777,size=1m,nr_inodes=64";
+
+/// Mounts the capped tmpfs ([`SHARED_TMPFS_OPTIONS`]) on `shared` unless one is there.
+///
+/// # Errors
+/// The mount's error (the hook needs CAP_SYS_ADMIN).
+pub fn mount_shared(shared: &Path) -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    if crate::host::mps::is_mount_point(shared) {
+        return Ok(());
+    }
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(
+        Some("tmpfs"),
+        shared,
+        Some("tmpfs"),
+        flags,
+        Some(SHARED_TMPFS_OPTIONS),
+    )
+    .map_err(|e| std::io::Error::other(format!("cannot mount a capped tmpfs on it: {e}")))
+}
+
+/// Removes a per-container directory `dir`: the tmpfs on its `shared` is detached first (a
+/// mount there would keep the directory from going).
+///
+/// # Errors
+/// [`std::fs::remove_dir_all`]'s.
+pub fn remove_container_dir(dir: &Path) -> std::io::Result<()> {
+    use nix::mount::{umount2, MntFlags};
+    let shared = dir.join("shared");
+    while crate::host::mps::is_mount_point(&shared) {
+        if umount2(&shared, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW).is_err() {
+            break;
+        }
+    }
+    std::fs::remove_dir_all(dir)
+}
+
 /// The lines of a mountinfo file that parse; a malformed line is skipped.
 pub fn entries(mountinfo: &str) -> impl Iterator<Item = Entry> + '_ {
     mountinfo.lines().filter_map(parse_line)

@@ -31,7 +31,7 @@ pub fn sweep_pending(sd: &StateDir, max_age: std::time::Duration) -> Vec<PathBuf
             .is_some_and(|age| age > max_age);
         if old
             && e.file_name().to_string_lossy().starts_with(PENDING_PREFIX)
-            && std::fs::remove_dir_all(e.path()).is_ok()
+            && crate::host::mounts::remove_container_dir(&e.path()).is_ok()
         {
             removed.push(e.path());
         }

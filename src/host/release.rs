@@ -562,7 +562,7 @@ impl Host<'_> {
             if id.starts_with(crate::host::pending::PENDING_PREFIX) || clients.contains(&id) {
                 continue;
             }
-            if std::fs::remove_dir_all(e.path()).is_ok() {
+            if crate::host::mounts::remove_container_dir(&e.path()).is_ok() {
                 report.push(format!(
                     "removed {} of a container that is gone",
                     e.path().display()

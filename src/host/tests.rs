@@ -267,7 +267,7 @@ fn mps(cfg: &Config, id: &str, gpus: &[u32], ask: Ask) -> Plan {
         timeslice: None,
         group: ask.group.map(str::to_owned),
     };
-    let planned = domain::choose(id, &req, cfg).expect("domain");
+    let planned = domain::choose(id, &req, &Default::default(), cfg).expect("domain");
     Plan {
         container: id.to_owned(),
         mode: Mode::Mps,

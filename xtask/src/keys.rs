@@ -19,6 +19,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("mps.isolation", "Which containers share one MPS daemon on a GPU: \"gpu\" (all), \"group\" (per gpu.share.group) or \"container\" (one each)."),
     ("mps.groups", "Admin-defined groups: [mps.groups.NAME] with cores and memory, the limits that group's daemon enforces."),
     ("mps.shm_size", "Size cap of each MPS domain's /dev/shm tmpfs (nosuid, nodev, noexec), the one its containers share; what engines give a container's /dev/shm by default."),
+    ("mps.group_namespaces", "Groups bound to the Kubernetes namespaces that alone may name them, like { team-a = [\"team-a\"] }; on Kubernetes every group's domain is its namespace's own either way."),
     ("mps.pipe_readonly", "Mount the domain's MPS pipe directory read-only into containers; off until a GPU shows that clients attach through a read-only one (docs/mps-domains.md)."),
     ("limit.library", "The interception library mounted into limit-mode containers."),
     ("timeslice.smi", "nvidia-smi, by name or path; used to set a GPU's time slice."),

@@ -99,7 +99,12 @@ pub fn inject(
     };
     let wanted = bindings(plan, cfg, &plan.container);
     prepare_host(plan, cfg, &plan.container, Some(&rootfs))?;
-    into_container(pid, &rootfs, &wanted)
+    into_container(pid, &rootfs, &wanted)?;
+    if key != plan.container && key.starts_with(crate::host::pending::PENDING_PREFIX) {
+        // Bound anew from the container's own files: the spec edit's (and its tmpfs) go.
+        let _ = crate::host::mounts::remove_container_dir(&sd.container_dir(&key));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -72,7 +72,7 @@ pub fn prepare_host(
     }
     let res = write_container_dir(&sd, &dir, plan, cfg, image.as_deref());
     if res.is_err() {
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = crate::host::mounts::remove_container_dir(&dir);
     }
     res
 }
@@ -107,6 +107,7 @@ fn write_container_dir(
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(host(&shared)(e)),
         _ => {}
     }
+    crate::host::mounts::mount_shared(&shared).map_err(host(&shared))?;
     // DirBuilder's mode is filtered by the umask; the shared dir must be writable by any user.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777))
@@ -128,7 +129,9 @@ fn write_container_dir(
 /// Removes the per-container host files of `id`. Idempotent, best effort.
 pub fn remove_container_files(cfg: &Config, id: &str) {
     if crate::vocab::is_safe_name(id) {
-        let _ = std::fs::remove_dir_all(StateDir::new(&cfg.state_dir).container_dir(id));
+        let _ = crate::host::mounts::remove_container_dir(
+            &StateDir::new(&cfg.state_dir).container_dir(id),
+        );
     }
 }
 

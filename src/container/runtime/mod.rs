@@ -69,7 +69,7 @@ pub fn run(argv: &[OsString], args: &Args) -> Ended {
                 if let Err(e) = edit_bundle(args, cfg, source.to_hand_on(), &open) {
                     // Nothing runs this container: a directory made for it goes too.
                     if let Some(d) = dir.filter(|d| !had && d.exists()) {
-                        let _ = std::fs::remove_dir_all(d);
+                        let _ = crate::host::mounts::remove_container_dir(&d);
                     }
                     return Ended::Failed(crate::vocab::chain(&e));
                 }
@@ -79,11 +79,11 @@ pub fn run(argv: &[OsString], args: &Args) -> Ended {
                         Ok(code) => {
                             // The create failed: no container has this id, so nothing will
                             // ever release the directory this call made for it.
-                            let _ = std::fs::remove_dir_all(&dir);
+                            let _ = crate::host::mounts::remove_container_dir(&dir);
                             Ended::Next(code)
                         }
                         Err(e) => {
-                            let _ = std::fs::remove_dir_all(&dir);
+                            let _ = crate::host::mounts::remove_container_dir(&dir);
                             Ended::Failed(crate::vocab::chain(&e))
                         }
                     };

@@ -11,6 +11,11 @@ use crate::host::mps::MpsError;
 /// never for a tenant's payload (1 MiB, 256 inodes).
 pub const PIPE_TMPFS_OPTIONS: &str = "mode=0755,size=1m,nr_inodes=256";
 
+/// The log directory's tmpfs: the daemon logs every command a tenant sends on the control
+/// socket, so its log is capped here (4 MiB, 64 inodes), off the state directory's filesystem;
+/// `serve` trims it long before it fills ([`crate::host::mps::spawn::trim_log`]).
+pub const LOG_TMPFS_OPTIONS: &str = "mode=0755,size=4m,nr_inodes=64";
+
 /// The directories of one isolation domain's daemon: `<state>/mps/<id>/{pipe,log,shm}`, and
 /// the `owner` file that names the GPU and domain they belong to.
 #[derive(Debug, Clone)]
@@ -116,14 +121,15 @@ impl MpsDirs {
                     source,
                 })?;
         }
-        // Both are written by tenants: each is a tmpfs of its own with a size (and, for the
-        // pipe directory, an inode) cap, so that filling one hurts only its domain and nothing
-        // lands on the state directory's filesystem; nothing on them runs, opens as a device or
-        // gains privileges.
+        // All three are written by tenants (the log through the daemon, which logs what they
+        // send): each is a tmpfs of its own with a size and an inode cap, so that filling one
+        // hurts only its domain and nothing lands on the state directory's filesystem; nothing
+        // on them runs, opens as a device or gains privileges.
         let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-        let shm_opts = format!("mode=1777,size={shm_size}");
+        let shm_opts = shm_tmpfs_options(shm_size);
         for (path, opts) in [
             (&self.pipe, PIPE_TMPFS_OPTIONS),
+            (&self.log, LOG_TMPFS_OPTIONS),
             (&self.shm, shm_opts.as_str()),
         ] {
             if !is_mount_point(path) {
@@ -165,6 +171,15 @@ impl MpsDirs {
             let _ = std::fs::remove_dir(parent);
         }
     }
+}
+
+/// The shm tmpfs's options for a cap of `shm_size` bytes: an inode cap too (one inode per
+/// 16 KiB of the cap, at least 256), so that empty files cannot exhaust the host's memory.
+pub fn shm_tmpfs_options(shm_size: u64) -> String {
+    format!(
+        "mode=1777,size={shm_size},nr_inodes={}",
+        (shm_size / (16 << 10)).max(256)
+    )
 }
 
 /// Whether `path` is a mount point: as `statx` says, or failing that as mountinfo says.

@@ -147,24 +147,38 @@ impl Control {
 
 /// Sets the daemon's defaults, the limits it enforces on every client (active thread
 /// percentage and pinned device memory of device 0, the only one it sees; `None` memory clears
-/// that limit), and reads them back in the same conversation: the read-back is the proof they
-/// took. Both are always sent, so that a value a tenant changed is put back.
+/// that limit) and its default client priority ([`CLIENT_PRIORITY`]), and reads them back in
+/// the same conversation: the read-back is the proof they took. All are always sent, so that a
+/// value a tenant changed is put back. Then the servers already running get the same limits
+/// ([`restore_servers`]).
 ///
 /// # Errors
 /// [`MpsError`]: not proven, no answer in time, or read back different.
 pub fn set_defaults(pipe: &Path, daemon: ProcId, limits: &Limits) -> Result<(), MpsError> {
     let set = defaults_commands(limits);
-    let cmds = [set[0].as_str(), set[1].as_str(), GET_THREADS, GET_PINNED];
+    let cmds = [
+        set[0].as_str(),
+        set[1].as_str(),
+        SET_PRIORITY,
+        GET_THREADS,
+        GET_PINNED,
+        GET_PRIORITY,
+    ];
     let answer = protocol::converse(pipe, daemon, &cmds, ANSWER_TIMEOUT)?;
-    // `set_default_active_thread_percentage` echoes the value, the memory one says nothing:
-    // the last two lines (or one, with no memory limit) are the read-back.
+    // `set_default_active_thread_percentage` echoes the value, the other two say nothing:
+    // the last three lines (two, with no memory limit) are the read-back.
     let read_back = match limits.memory_mib {
-        Some(_) => answer.lines.len().checked_sub(2),
-        None => answer.lines.len().checked_sub(1),
+        Some(_) => answer.lines.len().checked_sub(3),
+        None => answer.lines.len().checked_sub(2),
     }
-    .map(|from| answer.lines[from..].join("\n"))
-    .and_then(|text| parse_defaults(&text));
-    if read_back == Some(*limits) {
+    .and_then(|from| parse_settings(&answer.lines[from..]));
+    if read_back
+        == Some(Settings {
+            limits: *limits,
+            priority: CLIENT_PRIORITY,
+        })
+    {
+        restore_servers(pipe, daemon, limits);
         Ok(())
     } else {
         Err(MpsError::Command {
@@ -176,18 +190,141 @@ pub fn set_defaults(pipe: &Path, daemon: ProcId, limits: &Limits) -> Result<(), 
 
 const GET_THREADS: &str = "get_default_active_thread_percentage";
 const GET_PINNED: &str = "get_default_device_pinned_mem_limit 0";
+const GET_PRIORITY: &str = "get_default_client_priority";
+const SET_PRIORITY: &str = "set_default_client_priority 0";
+const GET_SERVERS: &str = "get_server_list";
+
+/// The default client priority gpushare keeps on every daemon: 0, NVIDIA's default (normal).
+/// A client may lower its own priority (`CUDA_MPS_CLIENT_PRIORITY`); a tenant that changes the
+/// default changes it for every client that starts after.
+pub const CLIENT_PRIORITY: u32 = 0;
+
+/// What a daemon says its defaults are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Default active thread percentage and pinned memory limit.
+    pub limits: Limits,
+    /// Default client priority.
+    pub priority: u32,
+}
+
+/// Parses the answers to `GET_THREADS`, `GET_PINNED` (no line when unset) and `GET_PRIORITY`.
+fn parse_settings(lines: &[String]) -> Option<Settings> {
+    let (priority, rest) = lines.split_last()?;
+    if rest.is_empty() || rest.len() > 2 {
+        return None;
+    }
+    Some(Settings {
+        limits: parse_defaults(&rest.join("\n"))?,
+        priority: priority.trim().parse().ok()?,
+    })
+}
 
 /// The daemon's current defaults.
 ///
 /// # Errors
 /// [`MpsError`] when it cannot be proven or asked, or answers something else.
 pub fn defaults(pipe: &Path, daemon: ProcId) -> Result<Limits, MpsError> {
-    let answer = protocol::converse(pipe, daemon, &[GET_THREADS, GET_PINNED], ANSWER_TIMEOUT)?;
-    let text = answer.lines.join("\n");
-    parse_defaults(&text).ok_or_else(|| MpsError::Command {
-        command: format!("{GET_THREADS}; {GET_PINNED}"),
-        output: text,
+    settings(pipe, daemon).map(|s| s.limits)
+}
+
+/// The daemon's current defaults and client priority, in one conversation.
+///
+/// # Errors
+/// [`MpsError`] when it cannot be proven or asked, or answers something else.
+pub fn settings(pipe: &Path, daemon: ProcId) -> Result<Settings, MpsError> {
+    let cmds = [GET_THREADS, GET_PINNED, GET_PRIORITY];
+    let answer = protocol::converse(pipe, daemon, &cmds, ANSWER_TIMEOUT)?;
+    parse_settings(&answer.lines).ok_or_else(|| MpsError::Command {
+        command: cmds.join("; "),
+        output: answer.lines.join("\n"),
     })
+}
+
+/// Puts the per-server limits of every server the daemon runs back to `limits`
+/// (`set_active_thread_percentage <pid>`, `set_device_pinned_mem_limit <pid> 0`), which a
+/// tenant could otherwise raise for the server its clients share, and reads them back. Best
+/// effort, each server in a conversation of its own; a failure is logged. A daemon runs a
+/// server only while a GPU client is connected: what a server answers was seen on a GPU
+/// (`tests/gpu/mps-server-settings.sh`, driver 535 on an H100): one pid a line from
+/// `get_server_list`, the set thread percentage echoed, a pinned limit read back as `1G` and
+/// nothing once `0M` cleared it.
+pub fn restore_servers(pipe: &Path, daemon: ProcId, limits: &Limits) {
+    for pid in servers(pipe, daemon) {
+        let cmds = server_commands(pid, limits);
+        let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+        let res = protocol::converse(pipe, daemon, &refs, ANSWER_TIMEOUT);
+        // The echo of the set percentage, then the read-back.
+        let back = res
+            .as_ref()
+            .ok()
+            .and_then(|a| a.lines.get(1..))
+            .and_then(|l| parse_defaults(&l.join("\n")));
+        if back != Some(*limits) {
+            tracing::warn!(
+                "cannot put back the limits of MPS server {pid} in {}: {}",
+                pipe.display(),
+                match res {
+                    Ok(a) => a.lines.join("; "),
+                    Err(e) => crate::vocab::chain(&e),
+                }
+            );
+        }
+    }
+}
+
+/// The pids of the servers the daemon runs (none when it cannot be asked).
+fn servers(pipe: &Path, daemon: ProcId) -> Vec<u32> {
+    protocol::converse(pipe, daemon, &[GET_SERVERS], ANSWER_TIMEOUT)
+        .map(|a| server_pids(&a.lines))
+        .unwrap_or_default()
+}
+
+/// The limits each running server has now, as far as they can be read within about one
+/// [`ANSWER_TIMEOUT`] in all (a server that cannot be read is left out).
+pub fn server_limits(pipe: &Path, daemon: ProcId) -> Vec<(u32, Limits)> {
+    let start = std::time::Instant::now();
+    let mut out = Vec::new();
+    for pid in servers(pipe, daemon) {
+        let left = ANSWER_TIMEOUT.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        let cmds = [
+            format!("get_active_thread_percentage {pid}"),
+            format!("get_device_pinned_mem_limit {pid} 0"),
+        ];
+        let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+        if let Some(l) = protocol::converse(pipe, daemon, &refs, left)
+            .ok()
+            .and_then(|a| parse_defaults(&a.lines.join("\n")))
+        {
+            out.push((pid, l));
+        }
+    }
+    out
+}
+
+/// The server pids in the answer to `get_server_list` (one or more per line).
+fn server_pids(lines: &[String]) -> Vec<u32> {
+    lines
+        .iter()
+        .flat_map(|l| l.split_whitespace())
+        .filter_map(|w| w.parse().ok())
+        .collect()
+}
+
+/// The commands that set server `pid`'s limits and read them back.
+fn server_commands(pid: u32, limits: &Limits) -> [String; 4] {
+    [
+        format!("set_active_thread_percentage {pid} {}", limits.cores),
+        format!(
+            "set_device_pinned_mem_limit {pid} 0 {}M",
+            limits.memory_mib.unwrap_or(0)
+        ),
+        format!("get_active_thread_percentage {pid}"),
+        format!("get_device_pinned_mem_limit {pid} 0"),
+    ]
 }
 
 /// Stops the daemon `daemon` (one gpushare started): `quit` over its proven socket, then
@@ -348,5 +485,56 @@ impl MpsControl for Control {
     }
     fn find_daemon(&self, pipe: &Path) -> Option<ProcId> {
         find::running(pipe)
+    }
+}
+
+#[cfg(test)]
+mod settings_tests {
+    use super::*;
+
+    fn lines(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn settings_are_read_with_or_without_a_memory_limit() {
+        // As NVIDIA's daemon answers GET_THREADS, GET_PINNED (nothing when unset), GET_PRIORITY.
+        type Row<'a> = (&'a [&'a str], Option<(u8, Option<u64>, u32)>);
+        let rows: &[Row] = &[
+            (&["100.0", "0"], Some((100, None, 0))),
+            (&["60.0", "2G", "1"], Some((60, Some(2048), 1))),
+            (&["60.0", "512M", "0"], Some((60, Some(512), 0))),
+            (&["60.0"], None),
+            (&["60.0", "2G", "x"], None),
+            (&["60.0", "2G", "3G", "0"], None),
+            (&[], None),
+        ];
+        for (answer, want) in rows {
+            let got = parse_settings(&lines(answer))
+                .map(|s| (s.limits.cores, s.limits.memory_mib, s.priority));
+            assert_eq!(got, *want, "{answer:?}");
+        }
+    }
+
+    #[test]
+    fn server_pids_and_their_commands() {
+        assert_eq!(
+            server_pids(&lines(&["12", "34 56", "Server list:"])),
+            [12, 34, 56]
+        );
+        assert!(server_pids(&[]).is_empty());
+        let limits = Limits {
+            cores: 30,
+            memory_mib: Some(1024),
+        };
+        assert_eq!(
+            server_commands(7, &limits),
+            [
+                "set_active_thread_percentage 7 30".to_owned(),
+                "set_device_pinned_mem_limit 7 0 1024M".to_owned(),
+                "get_active_thread_percentage 7".to_owned(),
+                "get_device_pinned_mem_limit 7 0".to_owned()
+            ]
+        );
     }
 }

@@ -41,8 +41,46 @@ fn daemon_answers(pipe: &Path, proc: ProcId) -> bool {
     .is_ok_and(|a| !a.lines.is_empty())
 }
 
-/// Size past which the daemon's log is moved aside to `<log>.1` when a daemon starts.
-const LOG_KEEP_BYTES: u64 = 8 << 20;
+/// Size past which the daemon's log is moved aside to `<log>.1` when a daemon starts, and
+/// trimmed by [`trim_log`] while it runs (its tmpfs holds 4 MiB).
+const LOG_KEEP_BYTES: u64 = 1 << 20;
+
+/// What [`trim_log`] keeps of a trimmed log, in `<log>.1`.
+const LOG_TAIL_BYTES: u64 = 256 << 10;
+
+/// Trims the running daemon's `control.log` in `log_dir` when it has grown past
+/// [`LOG_KEEP_BYTES`]: its last [`LOG_TAIL_BYTES`] go to `control.log.1` and it starts again
+/// empty (the daemon writes it in append mode, so its next line lands at the start). Never
+/// through a link; says whether it trimmed.
+pub fn trim_log(log_dir: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = log_dir.join("control.log");
+    let Ok(mut f) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&path)
+    else {
+        return false;
+    };
+    let len = match f.metadata() {
+        Ok(m) if m.is_file() && m.len() > LOG_KEEP_BYTES => m.len(),
+        _ => return false,
+    };
+    let mut tail = Vec::new();
+    let read = f
+        .seek(SeekFrom::Start(len - LOG_TAIL_BYTES.min(len)))
+        .and_then(|_| (&mut f).take(LOG_TAIL_BYTES).read_to_end(&mut tail));
+    // Room first (the tmpfs may be full), then the tail.
+    if read.is_err() || f.set_len(0).is_err() {
+        return false;
+    }
+    let old = log_dir.join("control.log.1");
+    let _ = std::fs::remove_file(&old);
+    let _ = crate::host::state::write_atomic(&old, &tail, 0o640);
+    true
+}
 
 /// Opens the daemon's log file for appending, never through a link; one grown past
 /// [`LOG_KEEP_BYTES`] is first moved aside to `<path>.1` (replacing an older one).
@@ -268,8 +306,36 @@ mod sandbox_error_tests {
 
 #[cfg(test)]
 mod log_tests {
-    use super::{open_log, LOG_KEEP_BYTES};
+    use super::{open_log, trim_log, LOG_KEEP_BYTES, LOG_TAIL_BYTES};
     use std::io::Write;
+
+    #[test]
+    fn a_running_daemons_log_is_trimmed_to_its_tail_and_appended_to_after() {
+        let t = tempfile::tempdir().unwrap();
+        let log = t.path().join("control.log");
+        let mut f = open_log(&log).unwrap();
+        f.write_all(b"small\n").unwrap();
+        assert!(!trim_log(t.path()), "a small log is left as it is");
+        let mut big = vec![b'a'; LOG_KEEP_BYTES as usize];
+        big.extend_from_slice(b"the last line\n");
+        f.write_all(&big).unwrap();
+        assert!(trim_log(t.path()));
+        let old = std::fs::read(t.path().join("control.log.1")).unwrap();
+        assert_eq!(old.len() as u64, LOG_TAIL_BYTES);
+        assert!(old.ends_with(b"the last line\n"));
+        // The daemon's descriptor (append mode) writes at the start of the emptied file.
+        f.write_all(b"next\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "next\n");
+        let target = t.path().join("elsewhere");
+        std::fs::write(&target, vec![b'x'; LOG_KEEP_BYTES as usize + 1]).unwrap();
+        std::fs::remove_file(&log).unwrap();
+        std::os::unix::fs::symlink(&target, &log).unwrap();
+        assert!(!trim_log(t.path()), "a link is not followed");
+        assert_eq!(
+            std::fs::metadata(&target).unwrap().len(),
+            LOG_KEEP_BYTES + 1
+        );
+    }
 
     #[test]
     fn a_grown_log_is_moved_aside_once_and_links_are_refused() {
