@@ -90,6 +90,12 @@ pub fn create_runtime(
             c.spec.linux.cgroups_path.as_deref(),
             &c.id,
         ));
+        // An image without glibc: served where the driver enforces the cap, refused where
+        // only the limiter could.
+        let rootfs = crate::decide::input::rootfs_of(&c.spec, Some(state.bundle()))
+            .unwrap_or_else(|| state.bundle().join("rootfs"));
+        crate::container::inject::libc::settle(&mut plan, cfg, Some(&rootfs))
+            .map_err(crate::container::inject::InjectError::from)?;
     }
     if dry_run {
         return Ok(Outcome::Done(Box::new(plan)));

@@ -105,32 +105,52 @@ pub fn edit_config(
     // directories are reserved under the GPU's lock, so that a release of the GPU's last
     // client before this container's hook runs does not remove them. A container joining a
     // running domain without naming a limit gets the domain's limits in its env.
-    if plan.mode == Mode::Mps {
-        let host = crate::host::acquire::Host::new(cfg, inventory.as_ref());
-        if let Some(domain) = plan.domain.clone() {
-            for gpu in &plan.gpus {
-                if let Some(enforced) = host.reserve(gpu, &domain, &key)? {
-                    if !plan.cores_explicit {
-                        plan.cores = enforced.cores;
-                    }
-                    if plan.memory.is_none() {
-                        plan.memory = enforced.memory_mib.map(|m| m << 20);
+    let rootfs = rootfs_of(&spec, ctx.bundle);
+    // A capped mps or timeslice share in an image without glibc gets no limiter in the spec;
+    // the hook, which knows what enforces the cap, serves or refuses it.
+    crate::container::inject::libc::settle(&mut plan, cfg, rootfs.as_deref())
+        .map_err(crate::container::inject::InjectError::from)?;
+    let host = crate::host::acquire::Host::new(cfg, inventory.as_ref());
+    let mut reserved = Vec::new();
+    let result = (|| -> Result<Option<Vec<u8>>, Error> {
+        if plan.mode == Mode::Mps {
+            if let Some(domain) = plan.domain.clone() {
+                for gpu in &plan.gpus {
+                    let enforced = host.reserve(gpu, &domain, &key)?;
+                    reserved.push(gpu.clone());
+                    if let Some(enforced) = enforced {
+                        if !plan.cores_explicit {
+                            plan.cores = enforced.cores;
+                        }
+                        if plan.memory.is_none() {
+                            plan.memory = enforced.memory_mib.map(|m| m << 20);
+                        }
                     }
                 }
             }
         }
+        let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
+        // Read as every entry point reads a config; the edited document keeps every other
+        // member.
+        let edited = input::deep_scope(bytes, || -> Result<Option<Vec<u8>>, Error> {
+            let mut value = input::parse_config(bytes, &path)?;
+            let before = value.clone();
+            spec_edit::apply(&mut value, &edit)?;
+            Ok((value != before)
+                .then(|| serde_json::to_vec(&value).expect("JSON value serialises")))
+        })?;
+        inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
+        Ok(edited)
+    })();
+    if result.is_err() {
+        // A refused edit holds nothing: its reservations and the directories only they kept
+        // go now (not when they expire), and so do the per-container files.
+        for gpu in &reserved {
+            host.unreserve(gpu, &key);
+        }
+        inject::remove_container_files(cfg, &key);
     }
-    let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
-    // Read as every entry point reads a config; the edited document keeps every other member.
-    let edited = input::deep_scope(bytes, || -> Result<Option<Vec<u8>>, Error> {
-        let mut value = input::parse_config(bytes, &path)?;
-        let before = value.clone();
-        spec_edit::apply(&mut value, &edit)?;
-        Ok((value != before).then(|| serde_json::to_vec(&value).expect("JSON value serialises")))
-    })?;
-    let rootfs = rootfs_of(&spec, ctx.bundle);
-    inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
-    Ok(edited)
+    result
 }
 
 /// Hook-entry env that carries a precreate refusal to the createRuntime hook: podman drops a
@@ -296,6 +316,7 @@ mod tests {
             memory: None,
             cap: None,
             enforcement: None,
+            without_limiter: None,
             cores: 100,
             cores_explicit: false,
             timeslice: None,

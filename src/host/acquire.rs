@@ -318,9 +318,9 @@ impl<'a> Host<'a> {
         Ok(done)
     }
 
-    /// Refuses a request whose memory cap (or an uncapped share, counted as the whole GPU)
-    /// would take the caps of the GPU's shares above `[policy] memory_overcommit` times its
-    /// memory. A GPU whose size NVML does not report is not counted (logged).
+    /// Refuses a request whose memory cap (or an uncapped share under `[policy] uncapped =
+    /// "whole-gpu"`) would take the caps of the GPU's shares above `[policy] memory_overcommit`
+    /// times its memory. A GPU whose size NVML does not report is not counted (logged).
     fn admit_memory(
         &self,
         rec: &Record,
@@ -350,6 +350,7 @@ impl<'a> Host<'a> {
             holders,
             plan.cap,
             self.cfg.policy.memory_overcommit,
+            self.cfg.policy.uncapped,
         )?;
         Ok(())
     }
@@ -792,6 +793,24 @@ impl<'a> Host<'a> {
             .insert(key.to_owned(), now);
         self.state.save(&rec)?;
         Ok(enforced)
+    }
+
+    /// Drops what [`Host::reserve`] made for `key` on `gpu` (the reservation, and the domain
+    /// directories only it kept), under the GPU's lock: a spec edit that is refused after
+    /// reserving leaves nothing. Best effort (logged): the reservation expires anyway.
+    pub fn unreserve(&self, gpu: &PlannedGpu, key: &str) {
+        match self.state.lock(
+            &gpu.uuid,
+            self.lock_timeout(),
+            &format!("refused spec edit for {key}"),
+        ) {
+            Ok(_lock) => self.drop_reservations(gpu, key, None),
+            Err(e) => tracing::warn!(
+                uuid = %gpu.uuid,
+                error = %crate::vocab::chain(&e),
+                "cannot drop a refused spec edit's reservation; it expires"
+            ),
+        }
     }
 }
 

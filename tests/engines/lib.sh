@@ -92,9 +92,6 @@ next = ["${NEXT_RUNTIME:-runc}"]
 hook = "$HOOK"
 ${1:-}
 EOF
-    # Tests of other features run several uncapped shares on one GPU; the admission by memory
-    # (uncapped = "whole-gpu", overcommit 1.0 by default) is tested on its own.
-    grep -q '^\[policy\]' "$CONFIG" || printf '[policy]\nmemory_overcommit = 100.0\n' >>"$CONFIG"
 }
 write_config
 
