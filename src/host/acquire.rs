@@ -795,6 +795,24 @@ impl<'a> Host<'a> {
         Ok(enforced)
     }
 
+    /// Drops the reservations made under `key` on every GPU that holds one (and the domain
+    /// directories only they kept): a container refused after a spec edit reserved for it
+    /// holds nothing.
+    pub fn forget(&self, key: &str) {
+        for (uuid, rec) in self.state.list_records() {
+            let Ok(rec) = rec else { continue };
+            if !rec.domains.values().any(|d| d.reserved.contains_key(key)) {
+                continue;
+            }
+            let gpu = PlannedGpu {
+                index: rec.index,
+                uuid,
+                ordinal: 0,
+            };
+            self.unreserve(&gpu, key);
+        }
+    }
+
     /// Drops what [`Host::reserve`] made for `key` on `gpu` (the reservation, and the domain
     /// directories only it kept), under the GPU's lock: a spec edit that is refused after
     /// reserving leaves nothing. Best effort (logged): the reservation expires anyway.
