@@ -86,7 +86,14 @@ pub fn edit_config(
     if !crate::decide::front::may_ask(bytes, &Default::default()) {
         return Ok(None);
     }
-    let spec = input::parse_spec(bytes, &path)?;
+    let mut spec = input::parse_spec(bytes, &path)?;
+    // A gpushare CDI device in the spec: its profile stands among the annotations, as in the
+    // hook it put there (`--profile`); an annotation that contradicts it is refused.
+    if let Some(name) =
+        crate::decide::profile::named(&spec.hooks.create_runtime, &spec.process.env)?
+    {
+        crate::decide::profile::find(cfg, &name)?.apply(&mut spec.annotations)?;
+    }
     let key = match ctx.id {
         Some(id) => {
             crate::decide::input::check_id(id)?;
