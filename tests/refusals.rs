@@ -268,3 +268,151 @@ fn a_create_runtime_refused_for_another_mode_after_a_reservation_leaves_nothing(
     assert!(err.contains("serves timeslice"), "{err}");
     assert_eq!(world(&sb), before, "the refusal left something: {err}");
 }
+
+/// The refusal events of the event log (next to the sandbox's log file), as (container,
+/// reason).
+fn refusal_events(sb: &Sandbox) -> Vec<(String, String)> {
+    std::fs::read_to_string(sb.path().join("gpushare-events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line"))
+        .filter(|v| v["event"] == "refusal")
+        .map(|v| {
+            (
+                v["container"].as_str().unwrap_or("").to_owned(),
+                v["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// `gpushare_refusals_total` by reason, as `metrics` prints it.
+fn refusals_total(sb: &Sandbox) -> Vec<(String, f64)> {
+    let out = sb.hook(&["metrics"], "");
+    ok(&out);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("gpushare_refusals_total{"))
+        .filter_map(|l| {
+            let reason = l.split("reason=\"").nth(1)?.split('"').next()?;
+            let value = l.rsplit(' ').next()?.parse().ok()?;
+            Some((reason.to_owned(), value))
+        })
+        .collect()
+}
+
+#[test]
+fn every_refusal_is_counted_and_written_once_whichever_stage_refused_it() {
+    let sb = Sandbox::new(1);
+    let _c = Cleanup(sb.path().to_path_buf());
+    // A node that has shared before (counters live in its state directory).
+    let b = sb.bundle(
+        "ok",
+        &spec(
+            json!({"gpu.share": "timeslice"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
+    let c = FakeContainer::start();
+    ok(&sb.hook(
+        &["createRuntime"],
+        &Sandbox::state_json("c-ok", c.pid(), &b),
+    ));
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("c-ok", 0, &b)));
+    assert_eq!(
+        refusals_total(&sb),
+        [],
+        "positive control: nothing counted yet"
+    );
+    let bad = json!({"gpu.share": "mps", "gpu.share.memory": "lots"});
+    // Stage 1: precreate refuses, and carries the refusal to the container's createRuntime
+    // hook, which reports it.
+    let (cfg, _) = config(&sb, "pre", bad.clone(), 0);
+    let out = sb.hook(&["precreate"], &cfg.to_string());
+    ok(&out);
+    let edited: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(refused_line(&edited).is_some(), "positive control: refused");
+    assert_eq!(refusal_events(&sb), [], "precreate only carries it");
+    let entry_env: Vec<(String, String)> = edited["hooks"]["createRuntime"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.as_str()?.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let env: Vec<(&str, &str)> = entry_env
+        .iter()
+        .filter(|(k, _)| k.starts_with("GPUSHARE_REFUSED"))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let b = sb.bundle("pre", &edited);
+    let out = sb.hook_env(
+        &["createRuntime"],
+        &Sandbox::state_json("c-pre", 1, &b),
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        refusal_events(&sb),
+        [("c-pre".to_owned(), "request".to_owned())]
+    );
+
+    // Stage 2: gpushare-runtime refuses; no hook of the container runs.
+    let (_, b) = config(&sb, "rt", bad.clone(), 0);
+    let out = std::process::Command::new(common::hook_bin().with_file_name("gpushare-runtime"))
+        .args(["create", "--bundle", b.to_str().unwrap(), "c-rt"])
+        .env_clear()
+        .envs(sb.env())
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // Stage 3: the createRuntime hook alone (hooks-only, CRI-O's hooks dir, CDI).
+    let b = sb.bundle("hook", &spec(bad, &["NVIDIA_VISIBLE_DEVICES=0"]));
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("c-hook", 1, &b));
+    assert_eq!(out.status.code(), Some(1));
+    // Stage 1 again, for another reason, found after the request was read: no C library for
+    // limit mode in the image.
+    let (cfg, b) = config(&sb, "nolibc", json!({"gpu.share": "limit"}), 0);
+    std::fs::remove_dir_all(b.join("rootfs")).unwrap();
+    std::fs::create_dir_all(b.join("rootfs/tmp")).unwrap();
+    let out = sb.hook(&["precreate"], &cfg.to_string());
+    let edited: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let line = refused_line(&edited).expect("refused");
+    assert!(line.contains("no C library"), "{line}");
+    let reason = edited["hooks"]["createRuntime"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|e| e.as_str()?.strip_prefix("GPUSHARE_REFUSED_REASON="))
+        .expect("the reason travels with the refusal")
+        .to_owned();
+    let b = sb.bundle("nolibc2", &edited);
+    let out = sb.hook_env(
+        &["createRuntime"],
+        &Sandbox::state_json("c-nolibc", 1, &b),
+        &[
+            ("GPUSHARE_REFUSED", line.as_str()),
+            ("GPUSHARE_REFUSED_REASON", reason.as_str()),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+
+    let want: Vec<(String, String)> = [
+        ("c-pre", "request"),
+        ("c-rt", "request"),
+        ("c-hook", "request"),
+        ("c-nolibc", "inject"),
+    ]
+    .iter()
+    .map(|(c, r)| ((*c).to_owned(), (*r).to_owned()))
+    .collect();
+    assert_eq!(refusal_events(&sb), want, "one event per refusal");
+    let mut totals = refusals_total(&sb);
+    totals.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        totals,
+        [("inject".to_owned(), 1.0), ("request".to_owned(), 3.0)],
+        "one count per refusal"
+    );
+}

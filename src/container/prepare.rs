@@ -164,6 +164,9 @@ pub fn edit_config(
 /// precreate hook's stderr, runc shows a createRuntime hook's. Set only by precreate in the
 /// entry it adds; a container that sets it in its own hook entries only refuses itself.
 pub const REFUSED_ENV: &str = "GPUSHARE_REFUSED";
+/// Hook-entry env beside [`REFUSED_ENV`]: the refusal's reason label, for the count and the
+/// event the createRuntime hook writes.
+pub const REFUSED_REASON_ENV: &str = "GPUSHARE_REFUSED_REASON";
 /// Longest refusal message carried.
 const MAX_REFUSAL: usize = 4096;
 
@@ -232,8 +235,14 @@ pub fn precreate(
         Ok(edited) => Ok(Precreated::Config(edited.unwrap_or(bytes))),
         Err(e) => {
             let message = crate::vocab::chain(&e);
-            let config = mark_refused(&bytes, &cfg.runtime.hook, config_path.as_deref(), &message)
-                .map_err(|_| e)?;
+            let config = mark_refused(
+                &bytes,
+                &cfg.runtime.hook,
+                config_path.as_deref(),
+                &message,
+                e.reason(),
+            )
+            .map_err(|_| e)?;
             Ok(Precreated::Refused { config, message })
         }
     }
@@ -250,9 +259,12 @@ pub fn mark_refused(
     hook: &Path,
     config_path: Option<&Path>,
     message: &str,
+    reason: &str,
 ) -> Result<Vec<u8>, Error> {
     // Read as every entry point reads a config (runc's rules, deep nesting on a deep stack).
-    input::deep_scope(bytes, || mark_parsed(bytes, hook, config_path, message))
+    input::deep_scope(bytes, || {
+        mark_parsed(bytes, hook, config_path, message, reason)
+    })
 }
 
 fn mark_parsed(
@@ -260,6 +272,7 @@ fn mark_parsed(
     hook: &Path,
     config_path: Option<&Path>,
     message: &str,
+    reason: &str,
 ) -> Result<Vec<u8>, Error> {
     let mut v = input::parse_config(bytes, Path::new("<stdin>"))?;
     let mut line: String = message.replace(['\n', '\r', '\0'], " ");
@@ -271,6 +284,7 @@ fn mark_parsed(
         line.truncate(cut);
     }
     let mut env = vec![format!("PATH={SAFE_PATH}"), format!("{REFUSED_ENV}={line}")];
+    env.push(format!("{REFUSED_REASON_ENV}={reason}"));
     if let Some(p) = config_path {
         env.push(format!("{}={}", config::ENV_PATH, p.display()));
     }
@@ -354,8 +368,14 @@ mod tests {
             ),
         ];
         for (what, input) in rows {
-            let out =
-                mark_refused(input.as_bytes(), Path::new("/h"), None, "bad\nrequest").unwrap();
+            let out = mark_refused(
+                input.as_bytes(),
+                Path::new("/h"),
+                None,
+                "bad\nrequest",
+                "request",
+            )
+            .unwrap();
             let v: Value = serde_json::from_slice(&out).unwrap();
             let first = &v["hooks"]["createRuntime"][0];
             assert_eq!(first["path"], "/h", "{what}");
@@ -368,6 +388,7 @@ mod tests {
                 Path::new("/h"),
                 Some(Path::new("/c.toml")),
                 "m",
+                "request",
             )
             .unwrap(),
         )
@@ -376,8 +397,8 @@ mod tests {
             v["hooks"]["createRuntime"][1]["path"], "/other",
             "kept after ours"
         );
-        assert!(mark_refused(b"[1]", Path::new("/h"), None, "m").is_err());
-        assert!(mark_refused(b"nope", Path::new("/h"), None, "m").is_err());
+        assert!(mark_refused(b"[1]", Path::new("/h"), None, "m", "request").is_err());
+        assert!(mark_refused(b"nope", Path::new("/h"), None, "m", "request").is_err());
     }
 
     #[test]
