@@ -177,7 +177,7 @@ fn a_create_runtime_refused_after_a_reservation_leaves_nothing() {
             json!({"gpu.share": "mps", "gpu.share.group": "g", "gpu.share.memory": "41Gi"}),
             0,
             |_| {},
-            "cannot take 41984Mi more",
+            "41984Mi",
         ),
         (
             // The spec edit cannot know what will enforce the cap; the hook finds the limiter
