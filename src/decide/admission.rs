@@ -66,7 +66,8 @@ pub fn allowed(total: u64, overcommit: f64) -> u64 {
 /// bytes, whose current shares are `holders` (container id, cap).
 ///
 /// # Errors
-/// [`Overcommitted`] when the caps would add up to more than `overcommit` times `total`.
+/// [`Overcommitted`] (boxed: it names every holder) when the caps would add up to more than
+/// `overcommit` times `total`.
 pub fn admit<'a>(
     index: u32,
     uuid: &str,
@@ -75,7 +76,7 @@ pub fn admit<'a>(
     asked: Option<u64>,
     overcommit: f64,
     uncapped: Uncapped,
-) -> Result<(), Overcommitted> {
+) -> Result<(), Box<Overcommitted>> {
     let holders: Vec<(&str, Option<u64>)> = holders.into_iter().collect();
     let held = committed(total, holders.iter().map(|(_, c)| *c), uncapped);
     let budget = allowed(total, overcommit);
@@ -103,7 +104,7 @@ pub fn admit<'a>(
         Some(_) if uncapped_holder => "Wait for them to stop, or ask an admin for [policy] uncapped = \"share\" (an uncapped share then reserves nothing) or a larger memory_overcommit".to_owned(),
         Some(_) => "Wait for one of them to stop, or ask an admin to raise memory_overcommit".to_owned(),
     };
-    Err(Overcommitted {
+    Err(Box::new(Overcommitted {
         index,
         uuid: uuid.to_owned(),
         total_mib: to_mib(total),
@@ -117,7 +118,7 @@ pub fn admit<'a>(
         uncapped,
         holders: list,
         advice,
-    })
+    }))
 }
 
 #[cfg(test)]
@@ -288,7 +289,8 @@ mod tests {
 
     #[test]
     fn a_container_that_asked_for_no_cap_is_never_told_to_ask_for_less() {
-        let rows: [(&str, Vec<(&str, Option<u64>)>, Option<u64>); 3] = [
+        type Holders = Vec<(&'static str, Option<u64>)>;
+        let rows: [(&str, Holders, Option<u64>); 3] = [
             ("uncapped after a cap", vec![("c1", Some(GIB))], None),
             ("uncapped after uncapped", vec![("c1", None)], None),
             (

@@ -43,7 +43,7 @@ pub enum AcquireError {
     #[error("an mps plan without an isolation domain")]
     NoDomain,
     #[error(transparent)]
-    Overcommitted(#[from] crate::decide::admission::Overcommitted),
+    Overcommitted(#[from] Box<crate::decide::admission::Overcommitted>),
     #[error("cannot set the driver's memory limit of {cap_mib}Mi on {cgroup} for GPU {index}, so the container would run uncapped; it is refused. Check `gpushare-hook doctor`, or ask an admin")]
     DriverLimit {
         index: u32,

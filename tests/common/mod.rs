@@ -121,7 +121,6 @@ impl Sandbox {
         let has_nvml = tables.iter().any(|l| l.trim() == "[nvml]");
         // Tables the harness adds go before the test's own, so that a test that copies part
         // of a written policy into a new one does not copy them twice.
-        let tables = tables;
         let mut ours: Vec<String> = Vec::new();
         // A memory cap preloads the limiter in every mode: the one this build made.
         if !tables.iter().any(|l| l.trim() == "[limit]") {
