@@ -537,6 +537,25 @@ fn the_shipped_policy_lets_uncapped_shares_share_a_gpu_and_admits_caps_against_i
             && text.contains("uncapped: reserves no GPU memory, no guarantee"),
         "{text}"
     );
+    let metrics = sb.hook(&["metrics"], "");
+    ok(&metrics);
+    let m = String::from_utf8_lossy(&metrics.stdout);
+    let info = |id: &str| {
+        m.lines()
+            .find(|l| {
+                l.starts_with("gpushare_container_info{") && l.contains(&format!("id=\"{id}\""))
+            })
+            .unwrap_or_else(|| panic!("no info line for {id}: {m}"))
+            .to_owned()
+    };
+    assert!(info("u9").contains("memory=\"uncapped\""), "{}", info("u9"));
+    assert!(info("a").contains("memory=\"capped\""), "{}", info("a"));
+    let doctor = sb.hook(&["doctor", "--json"], "");
+    let d = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        d.contains("an uncapped share reserves nothing (uncapped: no guarantee"),
+        "doctor says what an uncapped share gets: {d}"
+    );
 }
 
 #[test]
