@@ -316,7 +316,9 @@ pub fn settle(
     if plan.mode == crate::vocab::Mode::Limit || plan.cap.is_none() {
         return Ok(());
     }
-    let Some(rootfs) = rootfs else {
+    // Unknown, or not there (a dry run on a bundle without its rootfs): nothing to settle; the
+    // limiter's own check refuses it later if it cannot load.
+    let Some(rootfs) = rootfs.filter(|r| r.is_dir()) else {
         return Ok(());
     };
     let libc = match check(rootfs) {
