@@ -58,9 +58,7 @@ fn main() {
         }
     );
     let limiter = sim.with_file_name("libgpushare_limiter.so");
-    // Many uncapped shares on one GPU: the admission by memory counts them as the whole GPU
-    // each unless overcommitted.
-    let policy = format!("[limit]\nlibrary = {limiter:?}\n[policy]\nmemory_overcommit = 100.0\n");
+    let policy = format!("[limit]\nlibrary = {limiter:?}\n");
     std::fs::write(
         d.join("config.toml"),
         format!(

@@ -183,6 +183,7 @@ fn main() {
         memory: Some(1 << 30),
         cap: Some(1 << 30),
         enforcement: None,
+        without_limiter: None,
         cores: 100,
         cores_explicit: false,
         timeslice: None,

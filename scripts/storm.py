@@ -60,9 +60,7 @@ class World:
         with open(self.config, "w") as f:
             f.write(f'state_dir = "{self.state}"\nlog_file = "{self.dir}/log"\nlock_timeout_seconds = 20\n'
                     f'[nvml]\nlibrary = "{sim_lib}"\n[limit]\nlibrary = "{limiter}"\n'
-                    f'[mps]\nisolation = "{ISOLATION}"\n'
-                    # many uncapped shares per GPU: admission by memory is tested elsewhere
-                    f'[policy]\nmemory_overcommit = 100.0\n')
+                    f'[mps]\nisolation = "{ISOLATION}"\n')
         self.env = {
             "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "GPUSHARE_CONFIG": self.config,

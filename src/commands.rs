@@ -12,7 +12,6 @@ use crate::container::hook::{self, Outcome};
 use crate::container::prepare::{self, Precreated};
 use crate::host::events::{self, Event};
 use crate::host::inventory::{self, Unavailable};
-use crate::host::state::StateError;
 use crate::vocab::chain;
 
 /// The policy and where it came from.
@@ -116,31 +115,16 @@ fn count_request(ctx: &Ctx, started: std::time::Instant) {
     });
 }
 
+/// createRuntime when the policy file cannot be loaded: the refusal is counted and written (to
+/// the state and event log the file names where it can be read), once.
+pub fn count_policy_refusal(ctx: &Ctx, err: &ConfigError, stdin: impl Read) {
+    let input = read_state_input(stdin).unwrap_or_default();
+    crate::container::error::record_refusal(&ctx.cfg, &container_id(&input), "policy", &chain(err));
+}
+
 /// The reason label of a refusal, for `gpushare_refusals_total`.
 fn refusal_reason(e: &Error) -> &'static str {
-    use crate::host::acquire::AcquireError;
-    match e {
-        Error::Config(_) => "policy",
-        Error::Input(_) => "input",
-        Error::Decide(_) => "request",
-        Error::Inventory(_) | Error::Acquire(AcquireError::Inventory(_)) => "nvml",
-        Error::Acquire(AcquireError::Busy { .. }) => "busy",
-        Error::Acquire(AcquireError::Domain(_) | AcquireError::NoDomain) => "domain",
-        Error::Acquire(AcquireError::State(StateError::LockTimeout { .. })) => "lock_timeout",
-        Error::Acquire(AcquireError::State(_)) => "state",
-        Error::Acquire(AcquireError::Mps(_)) => "mps",
-        Error::Acquire(AcquireError::Timeslice(_)) => "timeslice",
-        Error::Acquire(AcquireError::Overcommitted(_)) => "memory",
-        Error::Acquire(AcquireError::DriverLimit { .. } | AcquireError::CgroupTaken { .. }) => {
-            "driver_limit"
-        }
-        Error::Inject(_) => "inject",
-        Error::SpecEdit(_) => "spec_edit",
-        Error::NoSysAdmin(_) => "capability",
-        Error::Profile(_) => "profile",
-        Error::Runtime(_) => "runtime",
-        Error::RefusedAtPrecreate(_) => "precreate",
-    }
+    e.reason()
 }
 
 /// The GPUs a container was given (`NVIDIA_VISIBLE_DEVICES` of its bundle's config), for log
@@ -224,7 +208,7 @@ pub fn precreate_without_policy(err: &ConfigError, stdin: impl Read) -> Result<R
     }
     let hook =
         std::env::current_exe().unwrap_or_else(|_| crate::config::RuntimeConfig::default().hook);
-    let out = prepare::mark_refused(&bytes, &hook, None, &message)?;
+    let out = prepare::mark_refused(&bytes, &hook, None, &message, "policy")?;
     tracing::debug!("precreate: refused: {message} (the createRuntime hook reports it)");
     Ok(Reply {
         stdout: out,
@@ -235,14 +219,27 @@ pub fn precreate_without_policy(err: &ConfigError, stdin: impl Read) -> Result<R
 /// createRuntime with a refusal carried from precreate ([`prepare::REFUSED_ENV`]): the error to
 /// fail with, logged (after `init_log`) with the container id from the state on `stdin`.
 /// `None`: no refusal (nothing read, nothing set up).
-pub fn refused_by_precreate(stdin: impl Read, init_log: impl FnOnce()) -> Option<Error> {
+pub fn refused_by_precreate(
+    stdin: impl Read,
+    cfg: &Config,
+    init_log: impl FnOnce(),
+) -> Option<Error> {
     let message = std::env::var(prepare::REFUSED_ENV).ok()?;
     init_log();
     let mut input = Vec::new();
     let _ = stdin
         .take(crate::decide::input::MAX_STATE_BYTES + 1)
         .read_to_end(&mut input);
-    tracing::error!(target: crate::logging::EXIT_TARGET, container = %container_id(&input), gpus = %requested_gpus(&input), "refused: {message}");
+    let id = container_id(&input);
+    tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, gpus = %requested_gpus(&input), "refused: {message}");
+    // Counted and written here, once: precreate only carried it.
+    let reason = std::env::var(prepare::REFUSED_REASON_ENV).ok();
+    crate::container::error::record_refusal(
+        cfg,
+        &id,
+        crate::container::error::carried_reason(reason.as_deref()),
+        &message,
+    );
     Some(Error::RefusedAtPrecreate(message))
 }
 

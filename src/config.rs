@@ -161,7 +161,8 @@ pub struct PolicyConfig {
     pub default_cores: u8,
     /// The sum of the memory caps of a GPU's shares may be at most this times its memory.
     pub memory_overcommit: f64,
-    /// How a share without a memory cap counts: as the whole GPU, or refused.
+    /// How a share without a memory cap counts: as nothing (it reserves nothing and is promised
+    /// nothing), as the whole GPU, or refused.
     pub uncapped: crate::vocab::memcap::Uncapped,
 }
 
@@ -264,7 +265,10 @@ impl Default for PolicyConfig {
             max_cores: 100,
             default_cores: 100,
             memory_overcommit: 1.0,
-            uncapped: crate::vocab::memcap::Uncapped::WholeGpu,
+            // Uncapped shares share: the README's first example (two `gpu.share=mps`
+            // containers on one GPU) works with the shipped policy; caps are still admitted
+            // against the GPU's memory.
+            uncapped: crate::vocab::memcap::Uncapped::Share,
         }
     }
 }

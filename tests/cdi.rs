@@ -247,3 +247,174 @@ fn status_lists_the_profiles_and_why_one_is_refused() {
         .collect();
     assert_eq!(names, ["mps", "timeslice", "limit", "big", "small"]);
 }
+
+/// The gpushare createRuntime hook entries of an edited config: (args, env).
+fn our_entries(v: &Value) -> Vec<(Vec<String>, Vec<String>)> {
+    let strings = |a: &Value| -> Vec<String> {
+        a.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    v["hooks"]["createRuntime"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|h| h["args"][0] == "gpushare-hook" && h["args"][1] == "createRuntime")
+        .map(|h| (strings(&h["args"]), strings(&h["env"])))
+        .collect()
+}
+
+#[test]
+fn the_spec_edit_composes_a_cdi_device_with_annotations() {
+    let t = tempfile::tempdir().unwrap();
+    let next = t.path().join("fake-runc");
+    std::fs::write(&next, "#!/bin/sh\nexit 0\n").unwrap();
+    std::fs::set_permissions(&next, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let sb = common::Sandbox::with_policy(
+        1,
+        &format!(
+            "{PROFILES}[mps]\nisolation = \"group\"\n[runtime]\nnext = [{:?}]\n",
+            next.display().to_string()
+        ),
+    );
+    let runtime = common::hook_bin().with_file_name("gpushare-runtime");
+    // (what, device, annotations, Ok(env entry the edit sets) or Err(words of the refusal))
+    type Row = (
+        &'static str,
+        &'static str,
+        Value,
+        Result<&'static str, &'static str>,
+    );
+    let rows: [Row; 6] = [
+        (
+            "a memory cap refines the mps device",
+            "mps",
+            json!({"gpu.share.memory": "8Gi"}),
+            Ok("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M"),
+        ),
+        (
+            "cores refine the mps device",
+            "mps",
+            json!({"gpu.share": "mps", "gpu.share.cores": "40"}),
+            Ok("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"),
+        ),
+        (
+            "a group refines a profile, which the annotations repeat",
+            "small",
+            json!({"gpu.share": "mps", "gpu.share.cores": "25", "gpu.share.group": "team"}),
+            Ok("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
+        ),
+        (
+            "another mode",
+            "mps",
+            json!({"gpu.share": "limit"}),
+            Err("gpu.share=\"limit\" but its CDI device gpushare.io/share=mps sets gpu.share=\"mps\""),
+        ),
+        (
+            "another cap than the profile's",
+            "small",
+            json!({"gpu.share.memory": "2Gi"}),
+            Err("gpu.share.memory=\"2Gi\" but its CDI device gpushare.io/share=small sets gpu.share.memory=\"1Gi\""),
+        ),
+        (
+            "a refinement above the policy",
+            "mps",
+            json!({"gpu.share.cores": "101"}),
+            Err("gpu.share.cores"),
+        ),
+    ];
+    for (i, (what, device, annotations, want)) in rows.into_iter().enumerate() {
+        let b = cdi_bundle(&sb, &format!("b{i}"), &[device], annotations);
+        let mut config: Value =
+            serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+        config["root"]["path"] = json!(b.join("rootfs"));
+        std::fs::write(b.join("config.json"), config.to_string()).unwrap();
+
+        // podman: precreate, with the package's hooks installed.
+        let out = sb.hook(&["precreate"], &config.to_string());
+        assert!(out.status.success(), "{what}: {}", text(&out));
+        let edited: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let entries = our_entries(&edited);
+        let refused = entries
+            .iter()
+            .flat_map(|(_, env)| env.iter())
+            .find_map(|e| e.strip_prefix("GPUSHARE_REFUSED="));
+        // gpushare-runtime (Docker's and containerd's CDI): the same edit of the bundle.
+        let run = Command::new(&runtime)
+            .args([
+                "create",
+                "--bundle",
+                b.to_str().unwrap(),
+                &format!("cdi-{i}"),
+            ])
+            .env_clear()
+            .envs(sb.env())
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .output()
+            .unwrap();
+        let run_err = String::from_utf8_lossy(&run.stderr).into_owned();
+        match want {
+            Ok(env) => {
+                assert_eq!(refused, None, "{what}: refused: {edited}");
+                assert_eq!(
+                    entries.len(),
+                    1,
+                    "{what}: the device's entry only: {entries:?}"
+                );
+                let (args, henv) = &entries[0];
+                assert_eq!(args[2..], ["--profile", device], "{what}");
+                assert!(
+                    henv.iter().any(|e| e.starts_with("GPUSHARE_RESERVATION=")),
+                    "{what}: the device's entry carries the reservation: {henv:?}"
+                );
+                let penv = edited["process"]["env"].to_string();
+                assert!(penv.contains(env), "{what}: {penv}");
+                assert!(edited["mounts"].to_string().contains("/dev/shm"), "{what}");
+                assert!(run.status.success(), "{what}: {run_err}");
+                let v: Value =
+                    serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+                assert!(v["process"]["env"].to_string().contains(env), "{what}: {v}");
+                assert_eq!(our_entries(&v).len(), 1, "{what}: {v}");
+            }
+            Err(words) => {
+                let line = refused.unwrap_or_else(|| panic!("{what}: not refused: {edited}"));
+                assert!(line.contains(words), "{what}: {line}");
+                assert!(!run.status.success(), "{what}: gpushare-runtime served it");
+                assert!(run_err.contains(words), "{what}: {run_err}");
+                assert_eq!(run_err.trim_end().lines().count(), 1, "{what}: {run_err}");
+            }
+        }
+    }
+    // The edited container starts: its device's hook takes the request and the reservation.
+    let b = cdi_bundle(&sb, "run", &["mps"], json!({"gpu.share.memory": "8Gi"}));
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(b.join("config.json")).unwrap()).unwrap();
+    config["root"]["path"] = json!(b.join("rootfs"));
+    let out = sb.hook(&["precreate"], &config.to_string());
+    let edited: Value = serde_json::from_slice(&out.stdout).unwrap();
+    std::fs::write(b.join("config.json"), edited.to_string()).unwrap();
+    let (args, henv) = our_entries(&edited).remove(0);
+    let c = common::FakeContainer::start();
+    let reservation: Vec<(&str, &str)> = henv.iter().filter_map(|e| e.split_once('=')).collect();
+    let out = sb.hook_env(
+        &args[1..].iter().map(String::as_str).collect::<Vec<_>>(),
+        &common::Sandbox::state_json("cdi-run", c.pid(), &b),
+        &reservation,
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let st = sb.status();
+    let client = &st["gpus"][0]["clients"][0];
+    assert_eq!(
+        (&client["id"], &client["cap"]["bytes"]),
+        (&json!("cdi-run"), &json!(8u64 << 30)),
+        "{st}"
+    );
+    assert!(out.stderr.is_empty() || out.status.success());
+    let out = sb.hook(
+        &["poststop"],
+        &common::Sandbox::state_json("cdi-run", 0, &b),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+}

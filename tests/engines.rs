@@ -49,6 +49,11 @@ fn podman_hooks_dir_precreate_limit_and_lifecycle() {
 }
 
 #[test]
+fn noexec_on_every_tenant_writable_mount_on_every_path() {
+    run_script("noexec.sh");
+}
+
+#[test]
 fn runc_runtime_wrapper_and_hook_alone() {
     run_script("runc.sh");
 }

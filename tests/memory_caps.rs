@@ -464,51 +464,61 @@ fn a_driver_without_cgroup_limits_leaves_the_cap_to_the_limiter_and_says_why() {
     );
 }
 
-#[test]
-fn admission_counts_caps_and_uncapped_shares_and_names_the_holders() {
-    let sb = sandbox("[policy]\nmemory_overcommit = 1.0\n");
-    let specs = [
-        (
-            "a",
-            json!({"gpu.share": "timeslice", "gpu.share.memory": "48Gi"}),
-        ),
-        (
-            "b",
-            json!({"gpu.share": "timeslice", "gpu.share.memory": "32Gi"}),
-        ),
-        (
-            "c",
-            json!({"gpu.share": "timeslice", "gpu.share.memory": "1Gi"}),
-        ),
-        ("d", json!({"gpu.share": "timeslice"})),
-    ];
+/// Runs createRuntime for each (id, annotations) on GPU 0, each with a live process of its own.
+fn create_all(sb: &Sandbox, specs: &[(&str, Value)]) -> (Vec<FakeContainer>, Vec<Output>) {
     let procs: Vec<FakeContainer> = specs.iter().map(|_| FakeContainer::start()).collect();
     let mut outs = Vec::new();
     for ((id, ann), c) in specs.iter().zip(&procs) {
         let b = sb.bundle(id, &spec(ann.clone(), &["NVIDIA_VISIBLE_DEVICES=0"]));
         outs.push(sb.hook(&["createRuntime"], &Sandbox::state_json(id, c.pid(), &b)));
     }
-    ok(&outs[0]);
-    ok(&outs[1]);
-    for (i, out) in outs.iter().enumerate().skip(2) {
-        assert_eq!(out.status.code(), Some(1), "{}", specs[i].0);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-        assert!(
-            err.contains("GPU 0 (")
-                && err.contains("81920Mi")
-                && err.contains("a 49152Mi, b 32768Mi"),
-            "{err}"
-        );
-    }
-    let st = sb.status();
-    let ids: Vec<&str> = st["gpus"][0]["clients"]
+    (procs, outs)
+}
+
+fn client_ids(st: &Value) -> Vec<String> {
+    st["gpus"][0]["clients"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| c["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, ["a", "b"]);
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_shipped_policy_lets_uncapped_shares_share_a_gpu_and_admits_caps_against_its_memory() {
+    // No policy key of this feature is set: the shipped default.
+    let sb = sandbox("");
+    let specs: Vec<(&str, Value)> = vec![
+        ("u0", json!({"gpu.share": "mps"})),
+        ("u1", json!({"gpu.share": "mps"})),
+        ("u2", json!({"gpu.share": "mps"})),
+        ("a", json!({"gpu.share": "mps", "gpu.share.memory": "48Gi"})),
+        ("b", json!({"gpu.share": "mps", "gpu.share.memory": "32Gi"})),
+        ("c", json!({"gpu.share": "mps", "gpu.share.memory": "1Gi"})),
+        ("u9", json!({"gpu.share": "mps"})),
+    ];
+    let (_procs, outs) = create_all(&sb, &specs);
+    for (i, out) in outs.iter().enumerate() {
+        if specs[i].0 == "c" {
+            continue;
+        }
+        ok(out);
+    }
+    let c = &outs[specs.iter().position(|(i, _)| *i == "c").unwrap()];
+    assert_eq!(c.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    for want in [
+        "GPU 0 (",
+        "81920Mi",
+        "a 49152Mi, b 32768Mi",
+        "u0 uncapped (reserves nothing)",
+        "memory_overcommit = 1, uncapped = \"share\"",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    let st = sb.status();
+    assert_eq!(client_ids(&st), ["a", "b", "u0", "u1", "u2", "u9"], "{st}");
     let m = &st["gpus"][0]["memory"];
     assert_eq!(
         (
@@ -517,8 +527,64 @@ fn admission_counts_caps_and_uncapped_shares_and_names_the_holders() {
             m["total"].as_u64()
         ),
         (Some(80 << 30), Some(80 << 30), Some(80 << 30)),
-        "{st}"
+        "uncapped shares reserve nothing: {st}"
     );
+    let human = sb.hook(&["status"], "");
+    ok(&human);
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains("client u9")
+            && text.contains("uncapped: reserves no GPU memory, no guarantee"),
+        "{text}"
+    );
+    let metrics = sb.hook(&["metrics"], "");
+    ok(&metrics);
+    let m = String::from_utf8_lossy(&metrics.stdout);
+    let info = |id: &str| {
+        m.lines()
+            .find(|l| {
+                l.starts_with("gpushare_container_info{") && l.contains(&format!("id=\"{id}\""))
+            })
+            .unwrap_or_else(|| panic!("no info line for {id}: {m}"))
+            .to_owned()
+    };
+    assert!(info("u9").contains("memory=\"uncapped\""), "{}", info("u9"));
+    assert!(info("a").contains("memory=\"capped\""), "{}", info("a"));
+    let doctor = sb.hook(&["doctor", "--json"], "");
+    let d = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        d.contains("an uncapped share reserves nothing (uncapped: no guarantee"),
+        "doctor says what an uncapped share gets: {d}"
+    );
+}
+
+#[test]
+fn whole_gpu_refuses_an_uncapped_share_naming_the_key_and_the_holders() {
+    let sb = sandbox("[policy]\nuncapped = \"whole-gpu\"\n");
+    let specs = [
+        (
+            "a",
+            json!({"gpu.share": "timeslice", "gpu.share.memory": "8Gi"}),
+        ),
+        ("d", json!({"gpu.share": "timeslice"})),
+    ];
+    let (_procs, outs) = create_all(&sb, &specs);
+    ok(&outs[0]);
+    assert_eq!(outs[1].status.code(), Some(1));
+    let err = String::from_utf8_lossy(&outs[1].stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    for want in [
+        "uncapped = \"whole-gpu\"",
+        "a 8192Mi",
+        "uncapped = \"share\"",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    assert!(
+        !err.contains("Ask for"),
+        "asked for nothing, told to ask for less: {err}"
+    );
+    assert_eq!(client_ids(&sb.status()), ["a"]);
 }
 
 #[test]
@@ -574,6 +640,97 @@ fn a_hook_killed_after_setting_the_driver_limit_leaves_no_client_and_a_retry_wor
     assert_eq!(driver_log(&sb).len(), 2);
     assert_eq!(client(&sb.status(), id)["cap"]["backend"], "driver");
     ok(&sb.hook(&["poststop"], &state));
+}
+
+/// An image without a C library: its files are only what the test puts there.
+fn strip_libc(bundle: &Path) {
+    let root = bundle.join("rootfs");
+    std::fs::remove_dir_all(&root).unwrap();
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+}
+
+#[test]
+fn a_cap_in_an_image_without_glibc_is_served_where_the_driver_enforces_it() {
+    let sb = sandbox("");
+    let id = "nolibc-drv";
+    let Some((_cg, b, c)) = in_own_cgroup(
+        &sb,
+        id,
+        json!({"gpu.share": "timeslice", "gpu.share.memory": "1Gi"}),
+    ) else {
+        return;
+    };
+    strip_libc(&b);
+    let state = Sandbox::state_json(id, c.pid(), &b);
+    let dry = sb.hook(&["createRuntime", "--dry-run"], &state);
+    ok(&dry);
+    let plan: Value = serde_json::from_slice(&dry.stdout).unwrap();
+    assert_eq!(plan["enforcement"]["backend"], "driver", "{plan}");
+    assert!(
+        plan["without_limiter"]
+            .as_str()
+            .is_some_and(|w| w.contains("no C library")),
+        "{plan}"
+    );
+    ok(&sb.hook(&["createRuntime"], &state));
+    // Positive control: the driver was asked for the cap, and the record says it enforces it.
+    let sets = driver_log(&sb);
+    assert_eq!(sets.len(), 1, "{sets:?}");
+    assert_eq!(sets[0]["hard"].as_u64(), Some(1 << 30));
+    let st = sb.status();
+    assert_eq!(client(&st, id)["cap"]["backend"], "driver", "{st}");
+    assert!(
+        !sb.state_dir().join("containers").join(id).exists(),
+        "no limiter files for an image that cannot load it"
+    );
+    ok(&sb.hook(&["poststop"], &state));
+}
+
+#[test]
+fn a_cap_in_an_image_without_glibc_is_refused_where_only_the_limiter_could_enforce_it() {
+    let sb = sandbox("");
+    let id = "nolibc-lim";
+    let Some((_cg, b, c)) = in_own_cgroup(
+        &sb,
+        id,
+        json!({"gpu.share": "mps", "gpu.share.memory": "1Gi"}),
+    ) else {
+        return;
+    };
+    strip_libc(&b);
+    let old = [("GPUSHARE_SIM_MEMORY_LIMITS", "0")];
+    let state = Sandbox::state_json(id, c.pid(), &b);
+    let before = sb.snapshot();
+    let out = sb.hook_env(&["createRuntime"], &state, &old);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    for want in [
+        "no C library",
+        "the driver cannot enforce the cap",
+        "does not take limits",
+        "glibc 2.17 or newer",
+        "without gpu.share.memory",
+    ] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    assert_eq!(
+        sb.snapshot(),
+        before,
+        "a refusal leaves the state as it was"
+    );
+    // What it suggests is served: the same container without the cap.
+    let b2 = sb.bundle(
+        "nolibc-lim2",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    strip_libc(&b2);
+    let c2 = FakeContainer::start();
+    ok(&sb.hook_env(
+        &["createRuntime"],
+        &Sandbox::state_json("nolibc-lim2", c2.pid(), &b2),
+        &old,
+    ));
 }
 
 /// A container whose `linux.cgroupsPath` names another container's cgroup (the runtime puts

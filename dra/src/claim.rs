@@ -128,7 +128,15 @@ pub fn share(claim: &ResourceClaim, pool: &str, cfg: &Config) -> Result<Share, C
     if request.mode == Mode::Mps {
         // The MPS domain the hook will choose: a group the policy has no place for is refused
         // now, not when the container starts.
-        gpushare::decide::domain::choose(&name, &request, cfg).map_err(ClaimError::Domain)?;
+        // The pod's namespace is the claim's, as the CRI will set it on the container.
+        let spec: std::collections::HashMap<String, String> = claim
+            .metadata
+            .namespace
+            .iter()
+            .map(|ns| ("io.kubernetes.cri.sandbox-namespace".to_owned(), ns.clone()))
+            .collect();
+        gpushare::decide::domain::choose(&name, &request, &spec, cfg)
+            .map_err(ClaimError::Domain)?;
     }
     let profile = inline_profile(&annotations);
     // What the hook will do with it: the same parse, from the inline profile.

@@ -222,7 +222,7 @@ fn render_openmetrics(cfg: &Config, inventory: Option<&dyn Inventory>) -> String
         ("gpushare_domain_drift", "1 when the daemon's defaults differ from what gpushare set"),
         ("gpushare_domain_tampered", "1 when the domain's control socket is held by a process other than the daemon gpushare started"),
         ("gpushare_domain_clients", "Containers in the MPS isolation domain"),
-        ("gpushare_container_info", "A container with a share: its mode, domain, enforcing backend and what enforces its memory cap (memory_backend: driver, limiter, none)"),
+        ("gpushare_container_info", "A container with a share: its mode, domain, enforcing backend and what enforces its memory cap (memory_backend: driver, limiter, or none for an uncapped share, which reserves no memory and has no guarantee: memory=\"uncapped\")"),
         ("gpushare_container_memory_cap_bytes", "The container's device memory cap on the GPU"),
         ("gpushare_container_cores_ratio", "The container's share of the GPU's SMs, as a ratio"),
         ("gpushare_container_device_memory_used_bytes", "Device memory the container's processes hold on the GPU: NVML's currentUsed of its cgroup (driver backend) or the limiter's account"),
@@ -318,6 +318,15 @@ fn render_openmetrics(cfg: &Config, inventory: Option<&dyn Inventory>) -> String
                 c.cap
                     .as_ref()
                     .map_or("none".into(), |k| k.enforcement.backend.to_string()),
+            ));
+            info.push((
+                "memory".into(),
+                if c.cap.is_some() {
+                    "capped"
+                } else {
+                    "uncapped"
+                }
+                .into(),
             ));
             g.set("gpushare_container_info", &info, 1.0);
             if let Some(m) = c.cap.as_ref().map(|k| k.bytes).or(c.memory) {

@@ -168,7 +168,8 @@ pub struct GpuStatus {
 #[derive(Debug, Serialize)]
 pub struct MemoryStatus {
     pub total: u64,
-    /// The caps of its shares added up, an uncapped one counted as the whole GPU.
+    /// The caps of its shares added up (an uncapped one counted as `[policy] uncapped` says:
+    /// nothing by default).
     pub committed: u64,
     /// What the caps may add up to: `[policy] memory_overcommit` times `total`.
     pub allowed: u64,
@@ -385,6 +386,7 @@ pub fn status(cfg: &Config, inventory: Option<&dyn Inventory>) -> Status {
                         rec.clients
                             .values()
                             .map(|c| c.cap.as_ref().map(|k| k.bytes)),
+                        cfg.policy.uncapped,
                     ),
                     allowed: crate::decide::admission::allowed(total, cfg.policy.memory_overcommit),
                 }),
@@ -478,6 +480,9 @@ impl Report for Status {
                     c.cores,
                     c.memory.map_or("-".into(), crate::vocab::size::human),
                 ));
+                if c.cap.is_none() {
+                    out.push_str("    uncapped: reserves no GPU memory, no guarantee\n");
+                }
                 if let Some(k) = &c.cap {
                     out.push_str(&format!(
                         "    cap {} for the container, enforced by the {}{}  used {}\n",

@@ -29,11 +29,14 @@ fn main() -> ExitCode {
     let loaded = Config::load_from(&source);
     if let Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } = cli.command {
         // A refusal precreate carried here: the runtime shows this hook's stderr.
-        if let Some(e) = commands::refused_by_precreate(std::io::stdin().lock(), || {
-            let log = loaded
-                .as_ref()
-                .map_or_else(|_| Config::default().log_file, |c| c.log_file.clone());
-            logging::init(Some(&log));
+        // A policy that does not load is written to with the defaults (the refusal it
+        // carries is that policy error).
+        let cfg = loaded
+            .as_ref()
+            .cloned()
+            .unwrap_or_else(|_| gpushare::config::salvage(&source));
+        if let Some(e) = commands::refused_by_precreate(std::io::stdin().lock(), &cfg, || {
+            logging::init(Some(&cfg.log_file));
         }) {
             // Logged with its container by refused_by_precreate: once.
             return fail_unlogged(&e);
@@ -163,7 +166,12 @@ fn without_policy(
             commands::poststop(&ctx, stdin)
         }
         // Runtimes show a hook's stderr: one line there; the diagnostic is in the log.
-        Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } => return fail(e),
+        Cmd::CreateRuntime { dry_run, .. } | Cmd::Prestart { dry_run, .. } => {
+            if !dry_run {
+                commands::count_policy_refusal(&ctx, e, stdin);
+            }
+            return fail(e);
+        }
         _ => return fail_config(e),
     };
     match result {

@@ -47,6 +47,33 @@ pub enum ErrorKind {
 }
 
 impl Error {
+    /// The reason label of a refusal, for `gpushare_refusals_total` and the event log.
+    pub fn reason(&self) -> &'static str {
+        use crate::host::state::StateError;
+        match self {
+            Error::Config(_) => "policy",
+            Error::Input(_) => "input",
+            Error::Decide(_) => "request",
+            Error::Inventory(_) | Error::Acquire(AcquireError::Inventory(_)) => "nvml",
+            Error::Acquire(AcquireError::Busy { .. }) => "busy",
+            Error::Acquire(AcquireError::Domain(_) | AcquireError::NoDomain) => "domain",
+            Error::Acquire(AcquireError::State(StateError::LockTimeout { .. })) => "lock_timeout",
+            Error::Acquire(AcquireError::State(_)) => "state",
+            Error::Acquire(AcquireError::Mps(_)) => "mps",
+            Error::Acquire(AcquireError::Timeslice(_)) => "timeslice",
+            Error::Acquire(AcquireError::Overcommitted(_)) => "memory",
+            Error::Acquire(AcquireError::DriverLimit { .. } | AcquireError::CgroupTaken { .. }) => {
+                "driver_limit"
+            }
+            Error::Inject(_) => "inject",
+            Error::SpecEdit(_) => "spec_edit",
+            Error::NoSysAdmin(_) => "capability",
+            Error::Profile(_) => "profile",
+            Error::Runtime(_) => "runtime",
+            Error::RefusedAtPrecreate(_) => "precreate",
+        }
+    }
+
     /// Whether to retry, judged on the error's variants, never on its text.
     pub fn kind(&self) -> ErrorKind {
         let inventory = match self {
@@ -60,6 +87,26 @@ impl Error {
             _ => ErrorKind::Fail,
         }
     }
+}
+
+/// Writes a refusal of container `container` (`?` when unknown) as one event and counts it,
+/// with its request: every entry point that refuses (the createRuntime hook, one carried from
+/// precreate, `gpushare-runtime`) calls this once for it, and no other stage does.
+pub fn record_refusal(cfg: &crate::config::Config, container: &str, reason: &str, message: &str) {
+    crate::host::events::note(crate::host::events::Event::Refusal {
+        container: container.to_owned(),
+        reason: reason.to_owned(),
+        message: message.to_owned(),
+    });
+    crate::host::events::flush(cfg, |c| c.requests += 1);
+}
+
+/// A reason label as carried from precreate: a short lowercase word, or `precreate`.
+pub fn carried_reason(raw: Option<&str>) -> &str {
+    raw.filter(|r| {
+        !r.is_empty() && r.len() <= 32 && r.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+    })
+    .unwrap_or("precreate")
 }
 
 #[cfg(test)]

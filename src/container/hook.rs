@@ -72,7 +72,43 @@ pub fn create_runtime(
     if profile.is_none() && !may_ask(&bytes, state.annotations().as_ref().unwrap_or(&empty)) {
         return Ok(Outcome::Nothing);
     }
-    let mut c = container_from(&state, &bytes)?;
+    // Set by the spec edit in this hook's own entry, never by the container.
+    let reservation = std::env::var(RESERVATION_ENV)
+        .ok()
+        .filter(|k| crate::vocab::is_safe_name(k));
+    let result = decide_and_acquire(
+        &state,
+        &bytes,
+        cfg,
+        dry_run,
+        profile,
+        reservation.as_deref(),
+        open_inventory,
+    );
+    if let (Err(_), Some(key), false) = (&result, reservation.as_deref(), dry_run) {
+        // Refused or failed after a spec edit reserved for it: the reservation and the
+        // per-container files the edit made go now, not when they expire.
+        if key.starts_with(crate::host::pending::PENDING_PREFIX) {
+            let inv = crate::host::inventory::Unavailable::new(InventoryError::Unavailable(
+                "not needed to drop a reservation".into(),
+            ));
+            Host::new(cfg, &inv).forget(key);
+            crate::container::inject::remove_container_files(cfg, key);
+        }
+    }
+    result
+}
+
+fn decide_and_acquire(
+    state: &crate::decide::oci_state::State,
+    bytes: &[u8],
+    cfg: &Config,
+    dry_run: bool,
+    profile: Option<&str>,
+    reservation: Option<&str>,
+    open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
+) -> Result<Outcome, Error> {
+    let mut c = container_from(state, bytes)?;
     if let Some(name) = profile {
         let p = crate::decide::profile::find(cfg, name)?;
         crate::decide::profile::given(&c.spec.hooks.create_runtime, &c.spec.process.env, name)?;
@@ -90,6 +126,12 @@ pub fn create_runtime(
             c.spec.linux.cgroups_path.as_deref(),
             &c.id,
         ));
+        // An image without glibc: served where the driver enforces the cap, refused where
+        // only the limiter could.
+        let rootfs = crate::decide::input::rootfs_of(&c.spec, Some(state.bundle()))
+            .unwrap_or_else(|| state.bundle().join("rootfs"));
+        crate::container::inject::libc::settle(&mut plan, cfg, Some(&rootfs))
+            .map_err(crate::container::inject::InjectError::from)?;
     }
     if dry_run {
         return Ok(Outcome::Done(Box::new(plan)));
@@ -102,11 +144,7 @@ pub fn create_runtime(
     };
     let kube = crate::decide::kube::KubeLabels::from_annotations(&c.spec.annotations);
     let host = Host::new(cfg, inventory.as_ref()).with_labels(kube.clone());
-    // Set by the spec edit in this hook's own entry, never by the container.
-    let reservation = std::env::var(RESERVATION_ENV)
-        .ok()
-        .filter(|k| crate::vocab::is_safe_name(k));
-    host.acquire(&plan, process, reservation.as_deref())?;
+    host.acquire(&plan, process, reservation)?;
     // Make the share usable inside the container (mounts into its rootfs), unless a spec edit
     // already added them; undo the acquire if that fails.
     if let Err(e) =

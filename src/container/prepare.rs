@@ -86,7 +86,14 @@ pub fn edit_config(
     if !crate::decide::front::may_ask(bytes, &Default::default()) {
         return Ok(None);
     }
-    let spec = input::parse_spec(bytes, &path)?;
+    let mut spec = input::parse_spec(bytes, &path)?;
+    // A gpushare CDI device in the spec: its profile stands among the annotations, as in the
+    // hook it put there (`--profile`); an annotation that contradicts it is refused.
+    if let Some(name) =
+        crate::decide::profile::named(&spec.hooks.create_runtime, &spec.process.env)?
+    {
+        crate::decide::profile::find(cfg, &name)?.apply(&mut spec.annotations)?;
+    }
     let key = match ctx.id {
         Some(id) => {
             crate::decide::input::check_id(id)?;
@@ -105,38 +112,61 @@ pub fn edit_config(
     // directories are reserved under the GPU's lock, so that a release of the GPU's last
     // client before this container's hook runs does not remove them. A container joining a
     // running domain without naming a limit gets the domain's limits in its env.
-    if plan.mode == Mode::Mps {
-        let host = crate::host::acquire::Host::new(cfg, inventory.as_ref());
-        if let Some(domain) = plan.domain.clone() {
-            for gpu in &plan.gpus {
-                if let Some(enforced) = host.reserve(gpu, &domain, &key)? {
-                    if !plan.cores_explicit {
-                        plan.cores = enforced.cores;
-                    }
-                    if plan.memory.is_none() {
-                        plan.memory = enforced.memory_mib.map(|m| m << 20);
+    let rootfs = rootfs_of(&spec, ctx.bundle);
+    // A capped mps or timeslice share in an image without glibc gets no limiter in the spec;
+    // the hook, which knows what enforces the cap, serves or refuses it.
+    crate::container::inject::libc::settle(&mut plan, cfg, rootfs.as_deref())
+        .map_err(crate::container::inject::InjectError::from)?;
+    let host = crate::host::acquire::Host::new(cfg, inventory.as_ref());
+    let mut reserved = Vec::new();
+    let result = (|| -> Result<Option<Vec<u8>>, Error> {
+        if plan.mode == Mode::Mps {
+            if let Some(domain) = plan.domain.clone() {
+                for gpu in &plan.gpus {
+                    let enforced = host.reserve(gpu, &domain, &key)?;
+                    reserved.push(gpu.clone());
+                    if let Some(enforced) = enforced {
+                        if !plan.cores_explicit {
+                            plan.cores = enforced.cores;
+                        }
+                        if plan.memory.is_none() {
+                            plan.memory = enforced.memory_mib.map(|m| m << 20);
+                        }
                     }
                 }
             }
         }
+        let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
+        // Read as every entry point reads a config; the edited document keeps every other
+        // member.
+        let edited = input::deep_scope(bytes, || -> Result<Option<Vec<u8>>, Error> {
+            let mut value = input::parse_config(bytes, &path)?;
+            let before = value.clone();
+            spec_edit::apply(&mut value, &edit)?;
+            Ok((value != before)
+                .then(|| serde_json::to_vec(&value).expect("JSON value serialises")))
+        })?;
+        inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
+        Ok(edited)
+    })();
+    if result.is_err() {
+        // A refused edit holds nothing: its reservations and the directories only they kept
+        // go now (not when they expire), and so do the per-container files.
+        for gpu in &reserved {
+            host.unreserve(gpu, &key);
+        }
+        inject::remove_container_files(cfg, &key);
     }
-    let edit = edit_for(&plan, cfg, &key, ctx.config_path.as_deref());
-    // Read as every entry point reads a config; the edited document keeps every other member.
-    let edited = input::deep_scope(bytes, || -> Result<Option<Vec<u8>>, Error> {
-        let mut value = input::parse_config(bytes, &path)?;
-        let before = value.clone();
-        spec_edit::apply(&mut value, &edit)?;
-        Ok((value != before).then(|| serde_json::to_vec(&value).expect("JSON value serialises")))
-    })?;
-    let rootfs = rootfs_of(&spec, ctx.bundle);
-    inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
-    Ok(edited)
+    result
 }
 
 /// Hook-entry env that carries a precreate refusal to the createRuntime hook: podman drops a
 /// precreate hook's stderr, runc shows a createRuntime hook's. Set only by precreate in the
 /// entry it adds; a container that sets it in its own hook entries only refuses itself.
 pub const REFUSED_ENV: &str = "GPUSHARE_REFUSED";
+/// Hook-entry env beside [`REFUSED_ENV`]: the refusal's reason label, for the count and the
+/// event the createRuntime hook writes.
+pub const REFUSED_REASON_ENV: &str = "GPUSHARE_REFUSED_REASON";
 /// Longest refusal message carried.
 const MAX_REFUSAL: usize = 4096;
 
@@ -205,8 +235,14 @@ pub fn precreate(
         Ok(edited) => Ok(Precreated::Config(edited.unwrap_or(bytes))),
         Err(e) => {
             let message = crate::vocab::chain(&e);
-            let config = mark_refused(&bytes, &cfg.runtime.hook, config_path.as_deref(), &message)
-                .map_err(|_| e)?;
+            let config = mark_refused(
+                &bytes,
+                &cfg.runtime.hook,
+                config_path.as_deref(),
+                &message,
+                e.reason(),
+            )
+            .map_err(|_| e)?;
             Ok(Precreated::Refused { config, message })
         }
     }
@@ -223,9 +259,12 @@ pub fn mark_refused(
     hook: &Path,
     config_path: Option<&Path>,
     message: &str,
+    reason: &str,
 ) -> Result<Vec<u8>, Error> {
     // Read as every entry point reads a config (runc's rules, deep nesting on a deep stack).
-    input::deep_scope(bytes, || mark_parsed(bytes, hook, config_path, message))
+    input::deep_scope(bytes, || {
+        mark_parsed(bytes, hook, config_path, message, reason)
+    })
 }
 
 fn mark_parsed(
@@ -233,6 +272,7 @@ fn mark_parsed(
     hook: &Path,
     config_path: Option<&Path>,
     message: &str,
+    reason: &str,
 ) -> Result<Vec<u8>, Error> {
     let mut v = input::parse_config(bytes, Path::new("<stdin>"))?;
     let mut line: String = message.replace(['\n', '\r', '\0'], " ");
@@ -244,6 +284,7 @@ fn mark_parsed(
         line.truncate(cut);
     }
     let mut env = vec![format!("PATH={SAFE_PATH}"), format!("{REFUSED_ENV}={line}")];
+    env.push(format!("{REFUSED_REASON_ENV}={reason}"));
     if let Some(p) = config_path {
         env.push(format!("{}={}", config::ENV_PATH, p.display()));
     }
@@ -296,6 +337,7 @@ mod tests {
             memory: None,
             cap: None,
             enforcement: None,
+            without_limiter: None,
             cores: 100,
             cores_explicit: false,
             timeslice: None,
@@ -326,8 +368,14 @@ mod tests {
             ),
         ];
         for (what, input) in rows {
-            let out =
-                mark_refused(input.as_bytes(), Path::new("/h"), None, "bad\nrequest").unwrap();
+            let out = mark_refused(
+                input.as_bytes(),
+                Path::new("/h"),
+                None,
+                "bad\nrequest",
+                "request",
+            )
+            .unwrap();
             let v: Value = serde_json::from_slice(&out).unwrap();
             let first = &v["hooks"]["createRuntime"][0];
             assert_eq!(first["path"], "/h", "{what}");
@@ -340,6 +388,7 @@ mod tests {
                 Path::new("/h"),
                 Some(Path::new("/c.toml")),
                 "m",
+                "request",
             )
             .unwrap(),
         )
@@ -348,8 +397,8 @@ mod tests {
             v["hooks"]["createRuntime"][1]["path"], "/other",
             "kept after ours"
         );
-        assert!(mark_refused(b"[1]", Path::new("/h"), None, "m").is_err());
-        assert!(mark_refused(b"nope", Path::new("/h"), None, "m").is_err());
+        assert!(mark_refused(b"[1]", Path::new("/h"), None, "m", "request").is_err());
+        assert!(mark_refused(b"nope", Path::new("/h"), None, "m", "request").is_err());
     }
 
     #[test]

@@ -135,6 +135,11 @@ fn append_preload(env: &mut Vec<Value>, lib: &str) -> Result<(), SpecEditError> 
 
 fn mount_value(b: &Binding) -> Value {
     let mut options = vec!["rbind", "nosuid", "nodev"];
+    // A runtime remounts a bind with exactly these flags: without `noexec` a directory the
+    // tenant can write would run what it writes, whatever the host mount says.
+    if b.noexec() {
+        options.push("noexec");
+    }
     options.push(if b.readonly { "ro" } else { "rw" });
     json!({
         "destination": b.target,
@@ -383,7 +388,7 @@ mod tests {
         assert_eq!(v["mounts"].as_array().unwrap().len(), 2);
         assert_eq!(
             v["mounts"][1]["options"],
-            json!(["rbind", "nosuid", "nodev", "rw"])
+            json!(["rbind", "nosuid", "nodev", "noexec", "rw"])
         );
         assert_eq!(v["hooks"]["prestart"], json!([{"path":"/x"}]));
         assert_eq!(

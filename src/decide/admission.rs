@@ -1,15 +1,17 @@
 //! Admission by memory: the memory caps of a GPU's shares add up to at most `[policy]
-//! memory_overcommit` times its memory; a share without a cap counts as the whole GPU (or is
-//! refused before it gets here, under `uncapped = "refuse"`). Pure: the holders in, a
-//! refusal that names them out.
+//! memory_overcommit` times its memory. A share without a cap reserves nothing under the
+//! default `uncapped = "share"` (it is promised nothing either); under `uncapped = "whole-gpu"`
+//! it counts as the whole GPU (and under `uncapped = "refuse"` it is refused before it gets
+//! here). Pure: the holders in, a refusal that names the policy keys and the holders out.
 
 use thiserror::Error;
 
+use crate::vocab::memcap::Uncapped;
 use crate::vocab::quantity::to_mib;
 
 /// A request that does not fit.
 #[derive(Debug, Error, PartialEq)]
-#[error("GPU {index} ({uuid}, {total_mib}Mi) cannot take {asked}: its shares hold {held_mib}Mi of the {budget_mib}Mi allowed ([policy] memory_overcommit = {overcommit}): {holders}. Ask for less with gpu.share.memory, wait for one of them to stop, or raise memory_overcommit")]
+#[error("GPU {index} ({uuid}, {total_mib}Mi) cannot take {asked}: its shares hold {held_mib}Mi of the {budget_mib}Mi allowed ([policy] memory_overcommit = {overcommit}, uncapped = \"{uncapped}\"): {holders}. {advice}")]
 pub struct Overcommitted {
     pub index: u32,
     pub uuid: String,
@@ -18,20 +20,33 @@ pub struct Overcommitted {
     pub held_mib: u64,
     pub budget_mib: u64,
     pub overcommit: f64,
+    pub uncapped: Uncapped,
     /// Each holder and what it holds, e.g. `c1 8192Mi, c2 uncapped (counts as 81920Mi)`.
     pub holders: String,
+    /// What the refused container (or an admin) can do that the next attempt is not refused
+    /// for: never "ask for less" to a container that asked for no cap.
+    pub advice: String,
 }
 
-/// What a share counts against the GPU: its cap, or the whole GPU.
-fn counted(cap: Option<u64>, total: u64) -> u64 {
-    cap.unwrap_or(total)
+/// What a share counts against the GPU: its cap; without one, nothing (`share`) or the whole
+/// GPU (`whole-gpu`, `refuse`).
+fn counted(cap: Option<u64>, total: u64, uncapped: Uncapped) -> u64 {
+    match (cap, uncapped) {
+        (Some(c), _) => c,
+        (None, Uncapped::Share) => 0,
+        (None, Uncapped::WholeGpu | Uncapped::Refuse) => total,
+    }
 }
 
 /// What the caps of `caps` add up to on a GPU of `total` bytes (an uncapped share counted as
-/// the whole GPU).
-pub fn committed(total: u64, caps: impl IntoIterator<Item = Option<u64>>) -> u64 {
+/// `uncapped` says).
+pub fn committed(
+    total: u64,
+    caps: impl IntoIterator<Item = Option<u64>>,
+    uncapped: Uncapped,
+) -> u64 {
     caps.into_iter()
-        .map(|c| counted(c, total))
+        .map(|c| counted(c, total, uncapped))
         .fold(0u64, u64::saturating_add)
 }
 
@@ -51,7 +66,8 @@ pub fn allowed(total: u64, overcommit: f64) -> u64 {
 /// bytes, whose current shares are `holders` (container id, cap).
 ///
 /// # Errors
-/// [`Overcommitted`] when the caps would add up to more than `overcommit` times `total`.
+/// [`Overcommitted`] (boxed: it names every holder) when the caps would add up to more than
+/// `overcommit` times `total`.
 pub fn admit<'a>(
     index: u32,
     uuid: &str,
@@ -59,31 +75,36 @@ pub fn admit<'a>(
     holders: impl IntoIterator<Item = (&'a str, Option<u64>)>,
     asked: Option<u64>,
     overcommit: f64,
-) -> Result<(), Overcommitted> {
+    uncapped: Uncapped,
+) -> Result<(), Box<Overcommitted>> {
     let holders: Vec<(&str, Option<u64>)> = holders.into_iter().collect();
-    let held: u64 = holders
-        .iter()
-        .map(|(_, c)| counted(*c, total))
-        .fold(0u64, u64::saturating_add);
-    // u64 → f64 loses nothing that matters below 2^53 bytes (8 PiB).
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
-    )]
-    let budget = (total as f64 * overcommit).floor() as u64;
-    if held.saturating_add(counted(asked, total)) <= budget {
+    let held = committed(total, holders.iter().map(|(_, c)| *c), uncapped);
+    let budget = allowed(total, overcommit);
+    if held.saturating_add(counted(asked, total, uncapped)) <= budget {
         return Ok(());
     }
     let list = holders
         .iter()
-        .map(|(id, c)| match c {
-            Some(b) => format!("{id} {}Mi", to_mib(*b)),
-            None => format!("{id} uncapped (counts as {}Mi)", to_mib(total)),
+        .map(|(id, c)| match (c, uncapped) {
+            (Some(b), _) => format!("{id} {}Mi", to_mib(*b)),
+            (None, Uncapped::Share) => format!("{id} uncapped (reserves nothing)"),
+            (None, _) => format!("{id} uncapped (counts as {}Mi)", to_mib(total)),
         })
         .collect::<Vec<_>>()
         .join(", ");
-    Err(Overcommitted {
+    let uncapped_holder = uncapped != Uncapped::Share && holders.iter().any(|(_, c)| c.is_none());
+    let room = budget.saturating_sub(held);
+    let advice = match asked {
+        // Under `share` an uncapped request always fits: only a strict setting refuses it.
+        None => "A share without gpu.share.memory counts as the whole GPU under this setting: wait for them to stop, or ask an admin for [policy] uncapped = \"share\"".to_owned(),
+        Some(_) if room >= 1 << 20 => format!(
+            "Ask for at most {}Mi with gpu.share.memory, wait for one of them to stop, or ask an admin to raise memory_overcommit",
+            to_mib(room)
+        ),
+        Some(_) if uncapped_holder => "Wait for them to stop, or ask an admin for [policy] uncapped = \"share\" (an uncapped share then reserves nothing) or a larger memory_overcommit".to_owned(),
+        Some(_) => "Wait for one of them to stop, or ask an admin to raise memory_overcommit".to_owned(),
+    };
+    Err(Box::new(Overcommitted {
         index,
         uuid: uuid.to_owned(),
         total_mib: to_mib(total),
@@ -94,8 +115,10 @@ pub fn admit<'a>(
         held_mib: to_mib(held),
         budget_mib: to_mib(budget),
         overcommit,
+        uncapped,
         holders: list,
-    })
+        advice,
+    }))
 }
 
 #[cfg(test)]
@@ -104,25 +127,68 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
-    /// (what, holders, asked, overcommit, admitted)
+    /// (what, holders, asked, overcommit, uncapped, admitted)
     type Row = (
         &'static str,
         Vec<(&'static str, Option<u64>)>,
         Option<u64>,
         f64,
+        Uncapped,
         bool,
     );
 
     #[test]
     fn admission_table() {
+        use Uncapped::{Share, WholeGpu};
+        let many: Vec<(&'static str, Option<u64>)> = vec![("u", None); 100];
         let rows: Vec<Row> = vec![
-            ("empty GPU, cap", vec![], Some(8 * GIB), 1.0, true),
-            ("empty GPU, uncapped takes it all", vec![], None, 1.0, true),
+            ("empty GPU, cap", vec![], Some(8 * GIB), 1.0, Share, true),
+            (
+                "share: uncapped on an empty GPU",
+                vec![],
+                None,
+                1.0,
+                Share,
+                true,
+            ),
+            (
+                "share: a hundred uncapped and one more",
+                many.clone(),
+                None,
+                1.0,
+                Share,
+                true,
+            ),
+            (
+                "share: a cap next to a hundred uncapped",
+                many,
+                Some(80 * GIB),
+                1.0,
+                Share,
+                true,
+            ),
+            (
+                "share: uncapped next to a full GPU of caps",
+                vec![("a", Some(80 * GIB))],
+                None,
+                1.0,
+                Share,
+                true,
+            ),
+            (
+                "share: caps still count",
+                vec![("a", Some(72 * GIB + 1)), ("b", None)],
+                Some(8 * GIB),
+                1.0,
+                Share,
+                false,
+            ),
             (
                 "exactly full",
                 vec![("a", Some(72 * GIB))],
                 Some(8 * GIB),
                 1.0,
+                Share,
                 true,
             ),
             (
@@ -130,34 +196,47 @@ mod tests {
                 vec![("a", Some(72 * GIB + 1))],
                 Some(8 * GIB),
                 1.0,
+                WholeGpu,
                 false,
             ),
             (
-                "uncapped holder fills it",
-                vec![("a", None)],
-                Some(GIB),
-                1.0,
-                false,
-            ),
-            (
-                "uncapped after a cap",
-                vec![("a", Some(GIB))],
+                "whole-gpu: empty GPU, uncapped takes it all",
+                vec![],
                 None,
                 1.0,
-                false,
-            ),
-            (
-                "two uncapped with overcommit 2",
-                vec![("a", None)],
-                None,
-                2.0,
+                WholeGpu,
                 true,
             ),
             (
-                "three uncapped with overcommit 2",
+                "whole-gpu: uncapped holder fills it",
+                vec![("a", None)],
+                Some(GIB),
+                1.0,
+                WholeGpu,
+                false,
+            ),
+            (
+                "whole-gpu: uncapped after a cap",
+                vec![("a", Some(GIB))],
+                None,
+                1.0,
+                WholeGpu,
+                false,
+            ),
+            (
+                "whole-gpu: two uncapped with overcommit 2",
+                vec![("a", None)],
+                None,
+                2.0,
+                WholeGpu,
+                true,
+            ),
+            (
+                "whole-gpu: three uncapped with overcommit 2",
                 vec![("a", None), ("b", None)],
                 None,
                 2.0,
+                WholeGpu,
                 false,
             ),
             (
@@ -165,6 +244,7 @@ mod tests {
                 vec![("a", Some(40 * GIB))],
                 Some(40 * GIB),
                 0.9,
+                Share,
                 false,
             ),
             (
@@ -172,17 +252,18 @@ mod tests {
                 vec![("a", Some(u64::MAX))],
                 Some(u64::MAX),
                 100.0,
+                Share,
                 false,
             ),
         ];
-        for (what, holders, asked, oc, ok) in rows {
-            let got = admit(0, "GPU-0", 80 * GIB, holders, asked, oc);
+        for (what, holders, asked, oc, unc, ok) in rows {
+            let got = admit(0, "GPU-0", 80 * GIB, holders, asked, oc, unc);
             assert_eq!(got.is_ok(), ok, "{what}: {got:?}");
         }
     }
 
     #[test]
-    fn a_refusal_names_the_gpu_its_size_and_each_holder() {
+    fn a_refusal_names_the_gpu_its_size_the_policy_keys_and_each_holder() {
         let e = admit(
             1,
             "GPU-abc",
@@ -190,6 +271,7 @@ mod tests {
             [("c1", Some(76 * GIB)), ("c2", None)],
             Some(8 * GIB),
             2.0,
+            Uncapped::WholeGpu,
         )
         .unwrap_err();
         let text = e.to_string();
@@ -197,10 +279,42 @@ mod tests {
             "GPU 1 (GPU-abc, 81920Mi)",
             "cannot take 8192Mi more",
             "hold 159744Mi of the 163840Mi allowed",
-            "memory_overcommit = 2",
+            "memory_overcommit = 2, uncapped = \"whole-gpu\"",
             "c1 77824Mi, c2 uncapped (counts as 81920Mi)",
+            "Ask for at most 4096Mi with gpu.share.memory",
         ] {
             assert!(text.contains(want), "{want:?} not in {text}");
+        }
+    }
+
+    #[test]
+    fn a_container_that_asked_for_no_cap_is_never_told_to_ask_for_less() {
+        type Holders = Vec<(&'static str, Option<u64>)>;
+        let rows: [(&str, Holders, Option<u64>); 3] = [
+            ("uncapped after a cap", vec![("c1", Some(GIB))], None),
+            ("uncapped after uncapped", vec![("c1", None)], None),
+            (
+                "a cap that cannot fit at all",
+                vec![("c1", None)],
+                Some(GIB),
+            ),
+        ];
+        for (what, holders, asked) in rows {
+            let text = admit(
+                0,
+                "GPU-0",
+                80 * GIB,
+                holders,
+                asked,
+                1.0,
+                Uncapped::WholeGpu,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(!text.contains("Ask for"), "{what}: {text}");
+            assert!(text.contains("uncapped = \"whole-gpu\""), "{what}: {text}");
+            assert!(text.contains("c1 "), "{what}: the holder named: {text}");
+            assert!(text.contains("uncapped = \"share\""), "{what}: {text}");
         }
     }
 }

@@ -40,6 +40,11 @@ pub struct Plan {
     /// spec edit, which comes before the container exists).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub enforcement: Option<Enforcement>,
+    /// Why a capped `mps` or `timeslice` share runs without the limiter: its image cannot load
+    /// it (no glibc), and the driver enforces the cap. The container then loses only the
+    /// reported sizes (CUDA and NVML inside show the whole GPU's memory, not the cap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub without_limiter: Option<String>,
     /// SM share in percent (100: no cap).
     pub cores: u8,
     /// Whether the container named its cores (otherwise they are its domain's or the policy's).
@@ -90,6 +95,7 @@ pub fn decide(
         memory: req.memory,
         cap: req.memory,
         enforcement: None,
+        without_limiter: None,
         cores: req.cores,
         cores_explicit: req.cores_explicit,
         timeslice: req.timeslice,
@@ -133,9 +139,10 @@ impl Plan {
 
     /// Whether the container gets the limiter preloaded: always in `limit` mode; in `mps` and
     /// `timeslice` when it asked for a memory cap (the limiter keeps the container-wide
-    /// account, and reports the cap inside, whichever backend enforces it).
+    /// account, and reports the cap inside, whichever backend enforces it), unless its image
+    /// cannot load the limiter and the driver enforces the cap ([`Plan::without_limiter`]).
     pub fn uses_limiter(&self) -> bool {
-        self.mode == Mode::Limit || self.cap.is_some()
+        self.mode == Mode::Limit || (self.cap.is_some() && self.without_limiter.is_none())
     }
 
     /// The limiter's env: the container's cap per GPU (its CUDA ordinal), and in `limit` mode

@@ -215,6 +215,34 @@ pub fn given(hooks: &[HookView], env: &[String], own: &str) -> Result<(), Profil
     Ok(())
 }
 
+/// The profile the container's gpushare CDI device names, for an entry point that runs without
+/// `--profile` (the spec edit of precreate and `gpushare-runtime`, which sees the spec with the
+/// device's edits applied): the `--profile` of a gpushare createRuntime hook entry, or the
+/// `GPUSHARE_PROFILE` env entry.
+///
+/// # Errors
+/// [`ProfileError::Several`] when they name more than one profile.
+pub fn named(hooks: &[HookView], env: &[String]) -> Result<Option<String>, ProfileError> {
+    let from_hooks = hooks
+        .iter()
+        .filter(|h| std::path::Path::new(&h.path).file_name() == Some("gpushare-hook".as_ref()))
+        .filter_map(|h| {
+            h.args
+                .iter()
+                .position(|a| a == FLAG)
+                .and_then(|i| h.args.get(i + 1))
+        })
+        .map(String::as_str);
+    let prefix = format!("{ENV}=");
+    let from_env = env.iter().filter_map(|e| e.strip_prefix(prefix.as_str()));
+    let Some(first) = from_hooks.chain(from_env).next() else {
+        return Ok(None);
+    };
+    let first: String = first.chars().take(64).collect();
+    given(hooks, env, &first)?;
+    Ok(Some(first))
+}
+
 /// Every profile of the policy, checked (for `cdi generate`, `status` and `doctor`).
 pub fn check_all(cfg: &Config) -> Vec<(String, Result<Request, ProfileError>)> {
     names(cfg)
@@ -394,5 +422,24 @@ mod tests {
         assert!(e.to_string().contains("mps, limit"), "{e}");
         let e = given(&one, &["GPUSHARE_PROFILE=timeslice".into()], "mps").unwrap_err();
         assert!(e.to_string().contains("mps, timeslice"), "{e}");
+    }
+
+    #[test]
+    fn the_spec_edit_finds_the_devices_profile() {
+        let hook = |args: &[&str]| HookView {
+            path: "/usr/bin/gpushare-hook".into(),
+            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            env: vec![],
+        };
+        let cdi = [hook(&["gpushare-hook", "createRuntime", FLAG, "small"])];
+        let env = ["GPUSHARE_PROFILE=small".to_owned()];
+        assert_eq!(named(&cdi, &env), Ok(Some("small".into())));
+        assert_eq!(named(&[], &env), Ok(Some("small".into())));
+        assert_eq!(
+            named(&[hook(&["gpushare-hook", "createRuntime"])], &[]),
+            Ok(None)
+        );
+        let e = named(&cdi, &["GPUSHARE_PROFILE=mps".to_owned()]).unwrap_err();
+        assert!(e.to_string().contains("small, mps"), "{e}");
     }
 }

@@ -43,7 +43,7 @@ pub enum AcquireError {
     #[error("an mps plan without an isolation domain")]
     NoDomain,
     #[error(transparent)]
-    Overcommitted(#[from] crate::decide::admission::Overcommitted),
+    Overcommitted(#[from] Box<crate::decide::admission::Overcommitted>),
     #[error("the container's cgroup {cgroup} is, or is nested with, the cgroup whose driver memory limit container {other} holds on GPU {index}; a container may not name another's cgroup (linux.cgroupsPath). Give it a cgroup of its own")]
     CgroupTaken {
         index: u32,
@@ -324,9 +324,9 @@ impl<'a> Host<'a> {
         Ok(done)
     }
 
-    /// Refuses a request whose memory cap (or an uncapped share, counted as the whole GPU)
-    /// would take the caps of the GPU's shares above `[policy] memory_overcommit` times its
-    /// memory. A GPU whose size NVML does not report is not counted (logged).
+    /// Refuses a request whose memory cap (or an uncapped share under `[policy] uncapped =
+    /// "whole-gpu"`) would take the caps of the GPU's shares above `[policy] memory_overcommit`
+    /// times its memory. A GPU whose size NVML does not report is not counted (logged).
     fn admit_memory(
         &self,
         rec: &Record,
@@ -356,6 +356,7 @@ impl<'a> Host<'a> {
             holders,
             plan.cap,
             self.cfg.policy.memory_overcommit,
+            self.cfg.policy.uncapped,
         )?;
         Ok(())
     }
@@ -811,6 +812,42 @@ impl<'a> Host<'a> {
             .insert(key.to_owned(), now);
         self.state.save(&rec)?;
         Ok(enforced)
+    }
+
+    /// Drops the reservations made under `key` on every GPU that holds one (and the domain
+    /// directories only they kept): a container refused after a spec edit reserved for it
+    /// holds nothing.
+    pub fn forget(&self, key: &str) {
+        for (uuid, rec) in self.state.list_records() {
+            let Ok(rec) = rec else { continue };
+            if !rec.domains.values().any(|d| d.reserved.contains_key(key)) {
+                continue;
+            }
+            let gpu = PlannedGpu {
+                index: rec.index,
+                uuid,
+                ordinal: 0,
+            };
+            self.unreserve(&gpu, key);
+        }
+    }
+
+    /// Drops what [`Host::reserve`] made for `key` on `gpu` (the reservation, and the domain
+    /// directories only it kept), under the GPU's lock: a spec edit that is refused after
+    /// reserving leaves nothing. Best effort (logged): the reservation expires anyway.
+    pub fn unreserve(&self, gpu: &PlannedGpu, key: &str) {
+        match self.state.lock(
+            &gpu.uuid,
+            self.lock_timeout(),
+            &format!("refused spec edit for {key}"),
+        ) {
+            Ok(_lock) => self.drop_reservations(gpu, key, None),
+            Err(e) => tracing::warn!(
+                uuid = %gpu.uuid,
+                error = %crate::vocab::chain(&e),
+                "cannot drop a refused spec edit's reservation; it expires"
+            ),
+        }
     }
 }
 

@@ -83,6 +83,7 @@ fn plan(id: &str, mode: Mode, gpus: &[u32], cap: Option<u64>) -> Plan {
         memory: cap,
         cap,
         enforcement: None,
+        without_limiter: None,
         cores: 100,
         cores_explicit: false,
         timeslice: None,
@@ -129,8 +130,35 @@ fn caps_add_up_to_the_gpu_and_a_refusal_names_the_holders_and_changes_nothing() 
 }
 
 #[test]
-fn an_uncapped_share_counts_as_the_whole_gpu_unless_overcommitted() {
+fn uncapped_shares_share_by_default_and_caps_still_count() {
+    let w = World::new(1, None);
+    assert_eq!(
+        w.cfg.policy.uncapped,
+        Uncapped::Share,
+        "the shipped default"
+    );
+    for i in 0..32 {
+        w.acquire(&plan(&format!("u{i}"), Mode::Timeslice, &[0], None))
+            .unwrap();
+    }
+    // Caps are admitted against the GPU's memory, next to any number of uncapped shares.
+    w.acquire(&plan("a", Mode::Timeslice, &[0], Some(80 * GIB)))
+        .unwrap();
+    let e = w
+        .acquire(&plan("b", Mode::Timeslice, &[0], Some(GIB)))
+        .unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("a 81920Mi"), "{text}");
+    assert!(text.contains("u0 uncapped (reserves nothing)"), "{text}");
+    // Positive control: the record holds all of them.
+    let rec = w.records()[0].clone().unwrap();
+    assert_eq!(rec.clients.len(), 33);
+}
+
+#[test]
+fn whole_gpu_counts_an_uncapped_share_as_the_gpu_unless_overcommitted() {
     let mut w = World::new(1, None);
+    w.cfg.policy.uncapped = Uncapped::WholeGpu;
     w.acquire(&plan("a", Mode::Timeslice, &[0], None)).unwrap();
     let e = w
         .acquire(&plan("b", Mode::Timeslice, &[0], Some(GIB)))
@@ -139,13 +167,21 @@ fn an_uncapped_share_counts_as_the_whole_gpu_unless_overcommitted() {
         e.to_string().contains("a uncapped (counts as 81920Mi)"),
         "{e}"
     );
+    let e = w
+        .acquire(&plan("b", Mode::Timeslice, &[0], None))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("uncapped = \"whole-gpu\""), "{e}");
+    assert!(
+        !e.contains("Ask for"),
+        "asked for nothing, told to ask for less: {e}"
+    );
     w.cfg.policy.memory_overcommit = 2.0;
     w.acquire(&plan("b", Mode::Timeslice, &[0], None)).unwrap();
     let e = w
         .acquire(&plan("c", Mode::Timeslice, &[0], Some(GIB)))
         .unwrap_err();
     assert!(e.to_string().contains("memory_overcommit = 2"), "{e}");
-    assert_eq!(w.cfg.policy.uncapped, Uncapped::WholeGpu);
 }
 
 #[test]

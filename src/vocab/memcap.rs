@@ -30,8 +30,11 @@ impl fmt::Display for Backend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Uncapped {
-    /// It counts as the whole GPU.
+    /// It reserves nothing and is promised nothing: any number of uncapped shares use a GPU
+    /// together, and only caps are counted against its memory (the default).
     #[default]
+    Share,
+    /// It counts as the whole GPU: the first uncapped share holds it alone.
     WholeGpu,
     /// It is refused: every share must name `gpu.share.memory`.
     Refuse,
@@ -40,6 +43,7 @@ pub enum Uncapped {
 impl fmt::Display for Uncapped {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Uncapped::Share => "share",
             Uncapped::WholeGpu => "whole-gpu",
             Uncapped::Refuse => "refuse",
         })

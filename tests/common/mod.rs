@@ -56,9 +56,6 @@ pub fn require(what: &str, cmds: &[&str]) -> bool {
     false
 }
 
-/// The overcommit the sandboxes' policies set unless a test sets its own.
-const SHARING_OVERCOMMIT: &str = "memory_overcommit = 100.0";
-
 /// A private world for one test: state dir, simulated-driver state, policy file, log.
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
@@ -124,7 +121,6 @@ impl Sandbox {
         let has_nvml = tables.iter().any(|l| l.trim() == "[nvml]");
         // Tables the harness adds go before the test's own, so that a test that copies part
         // of a written policy into a new one does not copy them twice.
-        let mut tables = tables;
         let mut ours: Vec<String> = Vec::new();
         // A memory cap preloads the limiter in every mode: the one this build made.
         if !tables.iter().any(|l| l.trim() == "[limit]") {
@@ -134,15 +130,7 @@ impl Sandbox {
                 simdriver().with_file_name("libgpushare_limiter.so")
             ));
         }
-        // Tests of other features share GPUs among containers that name no memory cap; the
-        // admission by memory (`uncapped = "whole-gpu"`, overcommit 1.0 by default) has tests
-        // of its own that set these keys.
-        if !extra.contains("memory_overcommit") && !extra.contains("uncapped") {
-            match tables.iter().position(|l| l.trim() == "[policy]") {
-                Some(i) => tables.insert(i + 1, SHARING_OVERCOMMIT),
-                None => ours.extend(["[policy]".into(), SHARING_OVERCOMMIT.into()]),
-            }
-        }
+        // Every other key is the shipped default policy's unless `extra` sets it.
         let tables = ours
             .iter()
             .map(String::as_str)

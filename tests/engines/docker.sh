@@ -52,6 +52,11 @@ check_mps_output "$T/out1" yes
 wait_until 10 daemon_gone || fail "daemon left running"
 ok "daemon gone after the container"
 
+echo "== docker run --runtime gpushare, a capped mps share: its writable mounts run nothing"
+docker_ run --rm --runtime gpushare --network none -e NVIDIA_VISIBLE_DEVICES=0 -e GPU_SHARE=mps \
+    -e GPU_SHARE_MEMORY=1Gi gpushare-busybox:test sh -c "$INSIDE_NOEXEC" >"$T/outx" 2>"$T/errx" || { cat "$T/errx"; fail "docker run"; }
+check_noexec "$T/outx" "Docker (gpushare-runtime)"
+
 echo "== docker run --runtime gpushare -e GPU_SHARE=limit"
 docker_ run --rm --runtime gpushare --network none -e NVIDIA_VISIBLE_DEVICES=0 -e GPU_SHARE=limit \
     -e GPU_SHARE_MEMORY=1Gi -e GPU_SHARE_CORES=30 \

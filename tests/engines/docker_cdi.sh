@@ -42,6 +42,25 @@ check_cdi_output "$T/out1"
 check_mps_output "$T/out1" yes
 wait_until 10 daemon_gone || fail "daemon left running"
 
+echo "== gpushare's CDI device refined by annotations, through the default runtime's spec edit"
+"$HOOK" cdi generate --output "$T/cdi" >"$T/gen" || { cat "$T/gen"; fail "cdi generate"; }
+docker_ run --rm --network none --device nvidia.com/gpu=0 --device gpushare.io/share=mps \
+    --annotation gpu.share.memory=1Gi --annotation gpu.share.cores=40 \
+    gpushare-busybox:test sh -c 'echo "atp:$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"; echo "pin:$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"; echo "mem:$CUDA_DEVICE_MEMORY_LIMIT_0"' \
+    >"$T/outr" 2>"$T/errr" || { cat "$T/errr"; fail "docker run --device gpushare.io/share=mps with refining annotations"; }
+has -x 'atp:40' "$T/outr" && has -x 'pin:0=1024M' "$T/outr" && has -x 'mem:1073741824' "$T/outr" ||
+    { cat "$T/outr"; fail "the annotations did not refine the device's share"; }
+ok "gpushare.io/share=mps with gpu.share.memory=1Gi and gpu.share.cores=40: served with both"
+if docker_ run --rm --network none --device nvidia.com/gpu=0 --device gpushare.io/share=mps \
+    --annotation gpu.share=limit gpushare-busybox:test true >"$T/outc" 2>"$T/errc"; then
+    fail "an annotation contradicting the device ran"
+fi
+has -F 'but its CDI device gpushare.io/share=mps sets gpu.share=' "$T/errc" && has -F 'asks for gpu.share=' "$T/errc" ||
+    { cat "$T/errc"; fail "the contradiction is not refused with gpushare's line naming both"; }
+ok "a contradicting annotation is refused naming both: $(grep -o 'the container asks for[^;]*' "$T/errc" | head -1)"
+released_all() { [ "$("$HOOK" status --json | jq '[.gpus[].clients[]] | length')" = 0 ]; }
+wait_until 10 released_all || fail "a container is still listed after its run"
+
 echo "== docker run --device nvidia.com/gpu=all --annotation gpu.share=limit (no --runtime)"
 : >"$T/cdi-hook.log"
 docker_ run --rm --network none --device nvidia.com/gpu=all --annotation gpu.share=limit \

@@ -92,9 +92,6 @@ next = ["${NEXT_RUNTIME:-runc}"]
 hook = "$HOOK"
 ${1:-}
 EOF
-    # Tests of other features run several uncapped shares on one GPU; the admission by memory
-    # (uncapped = "whole-gpu", overcommit 1.0 by default) is tested on its own.
-    grep -q '^\[policy\]' "$CONFIG" || printf '[policy]\nmemory_overcommit = 100.0\n' >>"$CONFIG"
 }
 write_config
 
@@ -210,6 +207,25 @@ check_limit_output() { # file; $2 expect env (yes/no)
         grep -qx 'ld:/usr/local/gpushare/libgpushare_limiter.so' "$out" || has '^ld:.*:/usr/local/gpushare/libgpushare_limiter.so$' "$out" || { cat "$out"; fail "LD_PRELOAD not appended"; }
         ok "limit env (CUDA_DEVICE_MEMORY_LIMIT_0, CUDA_DEVICE_SM_LIMIT, LD_PRELOAD) set"
     fi
+}
+
+# Run inside a container: into each tenant-writable mount gpushare gives it (the MPS pipe
+# directory, the domain's /dev/shm, the limiter's shared directory), writes a script and runs it
+# directly; prints `exec:DIR:refused` or `exec:DIR:RAN`, and `opts:DIR:OPTIONS` (the mount's
+# per-mount options as the container's mountinfo shows the last mount on DIR).
+INSIDE_NOEXEC='printf "#!/bin/sh\necho ran\n" >/tmp/gs-exec-control && chmod 755 /tmp/gs-exec-control && /tmp/gs-exec-control >/dev/null 2>&1 && echo exec:control:ran; for d in /tmp/nvidia-mps /dev/shm /usr/local/gpushare/shared; do if [ ! -d "$d" ]; then echo "exec:$d:missing"; continue; fi; f=$d/gs-exec-probe; if ! printf "#!/bin/sh\necho ran\n" >"$f" 2>/dev/null; then echo "exec:$d:unwritable"; continue; fi; chmod 755 "$f"; if "$f" >/dev/null 2>&1; then echo "exec:$d:RAN"; else echo "exec:$d:refused"; fi; rm -f "$f"; o=$(grep " $d " /proc/self/mountinfo | tail -1 | cut -d" " -f6); echo "opts:$d:$o"; done; echo'
+
+check_noexec() { # file with the container's output; what (the path under test)
+    local out=$1 what=$2 d o
+    grep -qx "exec:control:ran" "$out" || { cat "$out"; fail "$what: positive control: the same script did not run from /tmp"; }
+    for d in /tmp/nvidia-mps /dev/shm /usr/local/gpushare/shared; do
+        grep -qx "exec:$d:refused" "$out" || { cat "$out"; fail "$what: a script in $d was not refused ($(grep "^exec:$d:" "$out"))"; }
+        o=$(sed -n "s|^opts:$d:||p" "$out")
+        for f in noexec nosuid nodev; do
+            echo ",$o," | has ",$f," || { cat "$out"; fail "$what: $d is mounted $o, without $f"; }
+        done
+    done
+    ok "$what: a script written to /tmp/nvidia-mps, /dev/shm and /usr/local/gpushare/shared is refused (noexec,nosuid,nodev on each)"
 }
 
 # The repo's hooks/ files, pointed at the hook under test and this test's policy file.

@@ -29,7 +29,7 @@ pub const KEYS: &[(&str, &str)] = &[
     ("policy.max_cores", "Largest SM percentage a container may ask for (1 to 100)."),
     ("policy.default_cores", "SM percentage of a container that names none (1 to 100, at most max_cores)."),
     ("policy.memory_overcommit", "The memory caps of a GPU's shares add up to at most this times its memory (0.1 to 100); a request that would exceed it is refused, naming the GPU and what each container holds."),
-    ("policy.uncapped", "How a share without gpu.share.memory counts: \"whole-gpu\" (as the whole GPU's memory) or \"refuse\" (every share must name its cap)."),
+    ("policy.uncapped", "How a share without gpu.share.memory counts: \"share\" (the default: it reserves nothing and is promised nothing, so any number of them share a GPU; caps are admitted against its memory), or, strict, \"whole-gpu\" (it counts as the whole GPU's memory) or \"refuse\" (every share must name its cap)."),
     ("runtime.next", "The runtimes gpushare-runtime runs next, the first found on PATH (never itself)."),
     ("runtime.hook", "gpushare-hook as containers' hooks name it (it may be a wrapper); configure writes engine entries that run the gpushare-runtime next to it."),
     ("serve.listen", "Address and port gpushare-hook serve answers /metrics and /healthz on."),

@@ -252,6 +252,8 @@ fn memory_cap_check(cfg: &Config, inv: &NvmlInventory, first_gpu: u32) -> Check 
         "admission: caps add up to at most {} x each GPU's memory, an uncapped share {}",
         cfg.policy.memory_overcommit,
         match cfg.policy.uncapped {
+            crate::vocab::memcap::Uncapped::Share =>
+                "reserves nothing (uncapped: no guarantee, only caps are counted)",
             crate::vocab::memcap::Uncapped::WholeGpu => "counts as the whole GPU",
             crate::vocab::memcap::Uncapped::Refuse => "is refused",
         }

@@ -72,17 +72,17 @@ pub struct Found {
 /// Why the limiter cannot serve an image.
 #[derive(Debug, Error)]
 pub enum LibcError {
-    #[error("the image's C library is musl ({MUSL_LOADER}), which cannot load gpushare's limiter (built for glibc {BASELINE} or newer): the limiter (limit mode, or a memory cap) needs a glibc-based image; use gpu.share=timeslice or mps without gpu.share.memory for this one")]
+    #[error("the image's C library is musl ({MUSL_LOADER}), which cannot load gpushare's limiter (built for glibc {BASELINE} or newer)")]
     Musl,
-    #[error("the image has no C library gpushare can load its limiter with (no {GLIBC_LOADER} and no libc.so.6 in /lib, /lib64, /usr/lib or their x86_64-linux-gnu directories): the limiter (limit mode, or a memory cap) needs glibc {BASELINE} or newer in the image; use gpu.share=timeslice or mps without gpu.share.memory for this one")]
+    #[error("the image has no C library gpushare can load its limiter with (no {GLIBC_LOADER} and no libc.so.6 in /lib, /lib64, /usr/lib or their x86_64-linux-gnu directories; the limiter needs glibc {BASELINE} or newer)")]
     NoLibc,
-    #[error("the image's C library is unusable: {libc} without glibc's loader {GLIBC_LOADER}, so no dynamic program can load gpushare's limiter: the limiter (limit mode, or a memory cap) needs glibc {BASELINE} or newer with its loader; fix the image or use gpu.share=timeslice or mps without gpu.share.memory")]
+    #[error("the image's C library is unusable: {libc} without glibc's loader {GLIBC_LOADER}, so no dynamic program can load gpushare's limiter (it needs glibc {BASELINE} or newer with its loader)")]
     NoLoader { libc: String },
-    #[error("the image's {libc} defines no GLIBC_ symbol versions, so it is not glibc: the limiter (limit mode, or a memory cap) needs glibc {BASELINE} or newer in the image; use gpu.share=timeslice or mps without gpu.share.memory for this one")]
+    #[error("the image's {libc} defines no GLIBC_ symbol versions, so it is not glibc, and gpushare's limiter needs glibc {BASELINE} or newer")]
     NotGlibc { libc: String },
-    #[error("the image's C library is glibc {version} ({libc}), older than glibc {BASELINE} which gpushare's limiter needs: use an image with glibc {BASELINE} or newer, or gpu.share=timeslice or mps without gpu.share.memory for this one")]
+    #[error("the image's C library is glibc {version} ({libc}), older than glibc {BASELINE}: gpushare's limiter needs glibc {BASELINE} or newer")]
     Old { libc: String, version: GlibcVersion },
-    #[error("the image's C library is glibc {version} ({libc}) without {}, which glibc ships and gpushare's limiter needs: restore them in the image (package libc6 or glibc), or use gpu.share=timeslice or mps without gpu.share.memory for this one", missing.join(" and "))]
+    #[error("the image's C library is glibc {version} ({libc}) without {}, which glibc ships and gpushare's limiter needs (restore them in the image: package libc6 or glibc)", missing.join(" and "))]
     Incomplete {
         libc: String,
         version: GlibcVersion,
@@ -243,6 +243,117 @@ pub fn parse_version(name: &str) -> Option<GlibcVersion> {
     Some(GlibcVersion { major, minor })
 }
 
+/// An image the limiter cannot load into, for a share that only the limiter could serve.
+#[derive(Debug, Error)]
+#[error("{libc}; {need}: {advice}")]
+pub struct LimiterRefused {
+    /// The image's C library, as [`judge`] found it.
+    pub libc: LibcError,
+    /// What needed the limiter.
+    pub need: String,
+    /// What to do instead: only what this node's policy serves.
+    pub advice: String,
+}
+
+/// What a container refused for its image can ask for instead under `cfg`'s policy: an image
+/// with glibc always; a share without a cap (mps or timeslice, which need no limiter) only
+/// where the policy serves it without reserving anything, so that the next attempt is not
+/// refused for it.
+fn advice(cfg: &crate::config::Config) -> String {
+    let mut out = format!("use an image with glibc {BASELINE} or newer");
+    let modes: Vec<&str> = [crate::vocab::Mode::Mps, crate::vocab::Mode::Timeslice]
+        .into_iter()
+        .filter(|m| cfg.policy.modes.contains(m))
+        .map(|m| m.as_str())
+        .collect();
+    if cfg.policy.uncapped == crate::vocab::memcap::Uncapped::Share && !modes.is_empty() {
+        out.push_str(&format!(
+            ", or gpu.share={} without gpu.share.memory (uncapped: it reserves no GPU memory and has no guarantee)",
+            modes.join(" or ")
+        ));
+    }
+    out
+}
+
+/// Refuses a share that needs the limiter (`limit` mode, or a cap the hook has not settled)
+/// in an image that cannot load it.
+pub fn refuse(
+    libc: LibcError,
+    cfg: &crate::config::Config,
+    mode: crate::vocab::Mode,
+) -> LimiterRefused {
+    if mode == crate::vocab::Mode::Limit {
+        LimiterRefused {
+            libc,
+            need: "gpu.share=limit runs in the limiter".into(),
+            advice: advice(cfg),
+        }
+    } else {
+        LimiterRefused {
+            libc,
+            need: "gpu.share.memory needs the limiter here".into(),
+            advice: advice_for_cap(cfg),
+        }
+    }
+}
+
+/// For a capped `mps` or `timeslice` share: whether its image can load the limiter, and if not,
+/// whether it is served without it. `enforcement`: what the hook chose for the cap (`None` in
+/// a spec edit, which comes before the container's cgroup exists: the hook decides then).
+///
+/// Served where the driver enforces the cap (the container loses only the reported sizes:
+/// CUDA and NVML inside show the whole GPU); refused with one line where only the limiter
+/// could enforce it.
+///
+/// # Errors
+/// [`LimiterRefused`] when the limiter backend would enforce the cap.
+pub fn settle(
+    plan: &mut crate::decide::plan::Plan,
+    cfg: &crate::config::Config,
+    rootfs: Option<&Path>,
+) -> Result<(), LimiterRefused> {
+    use crate::vocab::memcap::Backend;
+    if plan.mode == crate::vocab::Mode::Limit || plan.cap.is_none() {
+        return Ok(());
+    }
+    // Unknown, or not there (a dry run on a bundle without its rootfs): nothing to settle; the
+    // limiter's own check refuses it later if it cannot load.
+    let Some(rootfs) = rootfs.filter(|r| r.is_dir()) else {
+        return Ok(());
+    };
+    let libc = match check(rootfs) {
+        Ok(_) => {
+            plan.without_limiter = None;
+            return Ok(());
+        }
+        Err(e) => e,
+    };
+    match plan.enforcement.as_ref() {
+        Some(e) if e.backend == Backend::Limiter => Err(LimiterRefused {
+            libc,
+            need: format!(
+                "gpu.share.memory needs the limiter here, because the driver cannot enforce the cap for this container ({})",
+                e.why.as_deref().unwrap_or("no driver limits")
+            ),
+            advice: advice_for_cap(cfg),
+        }),
+        _ => {
+            plan.without_limiter = Some(libc.to_string());
+            Ok(())
+        }
+    }
+}
+
+/// What a capped share refused for its image can do instead: dropping the cap is offered only
+/// where an uncapped share is served (`[policy] uncapped = "share"`).
+fn advice_for_cap(cfg: &crate::config::Config) -> String {
+    let mut out = format!("use an image with glibc {BASELINE} or newer");
+    if cfg.policy.uncapped == crate::vocab::memcap::Uncapped::Share {
+        out.push_str(", or run it without gpu.share.memory (uncapped: it reserves no GPU memory and has no guarantee)");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,7 +423,7 @@ mod tests {
                     musl_loader: true,
                     missing: Vec::new(),
                 },
-                &["musl", MUSL_LOADER, "glibc-based image"],
+                &["musl", MUSL_LOADER, "glibc 2.17 or newer"],
             ),
             (Found::default(), &["no C library", "glibc 2.17 or newer"]),
             (
@@ -354,6 +465,36 @@ mod tests {
                 assert!(msg.contains(w), "{found:?}: {msg} lacks {w}");
             }
         }
+    }
+
+    #[test]
+    fn a_refusal_suggests_only_what_the_policy_serves() {
+        use crate::vocab::memcap::Uncapped;
+        use crate::vocab::Mode;
+        let mut cfg = crate::config::Config::default();
+        let limit = refuse(LibcError::Musl, &cfg, Mode::Limit).to_string();
+        let cap = refuse(LibcError::NoLibc, &cfg, Mode::Mps).to_string();
+        assert!(
+            limit.contains("gpu.share=mps or timeslice without gpu.share.memory"),
+            "{limit}"
+        );
+        assert!(cap.contains("without gpu.share.memory"), "{cap}");
+        for strict in [Uncapped::Refuse, Uncapped::WholeGpu] {
+            cfg.policy.uncapped = strict;
+            for mode in [Mode::Limit, Mode::Mps, Mode::Timeslice] {
+                let m = refuse(LibcError::Musl, &cfg, mode).to_string();
+                assert!(!m.contains("without gpu.share.memory"), "{strict}: {m}");
+                assert!(m.contains("glibc 2.17 or newer"), "{m}");
+                assert!(!m.contains('\n'), "{m}");
+            }
+        }
+        cfg.policy.uncapped = Uncapped::Share;
+        cfg.policy.modes = vec![Mode::Limit];
+        let m = refuse(LibcError::Musl, &cfg, Mode::Limit).to_string();
+        assert!(
+            !m.contains("gpu.share=mps"),
+            "a mode the node does not serve: {m}"
+        );
     }
 
     #[test]

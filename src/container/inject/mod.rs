@@ -87,6 +87,8 @@ pub enum InjectError {
     },
     #[error(transparent)]
     Libc(#[from] libc::LibcError),
+    #[error(transparent)]
+    LimiterImage(#[from] libc::LimiterRefused),
     #[error("the helper that mounts into the container failed ({0})")]
     Child(String),
 }
@@ -100,6 +102,16 @@ pub struct Binding {
     pub target: String,
     pub dir: bool,
     pub readonly: bool,
+}
+
+impl Binding {
+    /// Whether the bind runs nothing (`noexec`, with `nosuid` and `nodev` as every bind): every
+    /// directory gpushare binds is one a tenant can write (the MPS pipe directory, the domain's
+    /// `/dev/shm`, the limiter's shared directory); the files are read-only, and the limiter
+    /// must stay mappable as code.
+    pub fn noexec(&self) -> bool {
+        self.dir
+    }
 }
 
 /// The limiter's path inside the container.
@@ -208,6 +220,9 @@ pub fn into_container(pid: i32, rootfs: &Path, list: &[Binding]) -> Result<(), I
         let src = CString::new(b.source.as_os_str().as_bytes())
             .map_err(|_| InjectError::NulInSource(b.source.clone()))?;
         let mut attrs = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+        if b.noexec() {
+            attrs |= sys::MOUNT_ATTR_NOEXEC;
+        }
         if b.readonly {
             attrs |= sys::MOUNT_ATTR_RDONLY;
         }
@@ -311,6 +326,7 @@ mod tests {
             memory: Some(1 << 30),
             cap: Some(1 << 30),
             enforcement: None,
+            without_limiter: None,
             cores: 50,
             cores_explicit: true,
             timeslice: None,

@@ -71,7 +71,15 @@ pub fn run(argv: &[OsString], args: &Args) -> Ended {
                     if let Some(d) = dir.filter(|d| !had && d.exists()) {
                         let _ = crate::host::mounts::remove_container_dir(&d);
                     }
-                    return Ended::Failed(crate::vocab::chain(&e));
+                    let message = crate::vocab::chain(&e);
+                    // No hook of this container runs: the refusal is counted and written here.
+                    crate::container::error::record_refusal(
+                        cfg,
+                        args.id.as_deref().unwrap_or("?"),
+                        e.reason(),
+                        &message,
+                    );
+                    return Ended::Failed(message);
                 }
                 if let Some(dir) = dir.filter(|d| !had && d.exists()) {
                     return match run_next_child(&next, argv) {
@@ -89,7 +97,16 @@ pub fn run(argv: &[OsString], args: &Args) -> Ended {
                     };
                 }
             }
-            Err(e) if bundle_may_ask(args) => return Ended::Failed(crate::vocab::chain(e)),
+            Err(e) if bundle_may_ask(args) => {
+                let message = crate::vocab::chain(e);
+                crate::container::error::record_refusal(
+                    &cfg,
+                    args.id.as_deref().unwrap_or("?"),
+                    "policy",
+                    &message,
+                );
+                return Ended::Failed(message);
+            }
             Err(_) => {}
         }
     }
