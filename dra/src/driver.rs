@@ -44,7 +44,7 @@ pub enum PrepareError {
     #[error("{0}")]
     Memory(#[from] request::RequestError),
     #[error("{0}")]
-    Overcommitted(#[from] admission::Overcommitted),
+    Overcommitted(#[from] Box<admission::Overcommitted>),
     #[error("GPU {0} is not on this node any more; delete the pod so that it is scheduled again")]
     NoGpu(u32),
     #[error("cannot ask the GPU driver: {}", gpushare::vocab::chain(.0))]
@@ -215,6 +215,7 @@ impl Driver {
             holders.iter().map(|(n, m)| (n.as_str(), *m)),
             share.request.memory,
             self.cfg.policy.memory_overcommit,
+            self.cfg.policy.uncapped,
         )?;
         let nvidia = match self.nvidia {
             NvidiaName::Index => format!("nvidia.com/gpu={}", gpu.index),

@@ -125,6 +125,7 @@ fn scheduler_plugin_and_hook_admit_the_same_claims() {
                 held.iter().map(|(n, m)| (n.as_str(), *m)),
                 Some(consumed),
                 cfg.policy.memory_overcommit,
+                cfg.policy.uncapped,
             );
             assert_eq!(sched, *want, "{what}: claim {i}: scheduler");
             assert_eq!(
