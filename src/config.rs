@@ -423,7 +423,7 @@ impl Config {
                 || namespaces.is_empty()
                 || !namespaces
                     .iter()
-                    .all(|n| crate::decide::kube::is_namespace(n))
+                    .all(|n| crate::vocab::names::is_namespace(n))
             {
                 return Err(invalid(&format!(
                     "[mps] group_namespaces: {group:?} must be a group name bound to a list of Kubernetes namespaces, like team-a = [\"team-a\"]"

@@ -111,7 +111,7 @@ pub fn namespace(
     let Some((_, first)) = found.first() else {
         return Ok(None);
     };
-    if found.iter().all(|(_, v)| v == first) && is_namespace(first) {
+    if found.iter().all(|(_, v)| v == first) && crate::vocab::names::is_namespace(first) {
         return Ok(Some(first.clone()));
     }
     Err(NamespaceConflict {
@@ -121,18 +121,6 @@ pub fn namespace(
             .collect::<Vec<_>>()
             .join(", "),
     })
-}
-
-/// Whether `s` is a Kubernetes namespace name (an RFC 1123 label: `[a-z0-9]([-a-z0-9]*[a-z0-9])?`,
-/// at most 63 bytes).
-pub fn is_namespace(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
 }
 
 fn well_formed(v: &str) -> Option<String> {
