@@ -154,12 +154,12 @@ fn docker_26_cdi_nvidia_spec_on_gpushare_default_runtime() {
 }
 
 #[test]
-fn cri_containerd_1_7_cdi_devices_nvidia_spec() {
+fn cri_cdi_containerd_1_7_nvidia_spec_share_device_with_annotations_noexec() {
     run_script_with("cri_cdi.sh", &[("CRI_CONTAINERD", "trixie")]);
 }
 
 #[test]
-fn cri_containerd_2_cdi_devices_nvidia_spec() {
+fn cri_cdi_containerd_2_nvidia_spec_share_device_with_annotations_noexec() {
     run_script_with("cri_cdi.sh", &[("CRI_CONTAINERD", "sid")]);
 }
 
