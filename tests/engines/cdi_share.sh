@@ -117,11 +117,16 @@ cores = 40
 mode = "limit"
 memory = "1Gi"
 cores = 30'
-# `configure` (any engine) brings an installed spec up to date with the policy it reads.
+# `configure` with --path (not the node's own engine files) says what it would write to the
+# node's spec and leaves it alone; with --cdi-dir it brings the spec there up to date.
+before=$(sha256sum "$SHARE_SPEC")
 "$HOOK" configure docker --path "$T/daemon-conf.json" >"$T/conf" 2>&1 || { cat "$T/conf"; fail "configure docker"; }
-has -F "$SHARE_SPEC" "$T/conf" || { cat "$T/conf"; fail "configure did not bring the CDI spec up to date"; }
-jq -e '[.devices[].name] | index("capped")' "$SHARE_SPEC" >/dev/null || fail "the spec lacks the new profile after configure"
-ok "configure refreshed the CDI spec with the new profile"
+has -F "capped" "$T/conf" || { cat "$T/conf"; fail "configure --path did not say what it would write to the CDI spec"; }
+[ "$(sha256sum "$SHARE_SPEC")" = "$before" ] || fail "configure --path changed the node's CDI spec"
+"$HOOK" configure docker --path "$T/daemon-conf.json" --cdi-dir "$CDI_DIR" >"$T/conf" 2>&1 || { cat "$T/conf"; fail "configure docker --cdi-dir"; }
+has -F "$SHARE_SPEC" "$T/conf" || { cat "$T/conf"; fail "configure --cdi-dir did not bring the CDI spec up to date"; }
+jq -e '[.devices[].name] | index("capped")' "$SHARE_SPEC" >/dev/null || fail "the spec lacks the new profile after configure --cdi-dir"
+ok "configure --path left the CDI spec alone and said so; --cdi-dir refreshed it with the new profile"
 run_ --device nvidia.com/gpu=all --device gpushare.io/share=capped -- sh -c "$INSIDE_LIMIT" >"$T/out3" 2>"$T/err3" ||
     { cat "$T/err3"; fail "run with the limit profile failed"; }
 check_limit_output "$T/out3" no

@@ -48,7 +48,7 @@ ok "conffiles: policy, podman drop-in, logrotate"
 dpkg-deb --ctrl-tarfile "$DEB" | tar -t | has -x './prerm' || fail "no prerm"
 dpkg-deb -c "$DEB" >"$T/contents"
 grep -E '^d' "$T/contents" | grep -Ev '^drwxr-xr-x (root/root|0/0) ' && fail "a directory without mode 0755 root/root"
-grep -E ' \./usr/bin/gpushare-(hook|runtime)$' "$T/contents" | grep -Ev '^-rwxr-xr-x (root/root|0/0) ' && fail "a binary without mode 0755 root/root"
+grep -E ' \./usr/bin/gpushare-(hook|runtime|dra)$' "$T/contents" | grep -Ev '^-rwxr-xr-x (root/root|0/0) ' && fail "a binary without mode 0755 root/root"
 for f in usr/share/man/man1/gpushare-hook.1.gz usr/share/man/man1/gpushare-hook-configure.1.gz \
     usr/share/man/man1/gpushare-runtime.1.gz usr/share/man/man5/gpushare-config.5.gz \
     usr/share/bash-completion/completions/gpushare-hook usr/share/zsh/vendor-completions/_gpushare-hook \
@@ -56,12 +56,12 @@ for f in usr/share/man/man1/gpushare-hook.1.gz usr/share/man/man1/gpushare-hook-
     usr/lib/tmpfiles.d/gpushare.conf usr/lib/gpushare/libgpushare_limiter.so \
     usr/lib/gpushare/test-only/libgpushare_simdriver.so \
     usr/lib/systemd/system/gpushare-serve.service usr/lib/systemd/system/gpushare-gc.timer \
-    usr/share/gpushare/grafana/gpushare.json; do
+    usr/share/gpushare/grafana/gpushare.json usr/bin/gpushare-dra; do
     grep -q " \./$f\$" "$T/contents" || fail "$f missing from the .deb"
 done
 ok "modes 0755 root/root, man pages, completions, copyright, tmpfiles.d"
 mkdir -p "$T/deb" && dpkg-deb -x "$DEB" "$T/deb"
-for b in usr/bin/gpushare-hook usr/bin/gpushare-runtime; do
+for b in usr/bin/gpushare-hook usr/bin/gpushare-runtime usr/bin/gpushare-dra; do
     readelf -S "$T/deb/$b" | has '\.symtab' && fail "$b is not stripped"
 done
 ok "binaries stripped"
@@ -222,6 +222,7 @@ cat >"$T/rpm.want" <<LIST
 /etc/containers/oci/hooks.d-podman/gpushare-precreate.json
 /etc/gpushare/config.toml
 /etc/logrotate.d/gpushare
+/usr/bin/gpushare-dra
 /usr/bin/gpushare-hook
 /usr/bin/gpushare-runtime
 /usr/lib/gpushare/libgpushare_limiter.so
