@@ -44,6 +44,10 @@ pub const OPTIONAL: &[(&str, &str)] = &[
     ("policy.max_memory", "[policy]\nmax_memory = \"40Gi\"\n"),
     ("mps.groups", "[mps.groups.ops]\ncores = 50\n"),
     (
+        "mps.group_namespaces",
+        "[mps]\ngroup_namespaces = { team-a = [\"team-a\"] }\n",
+    ),
+    (
         "serve.events_file",
         "[serve]\nevents_file = \"/var/log/ev.jsonl\"\n",
     ),
