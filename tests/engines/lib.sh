@@ -357,3 +357,47 @@ cri_client() {
     "$PYTHON" "$GS_REPO/tests/cri/cri.py" gen "$CRI_GEN" "$TRIXIE/$proto" || fail "cannot compile the CRI api.proto"
     engine_version containerd env PATH="$CTD_PATH" containerd --version
 }
+
+# The config of a private containerd under $1 with its CRI on and CDI specs read from $2, written
+# to $1/config.toml: version 3 for CRI_CONTAINERD=sid (containerd 2.x, CDI on by default),
+# version 2 with enable_cdi otherwise (containerd 1.7).
+cri_cdi_containerd_config() {
+    local c=$1 cdi=$2
+    if [ "${CRI_CONTAINERD:-trixie}" = sid ]; then
+        cat >"$c/config.toml" <<EOF2
+version = 3
+root = "$c/root"
+state = "$c/state"
+[grpc]
+  address = "$c/sock"
+[ttrpc]
+  address = "$c/sock.ttrpc"
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "gpushare.test/pause:1"
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  cdi_spec_dirs = ["$cdi"]
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["$c/cni/bin"]
+    conf_dir = "$c/cni/conf"
+EOF2
+    else
+        cat >"$c/config.toml" <<EOF2
+version = 2
+root = "$c/root"
+state = "$c/state"
+[grpc]
+  address = "$c/sock"
+[ttrpc]
+  address = "$c/sock.ttrpc"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "gpushare.test/pause:1"
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = ["$cdi"]
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$c/cni/bin"
+    conf_dir = "$c/cni/conf"
+EOF2
+    fi
+}

@@ -25,43 +25,7 @@ C=$T/ctd
 mkdir -p "$C/cni/bin" "$C/cni/conf" "$C/logs" "$T/cdi"
 nvidia_cdi_spec >"$T/cdi/nvidia.yaml"
 CGROUP_PARENT=/gpushare-dra-$$
-if [ "${CRI_CONTAINERD:-trixie}" = sid ]; then
-    cat >"$C/config.toml" <<EOF2
-version = 3
-root = "$C/root"
-state = "$C/state"
-[grpc]
-  address = "$C/sock"
-[ttrpc]
-  address = "$C/sock.ttrpc"
-[plugins."io.containerd.cri.v1.images".pinned_images]
-  sandbox = "gpushare.test/pause:1"
-[plugins."io.containerd.cri.v1.runtime"]
-  restrict_oom_score_adj = true
-  cdi_spec_dirs = ["$T/cdi"]
-  [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = ["$C/cni/bin"]
-    conf_dir = "$C/cni/conf"
-EOF2
-else
-    cat >"$C/config.toml" <<EOF2
-version = 2
-root = "$C/root"
-state = "$C/state"
-[grpc]
-  address = "$C/sock"
-[ttrpc]
-  address = "$C/sock.ttrpc"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "gpushare.test/pause:1"
-  restrict_oom_score_adj = true
-  enable_cdi = true
-  cdi_spec_dirs = ["$T/cdi"]
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$C/cni/bin"
-    conf_dir = "$C/cni/conf"
-EOF2
-fi
+cri_cdi_containerd_config "$C" "$T/cdi"
 on_exit "rmdir /sys/fs/cgroup/*$CGROUP_PARENT /sys/fs/cgroup$CGROUP_PARENT"
 env PATH="$CTD_PATH" containerd --config "$C/config.toml" >"$C/log" 2>&1 &
 CPID=$!
