@@ -55,7 +55,7 @@ pub fn prepare_host(
     }
     // An image the limiter cannot load into is refused before anything is written.
     if let Some(r) = rootfs {
-        super::libc::check(r)?;
+        super::libc_cache::check(&sd, r)?;
     }
     let image = match rootfs {
         Some(r) => rootfs::read_image_file(r, PRELOAD_IN_CONTAINER).map_err(|source| {
