@@ -64,6 +64,19 @@ fn populate(sd: &StateDir, gpus: u32, domains: usize, per_gpu: usize) {
     }
 }
 
+/// A 256 MiB cap (256 of them fit the simulated 80 GiB GPU): an uncapped share counts as the
+/// whole GPU at admission, so 256 of those would be refused.
+fn bench_cap() -> gpushare::host::state::Cap {
+    gpushare::host::state::Cap {
+        bytes: 1 << 28,
+        enforcement: gpushare::vocab::memcap::Enforcement {
+            backend: gpushare::vocab::memcap::Backend::Limiter,
+            cgroup: None,
+            why: Some("bench".into()),
+        },
+    }
+}
+
 /// Median of `rounds` runs of `f`.
 fn median(rounds: usize, mut f: impl FnMut()) -> Duration {
     let mut v: Vec<Duration> = (0..rounds)
@@ -206,16 +219,17 @@ fn main() {
             sd.ensure().unwrap();
             let mut rec = Record::new(&uuid(0), 0);
             for c in 0..n - 1 {
+                // Capped (see `bench_cap`).
                 rec.clients.insert(
                     format!("other-{c:04}-{}", "f".repeat(48)),
                     Client {
                         mode: Mode::Limit,
                         process: Some(me),
                         cores: 100,
-                        memory: Some(1 << 30),
+                        memory: Some(1 << 28),
                         domain: None,
                         kube: Default::default(),
-                        cap: None,
+                        cap: Some(bench_cap()),
                     },
                 );
             }
@@ -279,7 +293,8 @@ fn main() {
     std::fs::write(
         &policy,
         format!(
-            "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n",
+            // The probe is uncapped (it counts as the whole GPU at admission): overcommitted.
+            "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n[policy]\nmemory_overcommit = 100.0\n",
             d.join("state"),
             d.join("log"),
             sim
@@ -351,10 +366,10 @@ fn main() {
                         mode: Mode::Timeslice,
                         process: Some(me),
                         cores: 100,
-                        memory: None,
+                        memory: Some(1 << 28),
                         domain: None,
                         kube: Default::default(),
-                        cap: None,
+                        cap: Some(bench_cap()),
                     },
                 );
             }

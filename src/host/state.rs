@@ -230,7 +230,9 @@ impl StateDir {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(StateError::Read { path, source }),
         };
-        let mut buf = Vec::new();
+        // Sized from the file: one read, not a doubling series of them.
+        let size = f.metadata().map_or(0, |m| m.len()).min(MAX_RECORD_BYTES);
+        let mut buf = Vec::with_capacity(size as usize + 1);
         f.take(MAX_RECORD_BYTES)
             .read_to_end(&mut buf)
             .map_err(|source| StateError::Read {

@@ -41,7 +41,8 @@ impl StateDir {
         // Name the holder for whoever times out waiting; best effort.
         let _ = file.set_len(0);
         let _ = file.rewind();
-        let _ = writeln!(file, "pid {} ({holder})", std::process::id());
+        // One write: a waiter that times out reads either nothing or the whole line.
+        let _ = file.write_all(format!("pid {} ({holder})\n", std::process::id()).as_bytes());
         Ok(GpuLock { _file: file })
     }
 }
