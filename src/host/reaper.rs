@@ -132,10 +132,10 @@ fn spawn(source: &Source, uuid: &str) -> std::io::Result<i32> {
         .stderr(Stdio::null());
     crate::sys::detached(&mut cmd);
     let child = cmd.spawn()?;
-    // Not waited for: it outlives the hook and is reparented. It leaves the caller's cgroups
-    // itself ([`run`]): a write to each hierarchy's `cgroup.procs`, which can take milliseconds,
-    // is not the hook's to wait for.
-    Ok(child.id() as i32)
+    let pid = child.id() as i32;
+    crate::host::mps::leave_cgroups(pid);
+    // Not waited for: it outlives the hook and is reparented.
+    Ok(pid)
 }
 
 /// What one look at the clients found.
@@ -211,9 +211,6 @@ pub fn run(
     let Some(mut mine) = try_lock(&state, uuid)? else {
         return Ok(());
     };
-    // Out of the cgroups of the hook that started it (the container's engine's), as the MPS
-    // daemon is: it outlives them.
-    crate::host::mps::leave_cgroups(std::process::id() as i32);
     let gpus = state.gpus_dir();
     let record = state
         .record_path(uuid)
