@@ -64,6 +64,19 @@ fn populate(sd: &StateDir, gpus: u32, domains: usize, per_gpu: usize) {
     }
 }
 
+/// A 256 MiB cap (256 of them fit the simulated 80 GiB GPU), so that the records hold caps and
+/// admission adds them up as it does on a node with capped shares.
+fn bench_cap() -> gpushare::host::state::Cap {
+    gpushare::host::state::Cap {
+        bytes: 1 << 28,
+        enforcement: gpushare::vocab::memcap::Enforcement {
+            backend: gpushare::vocab::memcap::Backend::Limiter,
+            cgroup: None,
+            why: Some("bench".into()),
+        },
+    }
+}
+
 /// Median of `rounds` runs of `f`.
 fn median(rounds: usize, mut f: impl FnMut()) -> Duration {
     let mut v: Vec<Duration> = (0..rounds)
@@ -207,16 +220,17 @@ fn main() {
             sd.ensure().unwrap();
             let mut rec = Record::new(&uuid(0), 0);
             for c in 0..n - 1 {
+                // Capped (see `bench_cap`).
                 rec.clients.insert(
                     format!("other-{c:04}-{}", "f".repeat(48)),
                     Client {
                         mode: Mode::Limit,
                         process: Some(me),
                         cores: 100,
-                        memory: Some(1 << 30),
+                        memory: Some(1 << 28),
                         domain: None,
                         kube: Default::default(),
-                        cap: None,
+                        cap: Some(bench_cap()),
                     },
                 );
             }
@@ -280,6 +294,7 @@ fn main() {
     std::fs::write(
         &policy,
         format!(
+            // The shipped policy: the uncapped probe reserves nothing beside the capped clients.
             "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n",
             d.join("state"),
             d.join("log"),
@@ -352,10 +367,10 @@ fn main() {
                         mode: Mode::Timeslice,
                         process: Some(me),
                         cores: 100,
-                        memory: None,
+                        memory: Some(1 << 28),
                         domain: None,
                         kube: Default::default(),
-                        cap: None,
+                        cap: Some(bench_cap()),
                     },
                 );
             }

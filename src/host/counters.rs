@@ -1,11 +1,20 @@
-//! Node-wide counters kept in the state directory (`counters.json`), so that they outlive the
-//! short-lived hook processes that count. A read-modify-write happens under `counters.lock`
-//! (an `flock` held for that write only); a container that asks for nothing never touches
-//! them.
+//! Node-wide counters kept in the state directory, so that they outlive the short-lived hook
+//! processes that count. A hook appends what it counted as one line to `counters.log` (one
+//! `write`, under a shared `flock` of that file: concurrent hooks never wait for each other);
+//! readers add the lines up. When the log has grown past [`COMPACT_BYTES`], the writer that
+//! notices folds it into `counters.json` under the log's exclusive `flock` and puts an empty log
+//! in its place. A container that asks for nothing never touches them.
+//!
+//! Crash safety: `counters.json` names the log (inode) and how many of its bytes it already
+//! holds, and is replaced (atomically) before the log is; a reader skips those bytes while that
+//! log is current. Every line starts with a newline, so that a line torn by a failed write
+//! (a full disk) ends there and costs only itself: lines that do not parse are passed over.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Read;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +27,10 @@ pub const DURATION_BOUNDS: [f64; 12] = [
 
 /// Largest counters file read back.
 const MAX_BYTES: u64 = 4 << 20;
+/// Largest part of the log read back (it is folded at [`COMPACT_BYTES`]).
+const MAX_LOG_BYTES: u64 = 64 << 20;
+/// Log size past which the writer that notices folds the log into `counters.json`.
+pub const COMPACT_BYTES: u64 = 64 << 10;
 
 /// A histogram as stored: per-bucket (not cumulative) counts, the last one for `+Inf`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,6 +64,21 @@ impl Histogram {
         self.buckets[i] += 1;
         self.sum += seconds;
         self.count += 1;
+    }
+
+    /// Adds `other`'s observations (one with another bucket layout is passed over).
+    pub fn add(&mut self, other: &Histogram) {
+        if other.buckets.len() != DURATION_BOUNDS.len() + 1 {
+            return;
+        }
+        if self.buckets.len() != DURATION_BOUNDS.len() + 1 {
+            *self = Histogram::default();
+        }
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.sum += other.sum;
+        self.count += other.count;
     }
 
     /// `(upper bound, count)` pairs for the exposition, the last with an infinite bound.
@@ -91,52 +119,222 @@ pub struct Counters {
     pub create_runtime_seconds: Histogram,
 }
 
-/// The counters file and its lock.
-fn paths(sd: &StateDir) -> (std::path::PathBuf, std::path::PathBuf) {
+impl Counters {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Counters) {
+        fn add_map(a: &mut BTreeMap<String, u64>, b: &BTreeMap<String, u64>) {
+            for (k, v) in b {
+                *a.entry(k.clone()).or_default() += v;
+            }
+        }
+        self.requests += other.requests;
+        add_map(&mut self.acquires, &other.acquires);
+        self.releases += other.releases;
+        add_map(&mut self.refusals, &other.refusals);
+        self.daemon_starts += other.daemon_starts;
+        self.daemon_stops += other.daemon_stops;
+        self.daemon_restarts += other.daemon_restarts;
+        self.daemon_replacements += other.daemon_replacements;
+        add_map(&mut self.domain_restarts, &other.domain_restarts);
+        self.drifts += other.drifts;
+        add_map(&mut self.gc_actions, &other.gc_actions);
+        self.create_runtime_seconds
+            .add(&other.create_runtime_seconds);
+    }
+}
+
+/// `counters.json`: the folded counts, and which log bytes they already hold.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Folded {
+    #[serde(flatten)]
+    counters: Counters,
+    /// The log (inode) whose first `bytes` bytes are in `counters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    log: Option<LogMark>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct LogMark {
+    ino: u64,
+    bytes: u64,
+}
+
+/// The folded counters file and the log.
+fn paths(sd: &StateDir) -> (PathBuf, PathBuf) {
     (
         sd.root().join("counters.json"),
-        sd.root().join("counters.lock"),
+        sd.root().join("counters.log"),
     )
 }
 
-/// Reads the counters (all zero when there are none yet, or when the file is unreadable).
-pub fn load(sd: &StateDir) -> Counters {
-    let (path, _) = paths(sd);
+/// Opens the current log (`create`: making it when missing) with a shared `flock` (exclusive
+/// with `exclusive`), checking it is still the file at `path` once locked: a fold may have put
+/// a new one in its place meanwhile. `None` when there is none and `create` is false.
+fn open_log(path: &Path, create: bool, exclusive: bool) -> std::io::Result<Option<File>> {
+    loop {
+        let f = match OpenOptions::new()
+            .read(true)
+            .append(create)
+            .create(create)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+        {
+            Ok(f) => f,
+            Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if exclusive {
+            f.lock()?;
+        } else {
+            f.lock_shared()?;
+        }
+        let held = f.metadata()?;
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.ino() == held.ino() && m.dev() == held.dev() => return Ok(Some(f)),
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn read_folded(path: &Path) -> Folded {
     let mut buf = Vec::new();
-    match File::open(&path) {
+    match File::open(path) {
         Ok(f) => {
             let _ = f.take(MAX_BYTES).read_to_end(&mut buf);
         }
-        Err(_) => return Counters::default(),
+        Err(_) => return Folded::default(),
     }
     serde_json::from_slice(&buf).unwrap_or_default()
 }
 
-/// Applies `f` to the stored counters under their lock. Where there is no state directory yet
-/// (nothing was ever shared on the node, e.g. a first request refused before any acquire)
-/// nothing is counted: a refusal leaves the node as it was (its event is still written).
+/// The folded counts plus every whole line of the log `log` (locked by the caller) not yet
+/// folded; also the log's length read.
+fn total(folded_path: &Path, log: Option<&File>) -> std::io::Result<(Counters, Option<LogMark>)> {
+    let folded = read_folded(folded_path);
+    let mut c = folded.counters;
+    let Some(mut log) = log else {
+        return Ok((c, None));
+    };
+    let ino = log.metadata()?.ino();
+    let skip = folded.log.filter(|m| m.ino == ino).map_or(0, |m| m.bytes);
+    log.seek(SeekFrom::Start(skip))?;
+    let mut buf = Vec::new();
+    log.take(MAX_LOG_BYTES).read_to_end(&mut buf)?;
+    add_lines(&mut c, &buf);
+    Ok((
+        c,
+        Some(LogMark {
+            ino,
+            bytes: skip + buf.len() as u64,
+        }),
+    ))
+}
+
+/// Adds every line of `text` that parses as counters (a torn line is passed over).
+fn add_lines(c: &mut Counters, text: &[u8]) {
+    for line in text.split(|b| *b == b'\n') {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        if let Ok(delta) = serde_json::from_slice::<Counters>(line) {
+            c.add(&delta);
+        }
+    }
+}
+
+/// Reads the counters (all zero when there are none yet, or when the files are unreadable).
+pub fn load(sd: &StateDir) -> Counters {
+    let (folded, log_path) = paths(sd);
+    // The log's shared lock keeps a fold from changing both files while they are read.
+    let log = open_log(&log_path, false, false).ok().flatten();
+    total(&folded, log.as_ref())
+        .map(|(c, _)| c)
+        .unwrap_or_default()
+}
+
+/// Counts what `f` counts: `f` is given zero counters and adds to them (every count is a sum),
+/// and what it added is appended to the log. Where there is no state directory yet (nothing
+/// was ever shared on the node, e.g. a first request refused before any acquire) nothing is
+/// counted: a refusal leaves the node as it was (its event is still written).
 ///
 /// # Errors
-/// [`StateError`] when the state directory is unsafe, or the lock or the file cannot be
+/// [`StateError`] when the state directory is unsafe, or the log cannot be opened, locked or
 /// written.
 pub fn update(sd: &StateDir, f: impl FnOnce(&mut Counters)) -> Result<(), StateError> {
     if !sd.root().exists() {
         return Ok(());
     }
+    let mut delta = Counters::default();
+    f(&mut delta);
+    if delta == Counters::default() {
+        return Ok(());
+    }
     sd.ensure()?;
-    let (path, lock_path) = paths(sd);
-    let lock = crate::host::lockfile::open(&lock_path).map_err(|source| StateError::Lock {
-        path: lock_path.clone(),
+    let (folded, log_path) = paths(sd);
+    let lock_err = |source| StateError::Lock {
+        path: log_path.clone(),
         source,
-    })?;
-    lock.lock().map_err(|source| StateError::Lock {
-        path: lock_path.clone(),
-        source,
-    })?;
-    let mut c = load(sd);
-    f(&mut c);
-    let bytes = serde_json::to_vec(&c).expect("counters serialise");
-    write_atomic(&path, &bytes, 0o600).map_err(|source| StateError::Write { path, source })
+    };
+    let log = open_log(&log_path, true, false)
+        .map_err(lock_err)?
+        .expect("made when missing");
+    // One write of a line that starts with a newline: it ends a torn line before it.
+    let line = format!(
+        "\n{}\n",
+        serde_json::to_string(&delta).expect("counters serialise")
+    );
+    (&log)
+        .write_all(line.as_bytes())
+        .map_err(|source| StateError::Write {
+            path: log_path.clone(),
+            source,
+        })?;
+    let len = log.metadata().map(|m| m.len()).unwrap_or(0);
+    drop(log);
+    if len > COMPACT_BYTES {
+        if let Err(e) = fold(&folded, &log_path) {
+            tracing::debug!("cannot fold the counters log: {e}");
+        }
+    }
+    Ok(())
+}
+
+/// Folds the log into `counters.json` and puts an empty log in its place, under the log's
+/// exclusive lock (waiting for the writers that hold it shared; the few writers that queue
+/// meanwhile then find the new log).
+fn fold(folded: &Path, log_path: &Path) -> std::io::Result<()> {
+    let Some(log) = open_log(log_path, false, true)? else {
+        return Ok(());
+    };
+    if log.metadata()?.len() <= COMPACT_BYTES {
+        return Ok(()); // folded by another writer meanwhile
+    }
+    let (counters, mark) = total(folded, Some(&log))?;
+    let bytes = serde_json::to_vec(&Folded {
+        counters,
+        log: mark,
+    })
+    .expect("counters serialise");
+    // First the counts with the log's mark (a crash here leaves a log whose marked part is
+    // skipped), then an empty log in its place.
+    write_atomic(folded, &bytes, 0o600)?;
+    let dir = log_path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".counters.log.{}.tmp", std::process::id()));
+    let res = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .and_then(|_| std::fs::rename(&tmp, log_path));
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res
 }
 
 #[cfg(test)]
@@ -159,6 +357,26 @@ mod tests {
     }
 
     #[test]
+    fn histograms_add_bucket_by_bucket() {
+        let (mut a, mut b) = (Histogram::default(), Histogram::default());
+        a.observe(0.001);
+        b.observe(0.001);
+        b.observe(7.0);
+        a.add(&b);
+        assert_eq!(a.count, 3);
+        assert_eq!(a.pairs()[0], (0.005, 2));
+        assert_eq!(a.pairs()[10], (10.0, 1));
+        assert!((a.sum - 7.002).abs() < 1e-9);
+        let odd = Histogram {
+            buckets: vec![5],
+            sum: 1.0,
+            count: 5,
+        };
+        a.add(&odd);
+        assert_eq!(a.count, 3, "another layout is passed over");
+    }
+
+    #[test]
     fn updates_add_up_across_writers() {
         let dir = tempfile::tempdir().unwrap();
         let sd = StateDir::new(dir.path().join("s"));
@@ -173,6 +391,7 @@ mod tests {
                         update(&sd, |c| {
                             c.requests += 1;
                             *c.refusals.entry("busy".into()).or_default() += 1;
+                            c.create_runtime_seconds.observe(0.002);
                         })
                         .unwrap();
                     }
@@ -182,6 +401,116 @@ mod tests {
         let c = load(&sd);
         assert_eq!(c.requests, 80, "no update lost");
         assert_eq!(c.refusals["busy"], 80);
+        assert_eq!(c.create_runtime_seconds.count, 80);
+        assert_eq!(c.create_runtime_seconds.pairs()[0], (0.005, 80));
+    }
+
+    /// Concurrent writers (each update opens the log afresh: its own open file description
+    /// and `flock`, as a hook process has) across several folds: nothing is lost or counted
+    /// twice.
+    #[test]
+    fn concurrent_writers_across_folds_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path().join("s"));
+        sd.ensure().unwrap();
+        let (folded, log) = paths(&sd);
+        // Each line is about 300 bytes: 4 x 300 updates are several times COMPACT_BYTES.
+        let per = 300u64;
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..per {
+                        update(&sd, |c| {
+                            c.releases += 1;
+                            *c.gc_actions.entry("drop_client".into()).or_default() += 2;
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        let c = load(&sd);
+        assert_eq!(c.releases, 4 * per);
+        assert_eq!(c.gc_actions["drop_client"], 8 * per);
+        // Positive control: the log was folded (the counts are in counters.json) and is small
+        // again.
+        let f = read_folded(&folded);
+        assert!(f.counters.releases > 0, "folded at least once: {f:?}");
+        assert!(std::fs::metadata(&log).unwrap().len() <= COMPACT_BYTES + 4096);
+    }
+
+    #[test]
+    fn a_torn_line_costs_only_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        update(&sd, |c| c.releases += 1).unwrap();
+        // A writer that died part-way through its line (no newline at its end).
+        let (_, log) = paths(&sd);
+        let mut f = OpenOptions::new().append(true).open(&log).unwrap();
+        f.write_all(b"\n{\"releases\":100,\"acq").unwrap();
+        assert_eq!(load(&sd).releases, 1, "the torn last line is passed over");
+        update(&sd, |c| c.releases += 1).unwrap();
+        assert_eq!(load(&sd).releases, 2, "the next line is whole");
+    }
+
+    #[test]
+    fn a_crash_between_fold_steps_counts_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        for _ in 0..3 {
+            update(&sd, |c| c.daemon_starts += 1).unwrap();
+        }
+        let (folded, log_path) = paths(&sd);
+        // The fold's first step done (counts and mark written), its second (a new log) not.
+        let log = open_log(&log_path, false, true).unwrap().unwrap();
+        let (counters, mark) = total(&folded, Some(&log)).unwrap();
+        drop(log);
+        write_atomic(
+            &folded,
+            &serde_json::to_vec(&Folded {
+                counters,
+                log: mark,
+            })
+            .unwrap(),
+            0o600,
+        )
+        .unwrap();
+        assert_eq!(
+            load(&sd).daemon_starts,
+            3,
+            "the marked part is not counted twice"
+        );
+        update(&sd, |c| c.daemon_starts += 1).unwrap();
+        assert_eq!(load(&sd).daemon_starts, 4);
+        // A fold from there also counts each line once.
+        fold(&folded, &log_path).unwrap(); // under COMPACT_BYTES: nothing to do
+        assert_eq!(load(&sd).daemon_starts, 4);
+    }
+
+    #[test]
+    fn an_old_counters_file_is_read_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        std::fs::write(
+            dir.path().join("counters.json"),
+            br#"{"requests":5,"acquires":{"mps":5}}"#,
+        )
+        .unwrap();
+        update(&sd, |c| *c.acquires.entry("mps".into()).or_default() += 1).unwrap();
+        let c = load(&sd);
+        assert_eq!((c.requests, c.acquires["mps"]), (5, 6));
+    }
+
+    #[test]
+    fn nothing_counted_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        update(&sd, |_| {}).unwrap();
+        assert!(!paths(&sd).1.exists());
     }
 
     #[test]

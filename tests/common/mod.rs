@@ -239,7 +239,7 @@ impl Sandbox {
     /// Every file under the state dir with its content (sockets and fifos by name only): a
     /// snapshot for "state unchanged" checks. Lock files (and the directory holding them) are
     /// left out: they are created on first use and taking a lock writes the holder's name. So
-    /// are the node's counters (`counters.json`), which count a refusal by design.
+    /// are the node's counters (`counters.json`, `counters.log`), which count a refusal by design.
     pub fn snapshot(&self) -> Vec<(String, Vec<u8>)> {
         let mut out = Vec::new();
         walk(&self.state_dir(), &self.state_dir(), &mut out);
@@ -278,7 +278,8 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
         if ft.is_dir() {
             // The reapers' directory holds only their lock files, made by a detached reaper
             // whenever it gets to it: not state a hook call changes.
-            if rel == "reapers" {
+            // Nor is the cache of what images' C libraries are (`cache/`).
+            if rel == "reapers" || rel == "cache" {
                 continue;
             }
             if rel != "gpus" {
@@ -286,7 +287,7 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
             }
             walk(root, &p, out);
         } else if ft.is_file() {
-            if !rel.ends_with(".lock") && rel != "counters.json" {
+            if !rel.ends_with(".lock") && rel != "counters.json" && rel != "counters.log" {
                 out.push((rel, std::fs::read(&p).unwrap_or_default()));
             }
         } else {

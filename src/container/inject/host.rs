@@ -55,7 +55,7 @@ pub fn prepare_host(
     }
     // An image the limiter cannot load into is refused before anything is written.
     if let Some(r) = rootfs {
-        super::libc::check(r).map_err(|e| match e {
+        super::libc_cache::check(&sd, r).map_err(|e| match e {
             e @ super::libc::LibcError::Read { .. } => InjectError::Libc(e),
             e => super::libc::refuse(e, cfg, plan.mode).into(),
         })?;

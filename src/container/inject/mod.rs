@@ -10,6 +10,7 @@
 pub mod created;
 pub mod host;
 pub mod libc;
+pub mod libc_cache;
 pub mod rootfs;
 
 pub use host::{preload_text, prepare_host, remove_container_files};

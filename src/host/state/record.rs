@@ -1,0 +1,274 @@
+//! The per-GPU record: which containers use the GPU, its MPS isolation domains and their
+//! daemons, what to put back when it is free. The model only; [`super::StateDir`] reads and
+//! writes it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::decide::kube::KubeLabels;
+use crate::host::procinfo::ProcId;
+use crate::vocab::{ComputeMode, Limits, Mode};
+
+/// Version of the record layout.
+pub const RECORD_VERSION: u32 = 2;
+
+/// One container using a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Client {
+    pub mode: Mode,
+    /// The container's init process; `None` when the runtime gave no pid (then the client is
+    /// only dropped by poststop).
+    pub process: Option<ProcId>,
+    pub cores: u8,
+    pub memory: Option<u64>,
+    /// `mps`: the key of the isolation domain it belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// The container's Kubernetes names, when a CRI engine gave them (for metrics).
+    #[serde(default, skip_serializing_if = "KubeLabels::is_empty")]
+    pub kube: KubeLabels,
+    /// Its memory cap for the whole container, and what enforces it (`None`: uncapped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<Cap>,
+}
+
+/// A container's memory cap on one GPU (all its processes together) and what enforces it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cap {
+    pub bytes: u64,
+    #[serde(flatten)]
+    pub enforcement: crate::vocab::memcap::Enforcement,
+}
+
+/// An MPS control daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Daemon {
+    pub process: ProcId,
+}
+
+/// One MPS isolation domain on a GPU: its daemon, the limits that daemon enforces, and the
+/// spec edits that reserved its directories.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Domain {
+    pub daemon: Option<Daemon>,
+    /// The daemon's defaults as gpushare set them: the domain's enforced limits.
+    pub limits: Limits,
+    /// The uid its clients run as (one per daemon when the driver has no multi-user server).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// Spec edits that made the domain's directories a mount source for a container whose
+    /// hook has not run yet, by key, with the time (seconds since the epoch). While one is
+    /// fresh the directories stay even when the daemon stops, so that container's mounts keep
+    /// working.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reserved: BTreeMap<String, u64>,
+}
+
+impl Domain {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            daemon: None,
+            limits,
+            uid: None,
+            reserved: BTreeMap::new(),
+        }
+    }
+}
+
+/// Everything recorded about one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub version: u32,
+    pub uuid: String,
+    pub index: u32,
+    /// The compute mode to put back once no daemon of gpushare's runs on the GPU. Written
+    /// (and saved) before gpushare changes the mode, so a hook killed in between leaves a
+    /// record that says what to restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_compute_mode: Option<ComputeMode>,
+    /// MPS isolation domains by key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub domains: BTreeMap<String, Domain>,
+    /// Clients by container id; a domain's reference count is the number of its clients.
+    pub clients: BTreeMap<String, Client>,
+}
+
+/// How long a spec edit's reservation of a GPU's MPS directories lasts.
+pub const RESERVATION_SECONDS: u64 = 120;
+
+fn fresh(at: u64, now: u64) -> bool {
+    now.saturating_sub(at) < RESERVATION_SECONDS && at <= now + 60
+}
+
+/// Seconds since the epoch.
+pub fn now_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Record {
+    pub fn new(uuid: &str, index: u32) -> Self {
+        Self {
+            version: RECORD_VERSION,
+            uuid: uuid.to_owned(),
+            index,
+            restore_compute_mode: None,
+            domains: BTreeMap::new(),
+            clients: BTreeMap::new(),
+        }
+    }
+
+    /// Drops reservations older than [`RESERVATION_SECONDS`] (or from the future).
+    pub fn prune_reservations(&mut self, now: u64) -> Vec<(String, String)> {
+        let mut dropped = Vec::new();
+        for (domain, d) in &mut self.domains {
+            d.reserved.retain(|key, at| {
+                let keep = fresh(*at, now);
+                if !keep {
+                    dropped.push((domain.clone(), key.clone()));
+                }
+                keep
+            });
+        }
+        dropped
+    }
+
+    /// Removes `key`'s reservations in every domain.
+    pub fn unreserve(&mut self, key: &str) {
+        for d in self.domains.values_mut() {
+            d.reserved.remove(key);
+        }
+    }
+
+    /// The ids of the clients of domain `key`.
+    pub fn domain_clients(&self, key: &str) -> Vec<String> {
+        self.clients
+            .iter()
+            .filter(|(_, c)| c.domain.as_deref() == Some(key))
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// Whether a container uses, or is about to mount, the directories of domain `key`.
+    pub fn dirs_in_use(&self, key: &str, now: u64) -> bool {
+        !self.domain_clients(key).is_empty()
+            || self
+                .domains
+                .get(key)
+                .is_some_and(|d| d.reserved.values().any(|at| fresh(*at, now)))
+    }
+
+    /// Whether any domain has a recorded daemon.
+    pub fn has_daemon(&self) -> bool {
+        self.domains.values().any(|d| d.daemon.is_some())
+    }
+
+    /// The mode the GPU currently serves (that of its clients), if any.
+    pub fn serving(&self) -> Option<Mode> {
+        if self.has_daemon() || self.clients.values().any(|c| c.mode == Mode::Mps) {
+            return Some(Mode::Mps);
+        }
+        self.clients.values().next().map(|c| c.mode)
+    }
+
+    /// Drops clients whose process is gone; returns their ids.
+    pub fn drop_stale(&mut self) -> Vec<String> {
+        let stale: Vec<String> = self
+            .clients
+            .iter()
+            .filter(|(_, c)| c.process.is_some_and(|p| !p.is_alive()))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &stale {
+            self.clients.remove(id);
+        }
+        stale
+    }
+
+    /// Forgets domains with no client, no daemon and no reservation.
+    pub fn tidy(&mut self) {
+        let used: std::collections::BTreeSet<String> = self
+            .clients
+            .values()
+            .filter_map(|c| c.domain.clone())
+            .collect();
+        self.domains
+            .retain(|k, d| used.contains(k) || d.daemon.is_some() || !d.reserved.is_empty());
+    }
+
+    /// Whether there is nothing to keep (then the record file is removed).
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty() && self.domains.is_empty() && self.restore_compute_mode.is_none()
+    }
+}
+
+/// The name of a domain's directory: 16 base32 characters (80 bits) of SHA-256 over the GPU
+/// and the domain, so that a tenant choosing a group name cannot aim at another domain's
+/// directory.
+pub fn domain_dir_name(uuid: &str, domain: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{uuid}/{domain}").as_bytes());
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut bits: u128 = 0;
+    for b in &digest[..10] {
+        bits = (bits << 8) | u128::from(*b);
+    }
+    (0..16)
+        .rev()
+        .map(|i| ALPHABET[((bits >> (i * 5)) & 31) as usize] as char)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::state::StateDir;
+    use crate::vocab::is_safe_name;
+
+    #[test]
+    fn safe_names() {
+        for ok in [
+            "abc",
+            "a-b_c.d",
+            "GPU-5a1e0000-0000-4000-8000-000000000000",
+            "k8s:pod",
+        ] {
+            assert!(is_safe_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            ".hidden",
+            "a/b",
+            "a b",
+            "a\0b",
+            &"x".repeat(129),
+            "é",
+        ] {
+            assert!(!is_safe_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn domain_dir_names_are_short_distinct_and_stable() {
+        let a = domain_dir_name("GPU-1", "gpu");
+        assert_eq!(a.len(), 16);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)));
+        assert_eq!(a, domain_dir_name("GPU-1", "gpu"), "stable");
+        assert_ne!(a, domain_dir_name("GPU-2", "gpu"), "per GPU");
+        assert_ne!(a, domain_dir_name("GPU-1", "g-gpu"), "per domain");
+        // The longest domain key (a 128-byte container id) keeps the deepest socket path of the
+        // default state dir well under the 108-byte limit.
+        let long = format!("c-{}", "f".repeat(128));
+        let p = StateDir::new("/run/gpushare")
+            .mps_dirs("GPU-1", &long)
+            .pipe
+            .join("control_privileged");
+        assert!(p.as_os_str().len() < 108, "{}", p.display());
+    }
+}
