@@ -595,9 +595,33 @@ fn no_client_stalls_or_bloats_serve() {
     assert!(sent > 0, "the slow reader sent its requests");
     // Healing goes on beside it: a tenant's change to the daemon's defaults is put back.
     let pipe = sb.domain_dir(0, "gpu").join("pipe");
-    let enforced = common::mps_client(&pipe, "get_default_active_thread_percentage");
-    common::mps_client(&pipe, "set_default_active_thread_percentage 1");
-    common::mps_client(&pipe, "set_default_client_priority 1");
+    // NVIDIA's daemon serves one control session at a time and resets a second one, so each of
+    // the tenant's commands is repeated until its effect is seen (the positive control: the
+    // drift really happened before healing is waited for).
+    let until = |what: &str, mut f: Box<dyn FnMut() -> bool + '_>| {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < end, "timed out after 10s: {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let mut enforced = String::new();
+    until(
+        "reading the enforced default",
+        Box::new(|| {
+            enforced = common::mps_client(&pipe, "get_default_active_thread_percentage");
+            !enforced.is_empty()
+        }),
+    );
+    until(
+        "the tenant's change of the defaults",
+        Box::new(|| {
+            common::mps_client(&pipe, "set_default_active_thread_percentage 1");
+            common::mps_client(&pipe, "set_default_client_priority 1");
+            let pct = common::mps_client(&pipe, "get_default_active_thread_percentage");
+            pct == "1.0" || pct == "1"
+        }),
+    );
     for i in 0..10 {
         if let Err(e) = healthz_within(serve.addr, second) {
             panic!("healthz {i} beside a slow reader: {e}");
@@ -612,7 +636,8 @@ fn no_client_stalls_or_bloats_serve() {
     {
         assert!(
             Instant::now() < end,
-            "timed out after 20s waiting for the healing pass to put back the defaults"
+            "timed out after 20s waiting for the healing pass to put back the defaults; gpushare's log:\n{}",
+            std::fs::read_to_string(sb.log_path()).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(500));
     }
