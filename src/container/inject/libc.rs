@@ -133,10 +133,23 @@ pub fn judge(found: &Found) -> Result<GlibcVersion, LibcError> {
 /// [`LibcError::Read`] for a file that exists but cannot be read (a directory or device on a
 /// loader's path counts as absent).
 pub fn inspect(rootfs_dir: &Path) -> Result<Found, LibcError> {
-    let read = |path: &'static str, max: u64| {
-        rootfs::read_image_file_max(rootfs_dir, path, max)
-            .map_err(|source| LibcError::Read { path, source })
-    };
+    inspect_with(rootfs_dir, |path| {
+        let bytes = rootfs::read_image_file_max(rootfs_dir, path, MAX_LIBC)
+            .map_err(|source| LibcError::Read { path, source })?;
+        Ok(bytes.map(|b| glibc_release(&b)))
+    })
+}
+
+/// [`inspect`] with the release of a present `libc.so.6` at `path` given by `release_of`
+/// (`Some(None)`: not glibc's; `None`: gone meanwhile, the next path is tried), so that a cache
+/// can answer for the file without a second copy of the walk.
+///
+/// # Errors
+/// [`LibcError::Read`] for a file that exists but cannot be read, or what `release_of` returns.
+pub fn inspect_with(
+    rootfs_dir: &Path,
+    mut release_of: impl FnMut(&'static str) -> Result<Option<Option<GlibcVersion>>, LibcError>,
+) -> Result<Found, LibcError> {
     let present = |path: &'static str| {
         rootfs::image_file_exists(rootfs_dir, path)
             .map_err(|source| LibcError::Read { path, source })
@@ -151,10 +164,10 @@ pub fn inspect(rootfs_dir: &Path) -> Result<Found, LibcError> {
         if !present(path)? {
             continue;
         }
-        let Some(bytes) = read(path, MAX_LIBC)? else {
+        let Some(release) = release_of(path)? else {
             continue;
         };
-        found.libc = Some((path.to_owned(), glibc_release(&bytes)));
+        found.libc = Some((path.to_owned(), release));
         break;
     }
     for lib in GLIBC_COMPANIONS {

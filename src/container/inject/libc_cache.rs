@@ -19,10 +19,7 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, FileStat, SFlag};
 
-use super::libc::{
-    glibc_release, judge, Found, GlibcVersion, LibcError, GLIBC_COMPANIONS, GLIBC_LOADER,
-    LIBC_PATHS, MUSL_LOADER,
-};
+use super::libc::{glibc_release, judge, Found, GlibcVersion, LibcError};
 use super::rootfs;
 use crate::host::state::StateDir;
 
@@ -43,43 +40,9 @@ pub fn check(sd: &StateDir, rootfs_dir: &Path) -> Result<GlibcVersion, LibcError
 /// # Errors
 /// [`LibcError::Read`] for a file that exists but cannot be read.
 pub fn inspect(sd: &StateDir, rootfs_dir: &Path) -> Result<Found, LibcError> {
-    let present = |path: &'static str| {
-        rootfs::image_file_exists(rootfs_dir, path)
-            .map_err(|source| LibcError::Read { path, source })
-    };
-    let mut found = Found {
-        glibc_loader: present(GLIBC_LOADER)?,
-        musl_loader: present(MUSL_LOADER)?,
-        libc: None,
-        missing: Vec::new(),
-    };
-    for path in LIBC_PATHS {
-        if !present(path)? {
-            continue;
-        }
-        let release =
-            release_of(sd, rootfs_dir, path).map_err(|source| LibcError::Read { path, source })?;
-        let Some(release) = release else {
-            continue;
-        };
-        found.libc = Some((path.to_owned(), release));
-        break;
-    }
-    for lib in GLIBC_COMPANIONS {
-        let mut seen = false;
-        for path in LIBC_PATHS {
-            let candidate = format!("{}{lib}", path.trim_end_matches("libc.so.6"));
-            seen = rootfs::image_file_exists(rootfs_dir, &candidate)
-                .map_err(|source| LibcError::Read { path: lib, source })?;
-            if seen {
-                break;
-            }
-        }
-        if !seen {
-            found.missing.push(lib);
-        }
-    }
-    Ok(found)
+    super::libc::inspect_with(rootfs_dir, |path| {
+        release_of(sd, rootfs_dir, path).map_err(|source| LibcError::Read { path, source })
+    })
 }
 
 /// The glibc release of the image's regular file `path` (`Some(None)`: not glibc's; `None`:
