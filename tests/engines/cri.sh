@@ -83,33 +83,9 @@ else
 fi
 
 on_exit "rmdir /sys/fs/cgroup/*$CGROUP_PARENT /sys/fs/cgroup$CGROUP_PARENT"
-env PATH="$CTD_PATH" containerd --config "$C/config.toml" >"$C/log" 2>&1 &
-CPID=$!
-on_exit "kill $CPID; wait $CPID"
-cri() { "$PYTHON" "$GS_REPO/tests/cri/cri.py" call "$C/sock" "$@"; }
-cri_exec() { "$PYTHON" "$GS_REPO/tests/cri/cri.py" exec "$C/sock" "$@"; }
-wait_until 30 cri Version '{}' >/dev/null 2>&1 || { tail -30 "$C/log"; fail "containerd's CRI did not come up (log above)"; }
+start_cri_containerd
 cri Version '{}' | jq -r '"CRI: \(.runtime_name) \(.runtime_version) API \(.runtime_api_version)"'
-
-# Every pod is removed before containerd stops (its shims would outlive it otherwise).
-remove_all_pods() {
-    local p
-    for p in $(cri ListPodSandbox '{}' | jq -r '.items[]?.id'); do
-        cri StopPodSandbox "{\"pod_sandbox_id\":\"$p\"}" >/dev/null
-        cri RemovePodSandbox "{\"pod_sandbox_id\":\"$p\"}" >/dev/null
-    done
-}
-on_exit remove_all_pods
-
-# Images: the pause image (sleeps) and the workload image (busybox + nvidia-cuda-mps-control).
-mkdir -p "$T/pause/bin"
-cp /bin/busybox "$T/pause/bin/" && ln -s busybox "$T/pause/bin/sleep"
-make_oci_tar "$T/pause" "$T/pause.tar" '["/bin/sleep","2147483647"]'
-make_rootfs "$T/rootfs"
-make_oci_tar "$T/rootfs" "$T/image.tar"
-ctr_() { env PATH="$CTD_PATH" ctr --address "$C/sock" -n k8s.io "$@"; }
-ctr_ images import --index-name gpushare.test/pause:1 "$T/pause.tar" >/dev/null || fail "pause image import"
-ctr_ images import --index-name gpushare.test/busybox:1 "$T/image.tar" >/dev/null || fail "image import"
+import_cri_images
 
 pod_config() { # name annotations-json
     jq -cn --arg n "$1" --argjson a "$2" --arg logs "$T/logs/$1" --arg cg "$CGROUP_PARENT" '{

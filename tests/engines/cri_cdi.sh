@@ -23,32 +23,12 @@ cri_cdi_containerd_config "$C" "$T/cdi"
 "$GS_HOOK" configure containerd --config "$CONFIG" --path "$C/config.toml" >/dev/null || fail "gpushare-hook configure containerd"
 
 on_exit "rmdir /sys/fs/cgroup/*$CGROUP_PARENT /sys/fs/cgroup$CGROUP_PARENT"
-env PATH="$CTD_PATH" containerd --config "$C/config.toml" >"$C/log" 2>&1 &
-CPID=$!
-on_exit "kill $CPID; wait $CPID"
-cri() { "$PYTHON" "$GS_REPO/tests/cri/cri.py" call "$C/sock" "$@"; }
-cri_exec() { "$PYTHON" "$GS_REPO/tests/cri/cri.py" exec "$C/sock" "$@"; }
-wait_until 30 cri Version '{}' >/dev/null 2>&1 || { tail -30 "$C/log"; fail "containerd's CRI did not come up (log above)"; }
-remove_all_pods() {
-    local p
-    for p in $(cri ListPodSandbox '{}' | jq -r '.items[]?.id'); do
-        cri StopPodSandbox "{\"pod_sandbox_id\":\"$p\"}" >/dev/null
-        cri RemovePodSandbox "{\"pod_sandbox_id\":\"$p\"}" >/dev/null
-    done
-}
-on_exit remove_all_pods
+start_cri_containerd
 cri Status '{"verbose":true}' | jq -r .info.config | jq -e '[.. | objects | select(has("enableCDI")) | .enableCDI][0] == true' >/dev/null ||
     fail "the running containerd does not have CDI enabled"
 ok "the running containerd has CDI enabled"
 
-mkdir -p "$T/pause/bin"
-cp /bin/busybox "$T/pause/bin/" && ln -s busybox "$T/pause/bin/sleep"
-make_oci_tar "$T/pause" "$T/pause.tar" '["/bin/sleep","2147483647"]'
-make_rootfs "$T/rootfs"
-make_oci_tar "$T/rootfs" "$T/image.tar"
-ctr_() { env PATH="$CTD_PATH" ctr --address "$C/sock" -n k8s.io "$@"; }
-ctr_ images import --index-name gpushare.test/pause:1 "$T/pause.tar" >/dev/null || fail "pause image import"
-ctr_ images import --index-name gpushare.test/busybox:1 "$T/image.tar" >/dev/null || fail "image import"
+import_cri_images
 
 pod_config() { # name annotations-json
     jq -cn --arg n "$1" --argjson a "$2" --arg logs "$C/logs/$1" --arg cg "$CGROUP_PARENT" '{

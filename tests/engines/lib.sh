@@ -401,3 +401,37 @@ state = "$c/state"
 EOF2
     fi
 }
+
+# Starts a private containerd on $C/config.toml (its socket $C/sock, its log $C/log), stopped
+# at exit, with `cri` (and `cri_exec`) calling its CRI and every pod removed before it stops
+# (the shims would outlive it otherwise); waits until its CRI answers.
+start_cri_containerd() {
+    env PATH="$CTD_PATH" containerd --config "$C/config.toml" >"$C/log" 2>&1 &
+    CPID=$!
+    on_exit "kill $CPID; wait $CPID"
+    cri() { "$PYTHON" "$GS_REPO/tests/cri/cri.py" call "$C/sock" "$@"; }
+    cri_exec() { "$PYTHON" "$GS_REPO/tests/cri/cri.py" exec "$C/sock" "$@"; }
+    wait_until 30 cri Version '{}' >/dev/null 2>&1 || { tail -30 "$C/log"; fail "containerd's CRI did not come up (log above)"; }
+    remove_all_pods() {
+        local p
+        for p in $(cri ListPodSandbox '{}' | jq -r '.items[]?.id'); do
+            cri StopPodSandbox "{\"pod_sandbox_id\":\"$p\"}" >/dev/null
+            cri RemovePodSandbox "{\"pod_sandbox_id\":\"$p\"}" >/dev/null
+        done
+    }
+    on_exit remove_all_pods
+}
+
+# Imports the pause image (sleeps; gpushare.test/pause:1) and the workload image (busybox and
+# nvidia-cuda-mps-control; gpushare.test/busybox:1) into the started containerd's k8s.io
+# namespace, with `ctr_` calling its ctr.
+import_cri_images() {
+    mkdir -p "$T/pause/bin"
+    cp /bin/busybox "$T/pause/bin/" && ln -s busybox "$T/pause/bin/sleep"
+    make_oci_tar "$T/pause" "$T/pause.tar" '["/bin/sleep","2147483647"]'
+    make_rootfs "$T/rootfs"
+    make_oci_tar "$T/rootfs" "$T/image.tar"
+    ctr_() { env PATH="$CTD_PATH" ctr --address "$C/sock" -n k8s.io "$@"; }
+    ctr_ images import --index-name gpushare.test/pause:1 "$T/pause.tar" >/dev/null || fail "pause image import"
+    ctr_ images import --index-name gpushare.test/busybox:1 "$T/image.tar" >/dev/null || fail "image import"
+}

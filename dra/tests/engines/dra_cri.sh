@@ -27,28 +27,9 @@ nvidia_cdi_spec >"$T/cdi/nvidia.yaml"
 CGROUP_PARENT=/gpushare-dra-$$
 cri_cdi_containerd_config "$C" "$T/cdi"
 on_exit "rmdir /sys/fs/cgroup/*$CGROUP_PARENT /sys/fs/cgroup$CGROUP_PARENT"
-env PATH="$CTD_PATH" containerd --config "$C/config.toml" >"$C/log" 2>&1 &
-CPID=$!
-on_exit "kill $CPID; wait $CPID"
-cri() { "$PYTHON" "$GS_REPO/tests/cri/cri.py" call "$C/sock" "$@"; }
-wait_until 30 cri Version '{}' >/dev/null 2>&1 || { tail -30 "$C/log"; fail "containerd's CRI did not come up (log above)"; }
-remove_all_pods() {
-    local p
-    for p in $(cri ListPodSandbox '{}' | jq -r '.items[]?.id'); do
-        cri StopPodSandbox "{\"pod_sandbox_id\":\"$p\"}" >/dev/null
-        cri RemovePodSandbox "{\"pod_sandbox_id\":\"$p\"}" >/dev/null
-    done
-}
-on_exit remove_all_pods
+start_cri_containerd
 
-mkdir -p "$T/pause/bin"
-cp /bin/busybox "$T/pause/bin/" && ln -s busybox "$T/pause/bin/sleep"
-make_oci_tar "$T/pause" "$T/pause.tar" '["/bin/sleep","2147483647"]'
-make_rootfs "$T/rootfs"
-make_oci_tar "$T/rootfs" "$T/image.tar"
-ctr_() { env PATH="$CTD_PATH" ctr --address "$C/sock" -n k8s.io "$@"; }
-ctr_ images import --index-name gpushare.test/pause:1 "$T/pause.tar" >/dev/null || fail "pause image import"
-ctr_ images import --index-name gpushare.test/busybox:1 "$T/image.tar" >/dev/null || fail "image import"
+import_cri_images
 
 echo "== the fake API server, then gpushare-dra"
 API=$T/api
