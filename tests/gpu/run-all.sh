@@ -77,7 +77,6 @@ write_config() {
         printf 'state_dir = "%s"\nlog_file = "%s"\nlock_timeout_seconds = 10\n' "$d/state" "$d/gpushare.log"
         printf '[nvml]\nlibrary = "%s"\n' "$RA_NVML"
         printf '[limit]\nlibrary = "%s"\n' "$RA_BIN/libgpushare_limiter.so"
-        printf '[policy]\nmemory_overcommit = 100.0\n'
         printf '%s\n' "$extra"
     } >"$d/config.toml"
 }

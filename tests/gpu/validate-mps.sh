@@ -41,7 +41,7 @@ pass() { echo "PASS: $*"; }
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 export GPUSHARE_CONFIG=$work/config.toml
 # Two containers without a memory cap share the GPU (each counts as the whole GPU otherwise).
-printf 'state_dir = "%s"\nlog_file = "%s"\n[policy]\nmemory_overcommit = 100.0\n' "$work/state" "$work/log" >"$GPUSHARE_CONFIG"
+printf 'state_dir = "%s"\nlog_file = "%s"\n' "$work/state" "$work/log" >"$GPUSHARE_CONFIG"
 mkdir -p "$work/bundle/rootfs/tmp"
 echo '{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]},"annotations":{"gpu.share":"mps"}}' >"$work/bundle/config.json"
 state() { printf '{"id":"%s","pid":%s,"bundle":"%s"}' "$1" "$2" "$work/bundle"; }

@@ -17,9 +17,8 @@ cri_client
 export KUBELET_GEN=$T/kubelet-gen
 kubelet() { "$PYTHON" "$GS_REPO/dra/tests/engines/kubelet.py" "$@"; }
 
-# Admission by memory as shipped (overcommit 1.0): 80 GiB a GPU.
-write_config '[policy]
-memory_overcommit = 1.0'
+# The shipped policy: caps admitted up to the GPU's 80 GiB (memory_overcommit 1.0).
+write_config
 
 C=$T/ctd
 mkdir -p "$C/cni/bin" "$C/cni/conf" "$C/logs" "$T/cdi"
