@@ -13,6 +13,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 scripts/install-deps.sh --demo >&2   # only what the demo needs; scripts/test.sh installs the rest
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"   # where rustup put cargo
 echo "== building (release)" >&2
 cargo build --release -p gpushare -p gpushare-limiter -p gpushare-simdriver >&2   # not xtask (man pages)
 BIN=$REPO/target/release

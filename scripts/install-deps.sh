@@ -24,6 +24,13 @@ pkg_for busybox busybox-static
 pkg_for nvidia-cuda-mps-control nvidia-cuda-mps
 pkg_for gcc gcc
 pkg_for jq jq
+# The Rust toolchain comes from rustup (Debian 12's rustc is older than the workspace's
+# rust-version); rustup-init is fetched with curl.
+have_cargo() { have cargo || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; }
+if ! have_cargo; then
+    pkg_for curl curl
+    [ -e /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+fi
 pkg_for() { # command package: the test suite only
     if [ "$DEMO" = 0 ] && ! have "$1"; then need+=("$2"); fi
 }
@@ -88,6 +95,17 @@ zig_tools() {
     fi
 }
 
+# The Rust toolchain, when cargo is missing: rustup's stable toolchain in ${CARGO_HOME:-~/.cargo}
+# (rustup adds it to the login shells' PATH).
+RUSTUP_PROFILE=${GS_RUSTUP_PROFILE:-default}
+rust_toolchain() {
+    export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+    if have cargo; then return; fi
+    echo "install-deps: installing the Rust toolchain (rustup, stable, profile $RUSTUP_PROFILE)"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+        | sh -s -- -y -q --profile "$RUSTUP_PROFILE" --default-toolchain stable
+}
+
 # The package builders, from crates.io, when missing (the package test builds the .deb and .rpm).
 cargo_tools() {
     local tool tools=(cargo-zigbuild cargo-deb cargo-generate-rpm)
@@ -103,6 +121,7 @@ cargo_tools() {
 
 if [ ${#need[@]} -eq 0 ]; then
     echo "install-deps: every package present"
+    rust_toolchain
     cargo_tools
     if [ "$(id -u)" -eq 0 ] || [ -w "$(dirname "$ZIGDIR")" ]; then zig_tools; fi
     if [ "$(id -u)" -eq 0 ] && [ "$DEMO" = 0 ]; then extras; fi
@@ -132,6 +151,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 if [ "$DEMO" = 0 ]; then extras; fi
+rust_toolchain
 cargo_tools
 zig_tools
 echo "install-deps: done"
