@@ -102,8 +102,14 @@ rust_toolchain() {
     export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
     if have cargo; then return; fi
     echo "install-deps: installing the Rust toolchain (rustup, stable, profile $RUSTUP_PROFILE)"
-    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
-        | sh -s -- -y -q --profile "$RUSTUP_PROFILE" --default-toolchain stable
+    # rustup-init itself, what https://sh.rustup.rs fetches.
+    local init
+    init=$(mktemp /tmp/rustup-init-XXXXXX)
+    curl --proto '=https' --tlsv1.2 -sSf -o "$init" \
+        "https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init"
+    chmod +x "$init"
+    "$init" -y -q --profile "$RUSTUP_PROFILE" --default-toolchain stable
+    rm -f "$init"
 }
 
 # The package builders, from crates.io, when missing (the package test builds the .deb and .rpm).
