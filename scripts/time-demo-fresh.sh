@@ -32,7 +32,15 @@ echo "== load before: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs" >&2
 echo "== a fresh Debian 12 root in $R (not timed)" >&2
 mmdebstrap --quiet bookworm "$R" http://deb.debian.org/debian >"$W/mmdebstrap.log" 2>&1 \
     || { tail -20 "$W/mmdebstrap.log" >&2; exit 1; }
+# This host's network settings, which any machine on its network needs: the resolver, the local
+# CA certificates (an HTTPS proxy on the way out; ca-certificates' install adds them to the
+# store) and pip's pointer to that store.
 cp /etc/resolv.conf "$R/etc/resolv.conf"
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+    mkdir -p "$R/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/"
+fi
+[ ! -f /etc/pip.conf ] || cp /etc/pip.conf "$R/etc/pip.conf"
 mkdir -p "$R/root/gpushare"
 git -C "$REPO" archive HEAD | tar -x -C "$R/root/gpushare"
 echo "== HEAD $(git -C "$REPO" rev-parse --short HEAD): scripts/demo.sh in the fresh root" >&2
@@ -46,7 +54,7 @@ R=$R unshare --mount --pid --fork --propagation private sh -c '
     mount --rbind /sys "$R/sys"
     mount -t proc proc "$R/proc"
     mount -t tmpfs tmpfs "$R/run"
-    exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb \
+    exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
         bash -c "cd /root/gpushare && scripts/demo.sh 2>&1"
 ' </dev/null 2>&1 | while IFS= read -r line; do
