@@ -510,8 +510,8 @@ fn the_shipped_policy_lets_uncapped_shares_share_a_gpu_and_admits_caps_against_i
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     for want in [
         "GPU 0 (",
-        "81920Mi",
-        "a 49152Mi, b 32768Mi",
+        "80.0 GiB",
+        "a 48.0 GiB, b 32.0 GiB",
         "u0 uncapped (reserves nothing)",
         "memory_overcommit = 1, uncapped = \"share\"",
     ] {
@@ -575,7 +575,7 @@ fn whole_gpu_refuses_an_uncapped_share_naming_the_key_and_the_holders() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     for want in [
         "uncapped = \"whole-gpu\"",
-        "a 8192Mi",
+        "a 8.0 GiB",
         "uncapped = \"share\"",
     ] {
         assert!(err.contains(want), "{want:?} not in {err}");

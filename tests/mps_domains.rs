@@ -219,7 +219,7 @@ fn requests_above_the_domain_limits_are_refused() {
         (
             "more memory",
             &[("gpu.share.memory", "2Gi")],
-            Some("asks for gpu.share.memory=2048Mi but MPS domain g-t"),
+            Some("asks for gpu.share.memory 2.0 GiB but MPS domain g-t"),
         ),
         ("fewer cores (advisory)", &[("gpu.share.cores", "20")], None),
         ("nothing named", &[], None),

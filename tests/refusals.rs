@@ -177,7 +177,7 @@ fn a_create_runtime_refused_after_a_reservation_leaves_nothing() {
             json!({"gpu.share": "mps", "gpu.share.group": "g", "gpu.share.memory": "41Gi"}),
             0,
             |_| {},
-            "41984Mi",
+            "41.0 GiB",
         ),
         (
             // The spec edit cannot know what will enforce the cap; the hook finds the limiter

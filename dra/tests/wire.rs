@@ -238,8 +238,8 @@ async fn a_kubelet_registers_the_plugin_then_prepares_and_unprepares_claims() {
     let e = &got[&uid("c")].error;
     assert!(
         e.contains("GPU 0")
-            && e.contains("cannot take 2048Mi more")
-            && e.contains("7168Mi of the 8192Mi"),
+            && e.contains("cannot take 2.0 GiB more")
+            && e.contains("7.0 GiB of the 8.0 GiB"),
         "{e}"
     );
     assert!(!e.contains('\n'), "one line: {e}");

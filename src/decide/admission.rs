@@ -8,20 +8,24 @@ use thiserror::Error;
 
 use crate::vocab::memcap::Uncapped;
 use crate::vocab::quantity::to_mib;
+use crate::vocab::size::human;
 
 /// A request that does not fit.
 #[derive(Debug, Error, PartialEq)]
-#[error("GPU {index} ({uuid}, {total_mib}Mi) cannot take {asked}: its shares hold {held_mib}Mi of the {budget_mib}Mi allowed ([policy] memory_overcommit = {overcommit}, uncapped = \"{uncapped}\"): {holders}. {advice}")]
+#[error("GPU {index} ({uuid}, {}) cannot take {asked}: its shares hold {} of the {} allowed ([policy] memory_overcommit = {overcommit}, uncapped = \"{uncapped}\"): {holders}. {advice}", human(*.total), human(*.held), human(*.budget))]
 pub struct Overcommitted {
     pub index: u32,
     pub uuid: String,
-    pub total_mib: u64,
+    /// The GPU's memory, bytes.
+    pub total: u64,
     pub asked: String,
-    pub held_mib: u64,
-    pub budget_mib: u64,
+    /// What its shares hold, bytes.
+    pub held: u64,
+    /// What they may hold, bytes.
+    pub budget: u64,
     pub overcommit: f64,
     pub uncapped: Uncapped,
-    /// Each holder and what it holds, e.g. `c1 8192Mi, c2 uncapped (counts as 81920Mi)`.
+    /// Each holder and what it holds, e.g. `c1 8.0 GiB, c2 uncapped (counts as 80.0 GiB)`.
     pub holders: String,
     /// What the refused container (or an admin) can do that the next attempt is not refused
     /// for: never "ask for less" to a container that asked for no cap.
@@ -86,9 +90,9 @@ pub fn admit<'a>(
     let list = holders
         .iter()
         .map(|(id, c)| match (c, uncapped) {
-            (Some(b), _) => format!("{id} {}Mi", to_mib(*b)),
+            (Some(b), _) => format!("{id} {}", human(*b)),
             (None, Uncapped::Share) => format!("{id} uncapped (reserves nothing)"),
-            (None, _) => format!("{id} uncapped (counts as {}Mi)", to_mib(total)),
+            (None, _) => format!("{id} uncapped (counts as {})", human(total)),
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -98,7 +102,8 @@ pub fn admit<'a>(
         // Under `share` an uncapped request always fits: only a strict setting refuses it.
         None => "A share without gpu.share.memory counts as the whole GPU under this setting: wait for them to stop, or ask an admin for [policy] uncapped = \"share\"".to_owned(),
         Some(_) if room >= 1 << 20 => format!(
-            "Ask for at most {}Mi with gpu.share.memory, wait for one of them to stop, or ask an admin to raise memory_overcommit",
+            "Ask for at most {} (gpu.share.memory={}Mi), wait for one of them to stop, or ask an admin to raise memory_overcommit",
+            human(room >> 20 << 20),
             to_mib(room)
         ),
         Some(_) if uncapped_holder => "Wait for them to stop, or ask an admin for [policy] uncapped = \"share\" (an uncapped share then reserves nothing) or a larger memory_overcommit".to_owned(),
@@ -107,13 +112,13 @@ pub fn admit<'a>(
     Err(Box::new(Overcommitted {
         index,
         uuid: uuid.to_owned(),
-        total_mib: to_mib(total),
+        total,
         asked: match asked {
-            Some(b) => format!("{}Mi more", to_mib(b)),
-            None => format!("an uncapped share (counts as {}Mi)", to_mib(total)),
+            Some(b) => format!("{} more", human(b)),
+            None => format!("an uncapped share (counts as {})", human(total)),
         },
-        held_mib: to_mib(held),
-        budget_mib: to_mib(budget),
+        held,
+        budget,
         overcommit,
         uncapped,
         holders: list,
@@ -276,15 +281,20 @@ mod tests {
         .unwrap_err();
         let text = e.to_string();
         for want in [
-            "GPU 1 (GPU-abc, 81920Mi)",
-            "cannot take 8192Mi more",
-            "hold 159744Mi of the 163840Mi allowed",
+            "GPU 1 (GPU-abc, 80.0 GiB)",
+            "cannot take 8.0 GiB more",
+            "hold 156.0 GiB of the 160.0 GiB allowed",
             "memory_overcommit = 2, uncapped = \"whole-gpu\"",
-            "c1 77824Mi, c2 uncapped (counts as 81920Mi)",
-            "Ask for at most 4096Mi with gpu.share.memory",
+            "c1 76.0 GiB, c2 uncapped (counts as 80.0 GiB)",
+            "Ask for at most 4.0 GiB (gpu.share.memory=4096Mi)",
         ] {
             assert!(text.contains(want), "{want:?} not in {text}");
         }
+        // Sizes in one form: only the request value the advice suggests is in the request's.
+        assert!(
+            !text.replace("gpu.share.memory=4096Mi", "").contains("Mi"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -50,7 +50,7 @@ pub enum AcquireError {
         cgroup: String,
         other: String,
     },
-    #[error("cannot set the driver's memory limit of {cap_mib}Mi on {cgroup} for GPU {index}, so the container would run uncapped; it is refused. Check `gpushare-hook doctor`, or ask an admin")]
+    #[error("cannot set the driver's memory limit of {} on {cgroup} for GPU {index}, so the container would run uncapped; it is refused. Check `gpushare-hook doctor`, or ask an admin", crate::vocab::size::human(.cap_mib.saturating_mul(1 << 20)))]
     DriverLimit {
         index: u32,
         cgroup: String,

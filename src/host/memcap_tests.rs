@@ -116,7 +116,7 @@ fn caps_add_up_to_the_gpu_and_a_refusal_names_the_holders_and_changes_nothing() 
     assert!(matches!(e, AcquireError::Overcommitted(_)), "{e:?}");
     let text = e.to_string();
     assert!(
-        text.contains("GPU 0 (GPU-0, 81920Mi)") && text.contains("a 49152Mi, b 32768Mi"),
+        text.contains("GPU 0 (GPU-0, 80.0 GiB)") && text.contains("a 48.0 GiB, b 32.0 GiB"),
         "{text}"
     );
     assert_eq!(w.records(), before, "a refusal leaves the record as it was");
@@ -148,7 +148,7 @@ fn uncapped_shares_share_by_default_and_caps_still_count() {
         .acquire(&plan("b", Mode::Timeslice, &[0], Some(GIB)))
         .unwrap_err();
     let text = e.to_string();
-    assert!(text.contains("a 81920Mi"), "{text}");
+    assert!(text.contains("a 80.0 GiB"), "{text}");
     assert!(text.contains("u0 uncapped (reserves nothing)"), "{text}");
     // Positive control: the record holds all of them.
     let rec = w.records()[0].clone().unwrap();
@@ -164,7 +164,7 @@ fn whole_gpu_counts_an_uncapped_share_as_the_gpu_unless_overcommitted() {
         .acquire(&plan("b", Mode::Timeslice, &[0], Some(GIB)))
         .unwrap_err();
     assert!(
-        e.to_string().contains("a uncapped (counts as 81920Mi)"),
+        e.to_string().contains("a uncapped (counts as 80.0 GiB)"),
         "{e}"
     );
     let e = w

@@ -637,7 +637,7 @@ fn acquire_mps() {
             modes: ONE_GPU,
             given: |w| w.given(&gpu_plan(w, "c1")),
             when: |w| w.acquire(&mps(&w.cfg, "c2", &[0], Ask { memory_mib: Some(2048), ..ASK })),
-            err: Some("asks for gpu.share.memory=2048Mi but MPS domain gpu on GPU GPU-0 enforces 1024Mi"),
+            err: Some("asks for gpu.share.memory 2.0 GiB but MPS domain gpu on GPU GPU-0 enforces 1.0 GiB"),
             then: no_check,
         },
         AcquireRow {

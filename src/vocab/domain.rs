@@ -47,7 +47,7 @@ impl fmt::Display for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "cores {}%", self.cores)?;
         match self.memory_mib {
-            Some(m) => write!(f, ", memory {m}Mi"),
+            Some(m) => write!(f, ", memory {}", super::size::human(m.saturating_mul(1 << 20))),
             None => write!(f, ", memory unlimited"),
         }
     }
@@ -93,5 +93,16 @@ mod tests {
         for (what, name, ok) in rows {
             assert_eq!(is_group_name(name), *ok, "{what}");
         }
+    }
+
+    #[test]
+    fn limits_print_sizes_for_people() {
+        let l = |memory_mib| Limits {
+            cores: 50,
+            memory_mib,
+        };
+        assert_eq!(l(Some(8192)).to_string(), "cores 50%, memory 8.0 GiB");
+        assert_eq!(l(Some(1536)).to_string(), "cores 50%, memory 1.5 GiB");
+        assert_eq!(l(None).to_string(), "cores 50%, memory unlimited");
     }
 }

@@ -95,7 +95,7 @@ ok "prepared: each claim answers its own CDI device and NVIDIA's nvidia.com/gpu=
 echo "== c (20Gi) does not fit beside 70Gi: refused at prepare, one line"
 R=$(kubelet prepare "$EP" v1 default/c/$UC) || fail "prepare c"
 E=$(echo "$R" | jq -r --arg u $UC '.claims[$u].error')
-case $E in *"cannot take 20480Mi more"*"71680Mi of the 81920Mi"*) ;; *) fail "c: $R" ;; esac
+case $E in *"cannot take 20.0 GiB more"*"70.0 GiB of the 80.0 GiB"*) ;; *) fail "c: $R" ;; esac
 [ "$(printf '%s' "$E" | wc -l)" = 0 ] || fail "c: the error is not one line: $E"
 [ ! -e "$T/cdi/gpushare.io-claim-$UC.json" ] || fail "a spec was written for the refused claim"
 ok "c refused: $E"
