@@ -23,6 +23,9 @@ pkg_for runc runc
 pkg_for busybox busybox-static
 pkg_for nvidia-cuda-mps-control nvidia-cuda-mps
 pkg_for gcc gcc
+# gcc's C library headers and start files (a Recommends of gcc, which --no-install-recommends
+# leaves out): rustc links with cc.
+[ -e /usr/include/stdio.h ] || need+=(libc6-dev)
 pkg_for jq jq
 # The Rust toolchain comes from rustup (Debian 12's rustc is older than the workspace's
 # rust-version); rustup-init is fetched with curl.
