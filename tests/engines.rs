@@ -167,3 +167,8 @@ fn cri_cdi_containerd_2_nvidia_spec_share_device_with_annotations_noexec() {
 fn chaining_nvidia_cdi_mode_both_orders() {
     run_script("chaining_cdi.sh");
 }
+
+#[test]
+fn the_readmes_engine_examples_run_as_written_on_the_simulated_driver() {
+    run_script("readme_engines.sh");
+}
