@@ -3,7 +3,8 @@
 # a memory cap for the whole container; a third that would overcommit the GPU is refused.
 #
 # Installs what is missing of what it needs (runc, busybox-static, nvidia-cuda-mps, jq, the C
-# toolchain, the zig linker), builds gpushare, then runs two busybox containers under runc through
+# toolchain, rustup's minimal Rust toolchain, the zig linker), builds what it runs of gpushare
+# (unoptimised: the quickest build from nothing), then runs two busybox containers under runc through
 # gpushare-runtime with `gpu.share=mps`. Each container talks to the MPS control daemon from
 # inside; `gpushare-hook status` shows one daemon with two clients; the daemon outlives the first
 # container and is gone after the second. On a machine without an NVIDIA GPU the hook's NVML
@@ -14,9 +15,10 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 scripts/install-deps.sh --demo >&2   # only what the demo needs; scripts/test.sh installs the rest
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"   # where rustup put cargo
-echo "== building (release)" >&2
-cargo build --release -p gpushare -p gpushare-limiter -p gpushare-simdriver >&2   # not xtask (man pages)
-BIN=$REPO/target/release
+echo "== building (profile demo: unoptimised, no debug info; the quickest from nothing)" >&2
+# Only what the demo runs: the hook and the runtime, the limiter, the simulated driver.
+cargo build --profile demo -p gpushare -p gpushare-limiter -p gpushare-simdriver >&2
+BIN=$REPO/target/demo
 
 D=$(mktemp -d /tmp/gpushare-demo-XXXXXX)
 ID=demo$$

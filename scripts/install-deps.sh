@@ -80,27 +80,41 @@ extras() {
 }
 
 # The linker of every build (.cargo/config.toml, scripts/link-glibc2.17): zig from PyPI's
-# `ziglang` in a venv under $GS_ZIG (default /var/cache/gpushare-zig), and cargo-zigbuild (its
-# `zig cc` wrapper) from crates.io, so that what is built needs only glibc 2.17.
+# `ziglang` and cargo-zigbuild (its `zig cc` wrapper) from PyPI's `cargo-zigbuild` (the same
+# release as crates.io's, prebuilt) in a venv under $GS_ZIG (default /var/cache/gpushare-zig), so
+# that what is built needs only glibc 2.17. A cargo-zigbuild on PATH or in ~/.cargo/bin does too.
 ZIGDIR=${GS_ZIG:-/var/cache/gpushare-zig}
+have_zigbuild() {
+    have cargo-zigbuild || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo-zigbuild" ] \
+        || [ -x "$ZIGDIR/venv/bin/cargo-zigbuild" ]
+}
 zig_tools() {
+    local pkgs=()
     if [ -x "$ZIGDIR/venv/bin/zig" ] && "$ZIGDIR/venv/bin/zig" version >/dev/null 2>&1; then
         echo "install-deps: $ZIGDIR/venv has zig $("$ZIGDIR/venv/bin/zig" version)"
     else
-        echo "install-deps: $ZIGDIR/venv: installing ziglang"
         rm -rf "$ZIGDIR/venv"
+        pkgs+=(ziglang)
+    fi
+    have_zigbuild || pkgs+=(cargo-zigbuild)
+    [ ${#pkgs[@]} -gt 0 ] || return 0
+    echo "install-deps: $ZIGDIR/venv: installing ${pkgs[*]}"
+    if ! [ -x "$ZIGDIR/venv/bin/pip" ]; then
         mkdir -p "$ZIGDIR"
         /usr/bin/python3 -m venv "$ZIGDIR/venv"
-        "$ZIGDIR/venv/bin/pip" install -q --disable-pip-version-check ziglang
-        local py
-        py=$(ls -d "$ZIGDIR"/venv/lib/python3*/site-packages/ziglang | head -1)
-        ln -sfn "$py/zig" "$ZIGDIR/venv/bin/zig"
     fi
+    "$ZIGDIR/venv/bin/pip" install -q --disable-pip-version-check "${pkgs[@]}"
+    local py
+    py=$(ls -d "$ZIGDIR"/venv/lib/python3*/site-packages/ziglang | head -1)
+    ln -sfn "$py/zig" "$ZIGDIR/venv/bin/zig"
 }
 
 # The Rust toolchain, when cargo is missing: rustup's stable toolchain in ${CARGO_HOME:-~/.cargo}
-# (rustup adds it to the login shells' PATH).
-RUSTUP_PROFILE=${GS_RUSTUP_PROFILE:-default}
+# (rustup adds it to the login shells' PATH): for the demo its minimal profile (rustc, cargo,
+# the standard library), for the tests the default one (with clippy and rustfmt).
+RUSTUP_PROFILE=default
+[ "$DEMO" = 1 ] && RUSTUP_PROFILE=minimal
+RUSTUP_PROFILE=${GS_RUSTUP_PROFILE:-$RUSTUP_PROFILE}
 rust_toolchain() {
     export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
     if have cargo; then return; fi
@@ -117,8 +131,8 @@ rust_toolchain() {
 
 # The package builders, from crates.io, when missing (the package test builds the .deb and .rpm).
 cargo_tools() {
-    local tool tools=(cargo-zigbuild cargo-deb cargo-generate-rpm)
-    [ "$DEMO" = 1 ] && tools=(cargo-zigbuild)
+    local tool tools=(cargo-deb cargo-generate-rpm)
+    [ "$DEMO" = 0 ] || return 0
     for tool in "${tools[@]}"; do
         if ! command -v "$tool" >/dev/null 2>&1 && ! [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/$tool" ]; then
             echo "install-deps: cargo install --locked $tool"
@@ -130,9 +144,9 @@ cargo_tools() {
 
 if [ ${#need[@]} -eq 0 ]; then
     echo "install-deps: every package present"
+    if [ "$(id -u)" -eq 0 ] || [ -w "$(dirname "$ZIGDIR")" ]; then zig_tools; fi
     rust_toolchain
     cargo_tools
-    if [ "$(id -u)" -eq 0 ] || [ -w "$(dirname "$ZIGDIR")" ]; then zig_tools; fi
     if [ "$(id -u)" -eq 0 ] && [ "$DEMO" = 0 ]; then extras; fi
     exit 0
 fi
@@ -160,7 +174,11 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 if [ "$DEMO" = 0 ]; then extras; fi
-rust_toolchain
-cargo_tools
+# The toolchain and the linker download at once.
+rust_toolchain &
+rust_pid=$!
 zig_tools
+wait "$rust_pid"
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+cargo_tools
 echo "install-deps: done"
