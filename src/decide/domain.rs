@@ -174,10 +174,7 @@ pub fn admit(
     if let (Some(m), Some(max)) = (memory_mib, enforced.memory_mib) {
         if m > max {
             let size = |mib: u64| crate::vocab::size::human(mib.saturating_mul(1 << 20));
-            return Err(above(
-                format!("gpu.share.memory {}", size(m)),
-                size(max),
-            ));
+            return Err(above(format!("gpu.share.memory {}", size(m)), size(max)));
         }
     }
     Ok(())

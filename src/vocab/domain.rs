@@ -47,7 +47,11 @@ impl fmt::Display for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "cores {}%", self.cores)?;
         match self.memory_mib {
-            Some(m) => write!(f, ", memory {}", super::size::human(m.saturating_mul(1 << 20))),
+            Some(m) => write!(
+                f,
+                ", memory {}",
+                super::size::human(m.saturating_mul(1 << 20))
+            ),
             None => write!(f, ", memory unlimited"),
         }
     }

@@ -41,7 +41,12 @@ mod tests {
     fn one_form_number_space_binary_unit() {
         let mut checked = 0;
         for shift in 0..60 {
-            for b in [1u64 << shift, (1u64 << shift) + 1, (3u64 << shift) / 2, 81920 << 20] {
+            for b in [
+                1u64 << shift,
+                (1u64 << shift) + 1,
+                (3u64 << shift) / 2,
+                81920 << 20,
+            ] {
                 let s = super::human(b);
                 let (num, unit) = s.split_once(' ').expect("a space");
                 assert!(
