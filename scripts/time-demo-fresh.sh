@@ -50,6 +50,7 @@ start=$(date +%s.%N)
 set +e
 R=$R unshare --mount --pid --fork --propagation private sh -c '
     set -e
+    mount --bind "$R" "$R"   # the root a mount point, as runc needs (it makes / a slave mount)
     mount --rbind /dev "$R/dev"
     mount --rbind /sys "$R/sys"
     mount -t proc proc "$R/proc"
