@@ -91,7 +91,7 @@ echo "== container b: gpu.share=mps, gpu.share.cores=30, gpu.share.memory=8Gi"
 start b 30 8Gi
 echo "== gpushare-hook status: one daemon, two clients, each with its cap and what enforces it"
 "$BIN/gpushare-hook" status
-echo "== container c asks for 64Gi: with a and b holding 24Gi of the GPU's 80Gi, it is refused"
+echo "== container c asks for 64Gi: with a and b holding 24.0 GiB of the GPU's 80.0 GiB, it is refused"
 if start c 30 64Gi; then echo "container c was admitted" >&2; exit 1; fi
 echo "== container a stops: the daemon stays for b"
 stop a
