@@ -120,6 +120,13 @@ host_files() {
     find /var/log /usr/bin -maxdepth 1 -name 'gpushare*' -printf '%p %s %T@\n' 2>/dev/null | sort || true
 }
 host_files >"$T/host.before"
+# The parent cgroups the examples' engines make (containerd's namespace `default`, dockerd's
+# `docker`, podman's `libpod_parent`): those that were not there before are removed at the end
+# (rmdir: only when empty).
+engine_cgroups() { ls -d /sys/fs/cgroup/default /sys/fs/cgroup/docker /sys/fs/cgroup/libpod_parent \
+    /sys/fs/cgroup/*/default /sys/fs/cgroup/*/docker /sys/fs/cgroup/*/libpod_parent 2>/dev/null | sort || true; }
+engine_cgroups >"$T/cgroups.before"
+on_exit 'engine_cgroups | comm -13 "$T/cgroups.before" - | xargs -r rmdir'
 
 # Inside: the steps below run in the private namespaces; everything there dies with them.
 cat >"$T/inside.sh" <<'INSIDE'
@@ -281,6 +288,8 @@ for w in 'podman: the container' 'Docker: the container' 'containerd: the contai
     has "^ok: $w" "$T/inside.out" || fail "positive control: no \"$w\" line"
 done
 host_files >"$T/host.after"
+engine_cgroups | comm -13 "$T/cgroups.before" - | xargs -r rmdir || fail "a cgroup the engines made is not empty"
+[ -z "$(engine_cgroups | comm -13 "$T/cgroups.before" -)" ] || fail "cgroups left: $(engine_cgroups | comm -13 "$T/cgroups.before" -)"
 diff "$T/host.before" "$T/host.after" || fail "the host's files changed (above): the examples must run in the namespaces only"
 ok "the host's /etc, /usr, /var/lib, /var/log, /run and /tmp files of gpushare and the engines are as before"
 ok "every README engine example ran as written on the simulated driver"
