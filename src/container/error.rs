@@ -13,6 +13,8 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
+    Intake(#[from] crate::container::intake::IntakeError),
+    #[error(transparent)]
     Input(#[from] InputError),
     #[error(transparent)]
     Decide(#[from] crate::decide::front::DecideError),
@@ -52,7 +54,7 @@ impl Error {
         use crate::host::state::StateError;
         match self {
             Error::Config(_) => "policy",
-            Error::Input(_) => "input",
+            Error::Intake(_) | Error::Input(_) => "input",
             Error::Decide(_) => "request",
             Error::Inventory(_) | Error::Acquire(AcquireError::Inventory(_)) => "nvml",
             Error::Acquire(AcquireError::Busy { .. }) => "busy",
