@@ -16,7 +16,7 @@
 mod args;
 mod bundle;
 mod chain;
-pub mod error;
+pub mod wrapper_error;
 mod log;
 mod next;
 
@@ -28,7 +28,7 @@ use crate::config::Config;
 pub use args::{parse_args, Args};
 pub use bundle::{bundle_may_ask, edit_bundle, edit_exec_process};
 pub use chain::{find_next, is_looping, signature, LOOP_GUARD};
-pub use error::RuntimeError;
+pub use wrapper_error::RuntimeError;
 pub use log::{log_error, log_line, rfc3339};
 pub use next::{exec_next, run_next_child};
 
