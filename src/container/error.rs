@@ -29,7 +29,7 @@ pub enum Error {
     #[error(transparent)]
     SpecEdit(#[from] crate::container::spec_edit::SpecEditError),
     #[error(transparent)]
-    Runtime(#[from] crate::container::runtime::RuntimeError),
+    Runtime(#[from] crate::container::runtime::wrapper_error::RuntimeError),
     #[error("gpushare-hook lacks CAP_SYS_ADMIN, needed to {0}; run it as root from the container runtime")]
     NoSysAdmin(&'static str),
     /// A refusal the precreate hook made and handed on to createRuntime in its env (podman

@@ -36,15 +36,16 @@ pub enum IntakeError {
     },
     #[error("{path} is larger than 16 MiB")]
     ConfigTooLarge { path: PathBuf },
+    #[error(transparent)]
+    Input(#[from] input::InputError),
 }
 
 /// Reads the OCI state a runtime passes to a hook, capped, and validates it
 /// ([`input::parse_state`]).
 ///
 /// # Errors
-/// [`crate::container::error::Error`] for an unreadable, oversized or malformed state, or an
-/// unsafe container id.
-pub fn read_state(r: impl Read) -> Result<State, crate::container::error::Error> {
+/// [`IntakeError`] for an unreadable, oversized or malformed state, or an unsafe container id.
+pub fn read_state(r: impl Read) -> Result<State, IntakeError> {
     let buf = read_capped(r, MAX_STATE_BYTES)
         .map_err(IntakeError::ReadState)?
         .ok_or(IntakeError::StateTooLarge)?;
