@@ -149,14 +149,15 @@ mod tests {
         let v1 =
             || CgroupFact::NotOwn("the node accounts memory in cgroup v1 (\"/docker/abc\")".into());
         // Rows: (what, cap, GPUs, cgroup, GPUs whose driver refuses, expected).
-        let rows: Vec<(
-            &str,
+        type Row = (
+            &'static str,
             Option<u64>,
             Vec<u32>,
             CgroupFact,
             Vec<u32>,
             Enforcement,
-        )> = vec![
+        );
+        let rows: Vec<Row> = vec![
             // Positive control: every fact in favour, the driver enforces on that cgroup.
             (
                 "v2, driver takes limits",

@@ -307,47 +307,60 @@ mod tests {
         let not_yet = || CgroupFact::NotCreated;
         let takes = |_: u32, _: &str| Ok(());
         let refuses = |_: u32, _: &str| Err("Not Supported".to_owned());
+        /// What a row expects.
+        #[derive(Debug)]
+        enum Want {
+            Uncapped,
+            NotCreated,
+            By(Backend, Option<&'static str>),
+        }
         type Cg<'a> = &'a dyn Fn() -> CgroupFact;
         type Drv<'a> = &'a dyn Fn(u32, &str) -> Result<(), String>;
-        // Rows: (what, cap, cgroup, driver, expected backend and cgroup, or None for
-        // enforce::uncapped / Some(None) for enforce::not_created).
-        let rows: [(
-            &str,
-            Option<u64>,
-            Cg<'_>,
-            Drv<'_>,
-            Option<Option<(Backend, Option<&str>)>>,
-        ); 6] = [
+        type Row<'a> = (&'a str, Option<u64>, Cg<'a>, Drv<'a>, Want);
+        // Rows: (what, cap, cgroup, driver, expected).
+        let rows: [Row<'_>; 6] = [
             (
                 "cap, v2, driver limits",
                 Some(1 << 30),
                 &own,
                 &takes,
-                Some(Some((Backend::Driver, Some("/sys/fs/cgroup/c1")))),
+                Want::By(Backend::Driver, Some("/sys/fs/cgroup/c1")),
             ),
             (
                 "cap, v2, no driver limits",
                 Some(1 << 30),
                 &own,
                 &refuses,
-                Some(Some((Backend::Limiter, None))),
+                Want::By(Backend::Limiter, None),
             ),
             (
                 "cap, v1, driver limits",
                 Some(1 << 30),
                 &v1,
                 &takes,
-                Some(Some((Backend::Limiter, None))),
+                Want::By(Backend::Limiter, None),
             ),
             (
                 "cap, spec edit",
                 Some(1 << 30),
                 &not_yet,
                 &takes,
-                Some(None),
+                Want::NotCreated,
             ),
-            ("no cap, v2, driver limits", None, &own, &takes, None),
-            ("no cap, v1, no driver limits", None, &v1, &refuses, None),
+            (
+                "no cap, v2, driver limits",
+                None,
+                &own,
+                &takes,
+                Want::Uncapped,
+            ),
+            (
+                "no cap, v1, no driver limits",
+                None,
+                &v1,
+                &refuses,
+                Want::Uncapped,
+            ),
         ];
         for mode in [Mode::Mps, Mode::Timeslice, Mode::Limit] {
             for (what, cap, cg, drv, want) in &rows {
@@ -367,9 +380,11 @@ mod tests {
                 let plan = decide("c1", &req, &spec, &inv(), &facts).unwrap();
                 let e = &plan.enforcement;
                 match want {
-                    None => assert!(enforce::is_uncapped(e), "{mode} {what}: {e:?}"),
-                    Some(None) => assert!(enforce::is_not_created(e), "{mode} {what}: {e:?}"),
-                    Some(Some((backend, cgroup))) => {
+                    Want::Uncapped => assert!(enforce::is_uncapped(e), "{mode} {what}: {e:?}"),
+                    Want::NotCreated => {
+                        assert!(enforce::is_not_created(e), "{mode} {what}: {e:?}")
+                    }
+                    Want::By(backend, cgroup) => {
                         assert_eq!(
                             (e.backend, e.cgroup.as_deref()),
                             (*backend, *cgroup),
