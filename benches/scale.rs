@@ -195,7 +195,12 @@ fn main() {
         }],
         memory: Some(1 << 30),
         cap: Some(1 << 30),
-        enforcement: None,
+        // No cgroup of its own: the limiter enforces the cap.
+        enforcement: gpushare::vocab::memcap::Enforcement {
+            backend: gpushare::vocab::memcap::Backend::Limiter,
+            cgroup: None,
+            why: Some("no cgroup of its own".into()),
+        },
         without_limiter: None,
         cores: 100,
         cores_explicit: false,

@@ -41,9 +41,9 @@ impl Reply {
 fn read_state_input(stdin: impl Read) -> Result<Vec<u8>, Error> {
     let mut input = Vec::new();
     stdin
-        .take(crate::decide::input::MAX_STATE_BYTES + 1)
+        .take(crate::container::intake::MAX_STATE_BYTES + 1)
         .read_to_end(&mut input)
-        .map_err(crate::decide::input::InputError::ReadState)?;
+        .map_err(crate::container::intake::IntakeError::ReadState)?;
     Ok(input)
 }
 
@@ -92,10 +92,16 @@ pub fn create_runtime(
             let memory = plan
                 .memory
                 .map_or_else(|| "-".to_owned(), crate::vocab::size::human);
-            let cap = match (&plan.cap, &plan.enforcement) {
-                (Some(c), Some(e)) => format!("{} ({})", crate::vocab::size::human(*c), e.backend),
-                _ => "-".to_owned(),
-            };
+            let cap = plan.cap.map_or_else(
+                || "-".to_owned(),
+                |c| {
+                    format!(
+                        "{} ({})",
+                        crate::vocab::size::human(c),
+                        plan.enforcement.backend
+                    )
+                },
+            );
             tracing::info!(container = %plan.container, mode = %plan.mode, gpus = %gpus.join(","), memory = %memory, cap = %cap, cores = plan.cores, "acquired");
             let uuids: Vec<&str> = plan.gpus.iter().map(|g| g.uuid.as_str()).collect();
             let state = crate::host::state::StateDir::new(&ctx.cfg.state_dir);
@@ -130,10 +136,10 @@ fn refusal_reason(e: &Error) -> &'static str {
 /// The GPUs a container was given (`NVIDIA_VISIBLE_DEVICES` of its bundle's config), for log
 /// lines (`?` when unreadable, `-` when unset).
 fn requested_gpus(state: &[u8]) -> String {
-    let Ok(st) = crate::decide::input::read_state(state) else {
+    let Ok(st) = crate::container::intake::read_state(state) else {
         return "?".into();
     };
-    let Ok(bytes) = crate::decide::input::read_config_bytes(st.bundle()) else {
+    let Ok(bytes) = crate::container::intake::read_config_bytes(st.bundle()) else {
         return "?".into();
     };
     match crate::decide::input::parse_spec(&bytes, &st.bundle().join("config.json")) {
@@ -148,7 +154,7 @@ fn requested_gpus(state: &[u8]) -> String {
 
 /// The container id of an OCI state, for log lines (`?` when unreadable).
 fn container_id(state: &[u8]) -> String {
-    crate::decide::input::read_state(state).map_or_else(|_| "?".into(), |s| s.id().to_owned())
+    crate::container::intake::read_state(state).map_or_else(|_| "?".into(), |s| s.id().to_owned())
 }
 
 /// `poststop`: warnings go to the log; never fails because of gpushare's own state.
@@ -228,7 +234,7 @@ pub fn refused_by_precreate(
     init_log();
     let mut input = Vec::new();
     let _ = stdin
-        .take(crate::decide::input::MAX_STATE_BYTES + 1)
+        .take(crate::container::intake::MAX_STATE_BYTES + 1)
         .read_to_end(&mut input);
     let id = container_id(&input);
     tracing::error!(target: crate::logging::EXIT_TARGET, container = %id, gpus = %requested_gpus(&input), "refused: {message}");

@@ -6,6 +6,7 @@ mod common;
 use std::path::Path;
 
 use gpushare::config::Config;
+use gpushare::decide::enforce::{self, CgroupFact, HostFacts};
 use gpushare::decide::input::parse_spec;
 use gpushare::decide::plan::{decide, Plan, PlannedGpu};
 use gpushare::decide::request::{self, Sources};
@@ -32,7 +33,12 @@ fn plan_of(fixture: &str, cfg: &Config) -> Option<Plan> {
         env: &spec.process.env,
     };
     let req = request::parse(&src, cfg).unwrap()?;
-    Some(decide("ctr", &req, &spec, &inventory()).unwrap())
+    // Planned as a spec edit does, before the container exists.
+    let facts = HostFacts {
+        cgroup: &|| CgroupFact::NotCreated,
+        driver: &|_, _| panic!("the driver is not asked before the container exists"),
+    };
+    Some(decide("ctr", &req, &spec, &inventory(), &facts).unwrap())
 }
 
 fn gpu0() -> Vec<PlannedGpu> {
@@ -56,7 +62,7 @@ fn plans_from_captured_engine_configs() {
                 gpus: gpu0(),
                 memory: Some(4 << 30),
                 cap: Some(4 << 30),
-                enforcement: None,
+                enforcement: enforce::not_created(),
                 without_limiter: None,
                 cores: 100,
                 cores_explicit: false,
@@ -74,7 +80,7 @@ fn plans_from_captured_engine_configs() {
                 gpus: gpu0(),
                 memory: None,
                 cap: None,
-                enforcement: None,
+                enforcement: enforce::uncapped(),
                 without_limiter: None,
                 cores: 100,
                 cores_explicit: false,
@@ -92,7 +98,7 @@ fn plans_from_captured_engine_configs() {
                 gpus: gpu0(),
                 memory: None,
                 cap: None,
-                enforcement: None,
+                enforcement: enforce::uncapped(),
                 without_limiter: None,
                 cores: 30,
                 cores_explicit: true,

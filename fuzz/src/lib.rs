@@ -15,7 +15,7 @@ use serde_json::Value;
 
 /// The OCI state a runtime passes on a hook's stdin.
 pub fn oci_state(data: &[u8]) {
-    if let Ok(st) = input::read_state(data) {
+    if let Ok(st) = gpushare::container::intake::read_state(data) {
         assert!(gpushare::vocab::is_safe_name(st.id()), "unsafe id accepted");
         assert!(!st.bundle().as_os_str().is_empty(), "empty bundle accepted");
     }

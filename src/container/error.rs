@@ -13,6 +13,8 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
+    Intake(#[from] crate::container::intake::IntakeError),
+    #[error(transparent)]
     Input(#[from] InputError),
     #[error(transparent)]
     Decide(#[from] crate::decide::front::DecideError),
@@ -27,7 +29,7 @@ pub enum Error {
     #[error(transparent)]
     SpecEdit(#[from] crate::container::spec_edit::SpecEditError),
     #[error(transparent)]
-    Runtime(#[from] crate::container::runtime::error::RuntimeError),
+    Runtime(#[from] crate::container::runtime::wrapper_error::RuntimeError),
     #[error("gpushare-hook lacks CAP_SYS_ADMIN, needed to {0}; run it as root from the container runtime")]
     NoSysAdmin(&'static str),
     /// A refusal the precreate hook made and handed on to createRuntime in its env (podman
@@ -52,7 +54,7 @@ impl Error {
         use crate::host::state::StateError;
         match self {
             Error::Config(_) => "policy",
-            Error::Input(_) => "input",
+            Error::Intake(_) | Error::Input(_) => "input",
             Error::Decide(_) => "request",
             Error::Inventory(_) | Error::Acquire(AcquireError::Inventory(_)) => "nvml",
             Error::Acquire(AcquireError::Busy { .. }) => "busy",

@@ -9,6 +9,7 @@ use std::io::Read;
 
 use crate::config::Config;
 use crate::container::error::Error;
+use crate::container::intake;
 use crate::decide::front::{may_ask, plan_for, RESERVATION_ENV};
 use crate::decide::input::{self, SpecView};
 use crate::decide::plan::Plan;
@@ -66,8 +67,8 @@ pub fn create_runtime(
     profile: Option<&str>,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
 ) -> Result<Outcome, Error> {
-    let state = input::read_state(stdin)?;
-    let bytes = input::read_config_bytes(state.bundle())?;
+    let state = intake::read_state(stdin)?;
+    let bytes = intake::read_config_bytes(state.bundle())?;
     let empty = HashMap::new();
     if profile.is_none() && !may_ask(&bytes, state.annotations().as_ref().unwrap_or(&empty)) {
         return Ok(Outcome::Nothing);
@@ -114,18 +115,12 @@ fn decide_and_acquire(
         crate::decide::profile::given(&c.spec.hooks.create_runtime, &c.spec.process.env, name)?;
         p.apply(&mut c.spec.annotations)?;
     }
-    let Some((mut plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory)? else {
+    let cgroup = || intake::cgroup_of(c.pid, c.spec.linux.cgroups_path.as_deref(), &c.id);
+    let Some((mut plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory, &cgroup)?
+    else {
         return Ok(Outcome::Nothing);
     };
     if plan.cap.is_some() {
-        let gpus: Vec<u32> = plan.gpus.iter().map(|g| g.index).collect();
-        plan.enforcement = Some(crate::host::cgroup::choose(
-            inventory.as_ref(),
-            &gpus,
-            c.pid,
-            c.spec.linux.cgroups_path.as_deref(),
-            &c.id,
-        ));
         // An image without glibc: served where the driver enforces the cap, refused where
         // only the limiter could.
         let rootfs = crate::decide::input::rootfs_of(&c.spec, Some(state.bundle()))
@@ -191,7 +186,7 @@ pub fn poststop(
     cfg: &Config,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
 ) -> Result<Vec<String>, Error> {
-    let state = input::read_state(stdin)?;
+    let state = intake::read_state(stdin)?;
     crate::container::inject::remove_container_files(cfg, state.id());
     let sd = StateDir::new(&cfg.state_dir);
     // Pending directories of precreate runs whose create failed before any hook ran.

@@ -4,6 +4,7 @@
 pub mod error;
 pub mod hook;
 pub mod inject;
+pub mod intake;
 pub mod prepare;
 pub mod runtime;
 pub mod spec_edit;

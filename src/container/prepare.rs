@@ -104,7 +104,9 @@ pub fn edit_config(
         None => earlier_key(&spec).unwrap_or_else(crate::host::pending::pending_key),
     };
     let Some((mut plan, inventory)) =
-        crate::decide::front::plan_for(&key, &spec, cfg, open_inventory)?
+        crate::decide::front::plan_for(&key, &spec, cfg, open_inventory, &|| {
+            crate::decide::enforce::CgroupFact::NotCreated
+        })?
     else {
         return Ok(None);
     };
@@ -185,16 +187,10 @@ pub enum Precreated {
 /// # Errors
 /// [`Error`] for unreadable or oversized input.
 pub fn read_precreate_input(stdin: impl std::io::Read) -> Result<Vec<u8>, Error> {
-    Ok(
-        crate::vocab::read_capped(stdin, crate::decide::input::MAX_CONFIG_BYTES)
-            .map_err(|source| crate::decide::input::InputError::ReadConfig {
-                path: "<stdin>".into(),
-                source,
-            })?
-            .ok_or(crate::decide::input::InputError::ConfigTooLarge {
-                path: "<stdin>".into(),
-            })?,
-    )
+    Ok(crate::container::intake::read_config(
+        stdin,
+        Path::new("<stdin>"),
+    )?)
 }
 
 /// Whether the container asks for a share, judged without a policy (the policy file is
@@ -336,7 +332,7 @@ mod tests {
             }],
             memory: None,
             cap: None,
-            enforcement: None,
+            enforcement: crate::decide::enforce::uncapped(),
             without_limiter: None,
             cores: 100,
             cores_explicit: false,

@@ -8,6 +8,7 @@ use thiserror::Error;
 use crate::config::Config;
 use crate::decide::devices::DeviceError;
 use crate::decide::domain::{self, DomainError};
+use crate::decide::enforce::{CgroupFact, HostFacts};
 use crate::decide::input::SpecView;
 use crate::decide::plan::{self, Plan};
 use crate::decide::request::{self, RequestError, Sources};
@@ -46,12 +47,15 @@ pub(crate) fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>)
 /// A plan and the inventory it was made from.
 pub(crate) type Planned = (Plan, Box<dyn Inventory>);
 
-/// Parses the request and makes the plan; `None` when the container asks for nothing.
+/// Parses the request and makes the plan, complete with its cap's enforcement; `None` when the
+/// container asks for nothing. `cgroup`: the container's cgroup as the caller finds it (asked
+/// only for a capped share); the driver's limits are asked of the inventory.
 pub(crate) fn plan_for(
     id: &str,
     spec: &SpecView,
     cfg: &Config,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
+    cgroup: &dyn Fn() -> CgroupFact,
 ) -> Result<Option<Planned>, DecideError> {
     let src = Sources {
         annotations: &spec.annotations,
@@ -65,7 +69,17 @@ pub(crate) fn plan_for(
     };
     let inventory = open_inventory()?;
     let gpus = inventory.gpus()?;
-    let mut plan = plan::decide(id, &req, spec, &gpus)?;
+    let driver = |index: u32, dir: &str| {
+        inventory
+            .memory_limits(index, dir)
+            .map(drop)
+            .map_err(|e| crate::vocab::chain(&e))
+    };
+    let facts = HostFacts {
+        cgroup,
+        driver: &driver,
+    };
+    let mut plan = plan::decide(id, &req, spec, &gpus, &facts)?;
     if plan.mode == Mode::Mps {
         let d = domain::choose(id, &req, &spec.annotations, cfg)?;
         if !req.cores_explicit {

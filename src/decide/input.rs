@@ -1,7 +1,7 @@
-//! Reading untrusted input: the OCI state on stdin and the bundle's `config.json`, both capped.
+//! Parsing untrusted input: the OCI state and the bundle's `config.json`, as bytes the caller
+//! read (the container layer reads them, capped). Nothing here reads a file.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::decide::oci_state::State;
@@ -9,36 +9,15 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::vocab::read_capped;
-
-/// Largest OCI state accepted on stdin.
-pub const MAX_STATE_BYTES: u64 = 1 << 20;
-/// Largest `config.json` accepted.
-pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
-
 /// Input that cannot be used.
 #[derive(Debug, Error)]
 pub enum InputError {
-    #[error("cannot read the OCI state from stdin")]
-    ReadState(#[source] std::io::Error),
-    #[error(
-        "the OCI state on stdin is larger than 1 MiB; the runtime must pass the container state"
-    )]
-    StateTooLarge,
     #[error("the OCI state on stdin is not valid JSON; the hook must be run by an OCI runtime")]
     ParseState(#[source] serde_json::Error),
     #[error("container id {0:?} is not a safe name (letters, digits, '_', '-', '.', at most 128, not starting with '.')")]
     BadId(String),
     #[error("the OCI state has no bundle path; the hook must be run by an OCI runtime")]
     NoBundle,
-    #[error("cannot read {path}")]
-    ReadConfig {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path} is larger than 16 MiB")]
-    ConfigTooLarge { path: PathBuf },
     #[error("{path} is not a valid OCI config")]
     ParseConfig {
         path: PathBuf,
@@ -124,15 +103,12 @@ pub struct RootView {
     pub path: PathBuf,
 }
 
-/// Reads and validates the OCI state a runtime passes to a hook.
+/// Parses and validates the OCI state a runtime passes to a hook.
 ///
 /// # Errors
-/// [`InputError`] for unreadable, oversized or malformed state, or an unsafe container id.
-pub fn read_state(r: impl Read) -> Result<State, InputError> {
-    let buf = read_capped(r, MAX_STATE_BYTES)
-        .map_err(InputError::ReadState)?
-        .ok_or(InputError::StateTooLarge)?;
-    let state: State = serde_json::from_slice(&buf).map_err(InputError::ParseState)?;
+/// [`InputError`] for a malformed state, or an unsafe container id.
+pub fn parse_state(bytes: &[u8]) -> Result<State, InputError> {
+    let state: State = serde_json::from_slice(bytes).map_err(InputError::ParseState)?;
     check_id(state.id())?;
     if state.bundle().as_os_str().is_empty() {
         return Err(InputError::NoBundle);
@@ -150,24 +126,6 @@ pub fn check_id(id: &str) -> Result<(), InputError> {
     } else {
         Err(InputError::BadId(id.chars().take(80).collect()))
     }
-}
-
-/// Reads raw bytes of `<bundle>/config.json`, capped.
-///
-/// # Errors
-/// [`InputError`] when it cannot be read or is too large.
-pub fn read_config_bytes(bundle: &Path) -> Result<Vec<u8>, InputError> {
-    let path = bundle.join("config.json");
-    let f = std::fs::File::open(&path).map_err(|source| InputError::ReadConfig {
-        path: path.clone(),
-        source,
-    })?;
-    read_capped(f, MAX_CONFIG_BYTES)
-        .map_err(|source| InputError::ReadConfig {
-            path: path.clone(),
-            source,
-        })?
-        .ok_or(InputError::ConfigTooLarge { path })
 }
 
 /// The deepest nesting of arrays and objects Go's `encoding/json`, and so runc, reads.
@@ -451,7 +409,7 @@ mod tests {
     #[test]
     fn state_inputs() {
         let good = r#"{"ociVersion":"1.0.2","id":"abc-1","status":"creating","pid":42,"bundle":"/b","annotations":{"gpu.share":"mps"}}"#;
-        let st = read_state(good.as_bytes()).unwrap();
+        let st = parse_state(good.as_bytes()).unwrap();
         assert_eq!(st.id(), "abc-1");
         assert_eq!(st.pid(), &Some(42));
 
@@ -474,14 +432,9 @@ mod tests {
                 "not a safe name",
             ),
             ("no bundle", r#"{"id":"a"}"#.into(), "no bundle"),
-            (
-                "huge",
-                format!("{{\"id\":\"a\",\"x\":\"{}\"}}", "x".repeat(2 << 20)),
-                "larger than 1 MiB",
-            ),
         ];
         for (what, input, want) in rows {
-            let err = read_state(input.as_bytes()).unwrap_err();
+            let err = parse_state(input.as_bytes()).unwrap_err();
             assert!(err.to_string().contains(want), "{what}: {err}");
         }
     }

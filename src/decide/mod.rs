@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod devices;
 pub mod domain;
+pub mod enforce;
 pub mod front;
 pub mod input;
 pub mod oci_state;

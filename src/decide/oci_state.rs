@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 /// "The state of a container MUST include, at least, the following properties": `ociVersion`,
 /// `id`, `status`, `bundle`; `pid` "on Linux ... MUST" be there once created; `annotations`
-/// MAY be. Missing members read as empty here; [`crate::decide::input::read_state`] refuses a
+/// MAY be. Missing members read as empty here; [`crate::decide::input::parse_state`] refuses a
 /// state without an id or a bundle.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::decide::devices::{self, DeviceError};
 use crate::decide::domain::PlannedDomain;
+use crate::decide::enforce::{self, HostFacts};
 use crate::decide::input::SpecView;
 use crate::decide::request::Request;
 use crate::vocab::memcap::Enforcement;
@@ -36,10 +37,11 @@ pub struct Plan {
     /// `gpu.share.memory` it asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cap: Option<u64>,
-    /// What enforces [`Plan::cap`], once the hook knows the container's cgroup (`None` in a
-    /// spec edit, which comes before the container exists).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub enforcement: Option<Enforcement>,
+    /// What enforces [`Plan::cap`], chosen from the host's facts ([`enforce::choose`]):
+    /// [`enforce::uncapped`] without a cap (not printed), [`enforce::not_created`] in a spec
+    /// edit, which comes before the container exists.
+    #[serde(skip_serializing_if = "enforce::is_uncapped")]
+    pub enforcement: Enforcement,
     /// Why a capped `mps` or `timeslice` share runs without the limiter: its image cannot load
     /// it (no glibc), and the driver enforces the cap. The container then loses only the
     /// reported sizes (CUDA and NVML inside show the whole GPU's memory, not the cap).
@@ -57,7 +59,8 @@ pub struct Plan {
     pub uid: u32,
 }
 
-/// Makes the plan for a container that asked for `req`.
+/// Makes the plan for a container that asked for `req`, its cap's enforcement chosen from the
+/// host's `facts`.
 ///
 /// # Errors
 /// [`DeviceError`] when the container's GPUs do not fit the request.
@@ -66,6 +69,7 @@ pub fn decide(
     req: &Request,
     spec: &SpecView,
     inventory: &[Gpu],
+    facts: &HostFacts<'_>,
 ) -> Result<Plan, DeviceError> {
     let devs: Vec<String> = spec.linux.devices.iter().map(|d| d.path.clone()).collect();
     let mut given = devices::assigned(devices::visible(&spec.process.env), &devs, inventory)?;
@@ -87,14 +91,16 @@ pub fn decide(
                 uuid: g.uuid,
             })
         })
-        .collect::<Result<_, DeviceError>>()?;
+        .collect::<Result<Vec<PlannedGpu>, DeviceError>>()?;
+    let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
+    let enforcement = enforce::choose(req.memory, &indices, facts);
     Ok(Plan {
         container: container.to_owned(),
         mode: req.mode,
         gpus,
         memory: req.memory,
         cap: req.memory,
-        enforcement: None,
+        enforcement,
         without_limiter: None,
         cores: req.cores,
         cores_explicit: req.cores_explicit,
@@ -182,7 +188,19 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::enforce::CgroupFact;
     use crate::decide::input::parse_spec;
+    use crate::vocab::memcap::Backend;
+
+    /// Facts of a container in a cgroup v2 of its own that the driver takes limits on.
+    fn driver_facts(f: impl FnOnce(&HostFacts<'_>) -> Plan) -> Plan {
+        let cg = || CgroupFact::Own("/sys/fs/cgroup/c1".into());
+        let drv = |_: u32, _: &str| Ok(());
+        f(&HostFacts {
+            cgroup: &cg,
+            driver: &drv,
+        })
+    }
 
     fn inv() -> Vec<Gpu> {
         (0..4)
@@ -210,7 +228,7 @@ mod tests {
             timeslice: None,
             group: None,
         };
-        let plan = decide("c1", &req, &spec, &inv()).unwrap();
+        let plan = driver_facts(|f| decide("c1", &req, &spec, &inv(), f).unwrap());
         assert_eq!(
             plan.gpus,
             vec![PlannedGpu {
@@ -263,7 +281,7 @@ mod tests {
             timeslice: None,
             group: None,
         };
-        let plan = decide("c1", &req, &spec, &inv()).unwrap();
+        let plan = driver_facts(|f| decide("c1", &req, &spec, &inv(), f).unwrap());
         assert_eq!(plan.gpus[0].ordinal, 1);
         assert_eq!(
             plan.container_env(),
@@ -275,5 +293,119 @@ mod tests {
                 ("CUDA_DEVICE_SM_LIMIT".into(), "50".into()),
             ]
         );
+    }
+
+    #[test]
+    fn every_mode_gets_the_enforcement_its_cap_and_the_host_call_for() {
+        let spec = parse_spec(
+            br#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=2"]}}"#,
+            std::path::Path::new("c"),
+        )
+        .unwrap();
+        let own = || CgroupFact::Own("/sys/fs/cgroup/c1".into());
+        let v1 = || CgroupFact::NotOwn("the node accounts memory in cgroup v1".into());
+        let not_yet = || CgroupFact::NotCreated;
+        let takes = |_: u32, _: &str| Ok(());
+        let refuses = |_: u32, _: &str| Err("Not Supported".to_owned());
+        /// What a row expects.
+        #[derive(Debug)]
+        enum Want {
+            Uncapped,
+            NotCreated,
+            By(Backend, Option<&'static str>),
+        }
+        type Cg<'a> = &'a dyn Fn() -> CgroupFact;
+        type Drv<'a> = &'a dyn Fn(u32, &str) -> Result<(), String>;
+        type Row<'a> = (&'a str, Option<u64>, Cg<'a>, Drv<'a>, Want);
+        // Rows: (what, cap, cgroup, driver, expected).
+        let rows: [Row<'_>; 6] = [
+            (
+                "cap, v2, driver limits",
+                Some(1 << 30),
+                &own,
+                &takes,
+                Want::By(Backend::Driver, Some("/sys/fs/cgroup/c1")),
+            ),
+            (
+                "cap, v2, no driver limits",
+                Some(1 << 30),
+                &own,
+                &refuses,
+                Want::By(Backend::Limiter, None),
+            ),
+            (
+                "cap, v1, driver limits",
+                Some(1 << 30),
+                &v1,
+                &takes,
+                Want::By(Backend::Limiter, None),
+            ),
+            (
+                "cap, spec edit",
+                Some(1 << 30),
+                &not_yet,
+                &takes,
+                Want::NotCreated,
+            ),
+            (
+                "no cap, v2, driver limits",
+                None,
+                &own,
+                &takes,
+                Want::Uncapped,
+            ),
+            (
+                "no cap, v1, no driver limits",
+                None,
+                &v1,
+                &refuses,
+                Want::Uncapped,
+            ),
+        ];
+        for mode in [Mode::Mps, Mode::Timeslice, Mode::Limit] {
+            for (what, cap, cg, drv, want) in &rows {
+                let req = Request {
+                    mode,
+                    devices: None,
+                    memory: *cap,
+                    cores: 100,
+                    cores_explicit: false,
+                    timeslice: None,
+                    group: None,
+                };
+                let facts = HostFacts {
+                    cgroup: *cg,
+                    driver: *drv,
+                };
+                let plan = decide("c1", &req, &spec, &inv(), &facts).unwrap();
+                let e = &plan.enforcement;
+                match want {
+                    Want::Uncapped => assert!(enforce::is_uncapped(e), "{mode} {what}: {e:?}"),
+                    Want::NotCreated => {
+                        assert!(enforce::is_not_created(e), "{mode} {what}: {e:?}")
+                    }
+                    Want::By(backend, cgroup) => {
+                        assert_eq!(
+                            (e.backend, e.cgroup.as_deref()),
+                            (*backend, *cgroup),
+                            "{mode} {what}"
+                        );
+                        // A limiter chosen for a cap says why.
+                        assert_eq!(
+                            e.why.is_some(),
+                            *backend == Backend::Limiter,
+                            "{mode} {what}"
+                        );
+                    }
+                }
+                // The plan prints its enforcement exactly when it has a cap.
+                let json = serde_json::to_value(&plan).unwrap();
+                assert_eq!(
+                    json.get("enforcement").is_some(),
+                    cap.is_some(),
+                    "{mode} {what}"
+                );
+            }
+        }
     }
 }

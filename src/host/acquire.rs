@@ -307,11 +307,7 @@ impl<'a> Host<'a> {
                 kube: self.labels.clone(),
                 cap: plan.cap.map(|bytes| Cap {
                     bytes,
-                    enforcement: plan.enforcement.clone().unwrap_or(Enforcement {
-                        backend: Backend::Limiter,
-                        cgroup: None,
-                        why: Some("the hook did not know the container's cgroup".into()),
-                    }),
+                    enforcement: plan.enforcement.clone(),
                 }),
             },
         );
@@ -372,12 +368,12 @@ impl<'a> Host<'a> {
     ) -> Result<(), AcquireError> {
         let (
             Some(cap),
-            Some(Enforcement {
+            Enforcement {
                 backend: Backend::Driver,
                 cgroup: Some(cgroup),
                 ..
-            }),
-        ) = (plan.cap, plan.enforcement.as_ref())
+            },
+        ) = (plan.cap, &plan.enforcement)
         else {
             return Ok(());
         };

@@ -135,11 +135,7 @@ pub fn acquired(plan: &crate::decide::plan::Plan, kube: &KubeLabels) -> Event {
         domain: plan.domain.as_ref().map(|d| d.key.clone()),
         memory: plan.memory,
         cap: plan.cap,
-        memory_backend: plan
-            .enforcement
-            .as_ref()
-            .filter(|_| plan.cap.is_some())
-            .map(|e| e.backend.to_string()),
+        memory_backend: plan.cap.map(|_| plan.enforcement.backend.to_string()),
         cores: plan.cores,
         kube: K8sNames::from(kube),
     }

@@ -82,7 +82,15 @@ fn plan(id: &str, mode: Mode, gpus: &[u32], cap: Option<u64>) -> Plan {
             .collect(),
         memory: cap,
         cap,
-        enforcement: None,
+        // No cgroup of its own: the limiter enforces a cap.
+        enforcement: match cap {
+            Some(_) => Enforcement {
+                backend: Backend::Limiter,
+                cgroup: None,
+                why: Some("no cgroup of its own".into()),
+            },
+            None => crate::decide::enforce::uncapped(),
+        },
         without_limiter: None,
         cores: 100,
         cores_explicit: false,
@@ -93,11 +101,11 @@ fn plan(id: &str, mode: Mode, gpus: &[u32], cap: Option<u64>) -> Plan {
 }
 
 fn driver(mut p: Plan, cgroup: &str) -> Plan {
-    p.enforcement = Some(Enforcement {
+    p.enforcement = Enforcement {
         backend: Backend::Driver,
         cgroup: Some(cgroup.to_owned()),
         why: None,
-    });
+    };
     p
 }
 

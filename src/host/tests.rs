@@ -274,7 +274,15 @@ fn mps(cfg: &Config, id: &str, gpus: &[u32], ask: Ask) -> Plan {
         gpus: planned_gpus(gpus),
         memory: req.memory,
         cap: req.memory,
-        enforcement: None,
+        // No cgroup of its own: the limiter enforces a cap.
+        enforcement: match req.memory {
+            Some(_) => crate::vocab::memcap::Enforcement {
+                backend: crate::vocab::memcap::Backend::Limiter,
+                cgroup: None,
+                why: Some("no cgroup of its own".into()),
+            },
+            None => crate::decide::enforce::uncapped(),
+        },
         without_limiter: None,
         cores: req.cores,
         cores_explicit: req.cores_explicit,
@@ -292,7 +300,7 @@ fn plain(id: &str, mode: Mode, gpus: &[u32]) -> Plan {
         gpus: planned_gpus(gpus),
         memory: None,
         cap: None,
-        enforcement: None,
+        enforcement: crate::decide::enforce::uncapped(),
         without_limiter: None,
         cores: 100,
         cores_explicit: false,

@@ -311,8 +311,9 @@ pub fn refuse(
 }
 
 /// For a capped `mps` or `timeslice` share: whether its image can load the limiter, and if not,
-/// whether it is served without it. `enforcement`: what the hook chose for the cap (`None` in
-/// a spec edit, which comes before the container's cgroup exists: the hook decides then).
+/// whether it is served without it, by the plan's enforcement (in a spec edit, which comes
+/// before the container's cgroup exists, [`crate::decide::enforce::not_created`]: the hook
+/// decides then).
 ///
 /// Served where the driver enforces the cap (the container loses only the reported sizes:
 /// CUDA and NVML inside show the whole GPU); refused with one line where only the limiter
@@ -341,8 +342,9 @@ pub fn settle(
         }
         Err(e) => e,
     };
-    match plan.enforcement.as_ref() {
-        Some(e) if e.backend == Backend::Limiter => Err(LimiterRefused {
+    let e = &plan.enforcement;
+    match e.backend {
+        Backend::Limiter if !crate::decide::enforce::is_not_created(e) => Err(LimiterRefused {
             libc,
             need: format!(
                 "gpu.share.memory needs the limiter here, because the driver cannot enforce the cap for this container ({})",

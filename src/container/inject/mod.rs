@@ -326,7 +326,7 @@ mod tests {
             }],
             memory: Some(1 << 30),
             cap: Some(1 << 30),
-            enforcement: None,
+            enforcement: crate::decide::enforce::not_created(),
             without_limiter: None,
             cores: 50,
             cores_explicit: true,

@@ -23,7 +23,7 @@ pub fn edit_bundle(
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
 ) -> Result<bool, Error> {
     let bundle = bundle_dir(args)?;
-    let bytes = crate::decide::input::read_config_bytes(&bundle)?;
+    let bytes = crate::container::intake::read_config_bytes(&bundle)?;
     let ctx = Context {
         id: args.id.as_deref(),
         bundle: Some(&bundle),
@@ -53,7 +53,7 @@ fn bundle_dir(args: &Args) -> Result<PathBuf, Error> {
 pub fn bundle_may_ask(args: &Args) -> bool {
     bundle_dir(args)
         .ok()
-        .and_then(|b| crate::decide::input::read_config_bytes(&b).ok())
+        .and_then(|b| crate::container::intake::read_config_bytes(&b).ok())
         .is_some_and(|bytes| crate::decide::front::may_ask(&bytes, &Default::default()))
 }
 
@@ -73,7 +73,7 @@ pub fn edit_exec_process(argv: &[OsString], args: &Args, next: &Path) -> Result<
     let Some(bundle) = bundle_of(next, &argv[..at], id) else {
         return Ok(false);
     };
-    let Ok(bytes) = crate::decide::input::read_config_bytes(&bundle) else {
+    let Ok(bytes) = crate::container::intake::read_config_bytes(&bundle) else {
         return Ok(false);
     };
     if !bytes.windows(13).any(|w| w == b"gpushare-hook") {
@@ -88,7 +88,9 @@ pub fn edit_exec_process(argv: &[OsString], args: &Args, next: &Path) -> Result<
         return Ok(false);
     };
     let read = std::fs::File::open(file)
-        .and_then(|f| crate::vocab::read::read_capped(f, crate::decide::input::MAX_CONFIG_BYTES))
+        .and_then(|f| {
+            crate::vocab::read::read_capped(f, crate::container::intake::MAX_CONFIG_BYTES)
+        })
         .map_err(|source| RuntimeError::ReadProcess {
             path: file.clone(),
             source,

@@ -16,9 +16,9 @@
 mod args;
 mod bundle;
 mod chain;
-pub mod error;
 mod log;
 mod next;
+pub mod wrapper_error;
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
@@ -28,9 +28,9 @@ use crate::config::Config;
 pub use args::{parse_args, Args};
 pub use bundle::{bundle_may_ask, edit_bundle, edit_exec_process};
 pub use chain::{find_next, is_looping, signature, LOOP_GUARD};
-pub use error::RuntimeError;
 pub use log::{log_error, log_line, rfc3339};
 pub use next::{exec_next, run_next_child};
+pub use wrapper_error::RuntimeError;
 
 /// How a wrapper call ended, when this process did not become the next runtime.
 #[derive(Debug, PartialEq, Eq)]

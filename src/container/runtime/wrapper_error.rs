@@ -1,4 +1,5 @@
-//! What can go wrong in the wrapper itself.
+//! What can go wrong in the runtime wrapper itself (the error every entry point returns is
+//! [`crate::container::error::Error`]).
 
 use std::path::PathBuf;
 

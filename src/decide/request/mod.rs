@@ -1,8 +1,11 @@
 //! What a container asked for: the `gpu.share*` annotations, with `GPU_SHARE*` env fallbacks.
 //!
 //! Pure: annotations, env and the admin policy in, a validated [`Request`] (or none) out.
+//! [`sources`] finds each key's value, [`grammar`] reads it, and [`parse`] puts them together
+//! under the admin policy.
 
-use std::collections::HashMap;
+mod grammar;
+mod sources;
 
 use serde::Serialize;
 use thiserror::Error;
@@ -12,26 +15,11 @@ use crate::vocab::domain::is_group_name;
 use crate::vocab::quantity::{self, QuantityError};
 use crate::vocab::{Mode, Timeslice};
 
-/// The annotation that turns sharing on.
-pub const ANNOTATION: &str = "gpu.share";
-const PREFIX: &str = "gpu.share.";
-/// Largest annotation or env value read.
-const MAX_VALUE_LEN: usize = 4096;
-/// Annotations (key, value) by which CRI runtimes mark a pod's sandbox ("pause", infra)
-/// container: containerd's CRI plugin and CRI-O. Such a container holds the pod's namespaces
-/// and runs no workload; it carries the pod's `gpu.share*` annotations too when the runtime
-/// passes pod annotations on, and is never a share request.
-pub const SANDBOX_MARKERS: [(&str, &str); 2] = [
-    ("io.kubernetes.cri.container-type", "sandbox"),
-    ("io.kubernetes.cri-o.ContainerType", "sandbox"),
-];
-
-/// One entry of `gpu.share.devices`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub enum Selector {
-    Index(u32),
-    Uuid(String),
-}
+pub use grammar::{parse_mode, parse_selector, parse_timeslice, Selector, DEVICES_GRAMMAR};
+pub use sources::{
+    annotation_keys, env_lookup, is_sandbox, wants_share, Sources, ANNOTATION, SANDBOX_MARKERS,
+};
+use sources::{CORES, DEVICES, FIELDS, GROUP, MEMORY, MODE, PREFIX, TIMESLICE};
 
 /// A validated share request.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -105,9 +93,6 @@ pub enum RequestError {
     },
 }
 
-/// The device-list grammar, as every message words it (README "Request grammar").
-pub const DEVICES_GRAMMAR: &str = "a comma list without spaces of GPU indices (0 to 1023, no leading zero) or UUIDs as nvidia-smi -L prints them (GPU-<hex and dashes>, MIG-<hex and dashes>), e.g. 0,1";
-
 /// Refuses a memory cap above a GPU's size (the hook for a check against the inventory, which
 /// knows each GPU's memory).
 ///
@@ -123,112 +108,6 @@ pub fn memory_fits(requested: u64, total: u64, gpu: &str) -> Result<(), RequestE
         });
     }
     Ok(())
-}
-
-/// One request field: its annotation name and env fallback.
-struct Field {
-    annotation: &'static str,
-    env: &'static str,
-}
-
-const MODE: Field = Field {
-    annotation: "gpu.share",
-    env: "GPU_SHARE",
-};
-const DEVICES: Field = Field {
-    annotation: "gpu.share.devices",
-    env: "GPU_SHARE_DEVICES",
-};
-const MEMORY: Field = Field {
-    annotation: "gpu.share.memory",
-    env: "GPU_SHARE_MEMORY",
-};
-const CORES: Field = Field {
-    annotation: "gpu.share.cores",
-    env: "GPU_SHARE_CORES",
-};
-const TIMESLICE: Field = Field {
-    annotation: "gpu.share.timeslice",
-    env: "GPU_SHARE_TIMESLICE",
-};
-const GROUP: Field = Field {
-    annotation: "gpu.share.group",
-    env: "GPU_SHARE_GROUP",
-};
-const FIELDS: [&Field; 6] = [&MODE, &DEVICES, &MEMORY, &CORES, &TIMESLICE, &GROUP];
-
-/// Every annotation a request is read from (for an engine's list of annotations it passes on).
-pub fn annotation_keys() -> [&'static str; 6] {
-    FIELDS.map(|f| f.annotation)
-}
-
-/// The two sources of a request: the spec's annotations and its `process.env`.
-pub struct Sources<'a> {
-    pub annotations: &'a HashMap<String, String>,
-    pub env: &'a [String],
-}
-
-impl Sources<'_> {
-    /// The value of `field` and the key it came from; annotations win over env.
-    fn get(
-        &self,
-        field: &Field,
-        env_fallback: bool,
-    ) -> Result<Option<(&'static str, String)>, RequestError> {
-        let found = if let Some(v) = self.annotations.get(field.annotation) {
-            Some((field.annotation, v.as_str()))
-        } else if env_fallback {
-            env_lookup(self.env, field.env).map(|v| (field.env, v))
-        } else {
-            None
-        };
-        match found {
-            Some((key, v)) if v.len() > MAX_VALUE_LEN => Err(RequestError::TooLong {
-                key: key.to_owned(),
-            }),
-            // Values are taken exactly as written (README "Request grammar"): no trimming.
-            Some((key, v)) => Ok(Some((key, v.to_owned()))),
-            None => Ok(None),
-        }
-    }
-}
-
-/// Finds `NAME=value` in a `process.env` list; the last occurrence wins, as in execve.
-pub fn env_lookup<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
-    env.iter().rev().find_map(|kv| {
-        kv.strip_prefix(name)
-            .and_then(|rest| rest.strip_prefix('='))
-    })
-}
-
-/// Whether the annotations mark a pod's sandbox container ([`SANDBOX_MARKERS`]).
-pub fn is_sandbox(annotations: &HashMap<String, String>) -> bool {
-    SANDBOX_MARKERS
-        .iter()
-        .any(|(k, v)| annotations.get(*k).is_some_and(|a| a == v))
-}
-
-/// Quick check, without validation, whether a container asks for sharing at all. Used on the
-/// fast path so that containers which ask for nothing cost almost nothing. A pod's sandbox
-/// container never does.
-pub fn wants_share(src: &Sources<'_>, env_fallback: bool) -> bool {
-    if is_sandbox(src.annotations) {
-        return false;
-    }
-    let v = src
-        .annotations
-        .get(ANNOTATION)
-        .map(String::as_str)
-        .or_else(|| {
-            env_fallback
-                .then(|| env_lookup(src.env, MODE.env))
-                .flatten()
-        });
-    let any_sub = src.annotations.keys().any(|k| k.starts_with(PREFIX));
-    match v {
-        Some(v) => !v.is_empty() && v != "none" || any_sub,
-        None => any_sub,
-    }
 }
 
 /// Parses and validates the request against the admin policy. `Ok(None)`: nothing asked (a
@@ -272,7 +151,7 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
     }
 
     let devices = match src.get(&DEVICES, fb)? {
-        Some((key, v)) => Some(parse_selectors(key, &v)?),
+        Some((key, v)) => Some(grammar::parse_selectors(key, &v)?),
         None => None,
     };
 
@@ -323,13 +202,10 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
                     applies: "timeslice",
                 });
             }
-            Some(match v.as_str() {
-                "default" => Timeslice::Default,
-                "short" => Timeslice::Short,
-                "medium" => Timeslice::Medium,
-                "long" => Timeslice::Long,
-                _ => return Err(RequestError::Timeslice { key, value: v }),
-            })
+            match parse_timeslice(&v) {
+                Some(t) => Some(t),
+                None => return Err(RequestError::Timeslice { key, value: v }),
+            }
         }
         None => None,
     };
@@ -361,16 +237,6 @@ pub fn parse(src: &Sources<'_>, cfg: &Config) -> Result<Option<Request>, Request
     }))
 }
 
-/// A mode by any of its names (`none` and the empty string are not modes).
-pub fn parse_mode(s: &str) -> Option<Mode> {
-    match s {
-        "mps" => Some(Mode::Mps),
-        "timeslice" | "time-slicing" | "timeslicing" => Some(Mode::Timeslice),
-        "limit" | "preload" | "preload-limit" => Some(Mode::Limit),
-        _ => None,
-    }
-}
-
 /// Memory and cores caps mean nothing to plain time-slicing.
 fn not_for_timeslice(mode: Mode, key: &'static str) -> Result<(), RequestError> {
     if mode == Mode::Timeslice {
@@ -395,51 +261,10 @@ fn reject_orphans(src: &Sources<'_>) -> Result<Option<Request>, RequestError> {
     Ok(None)
 }
 
-/// Parses `0,1` or `GPU-…` UUIDs (mixed allowed, at most 64 entries, duplicates removed).
-fn parse_selectors(key: &'static str, v: &str) -> Result<Vec<Selector>, RequestError> {
-    let bad = |value: &str| RequestError::Devices {
-        key,
-        value: value.chars().take(64).collect(),
-    };
-    let mut out = Vec::new();
-    for part in v.split(',') {
-        let sel = parse_selector(part).ok_or_else(|| bad(part))?;
-        if !out.contains(&sel) {
-            out.push(sel);
-        }
-        if out.len() > 64 {
-            return Err(bad(v));
-        }
-    }
-    Ok(out)
-}
-
-/// One device selector ([`DEVICES_GRAMMAR`]): a decimal index below 1024 without a leading
-/// zero, or a `GPU-`/`MIG-` UUID (prefix in capitals as NVIDIA prints it; the hex digits in
-/// either case, matched without regard to case).
-pub fn parse_selector(part: &str) -> Option<Selector> {
-    if !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()) {
-        if part.len() > 4 || (part.len() > 1 && part.starts_with('0')) {
-            return None;
-        }
-        return part
-            .parse::<u32>()
-            .ok()
-            .filter(|n| *n < 1024)
-            .map(Selector::Index);
-    }
-    let body = part
-        .strip_prefix("GPU-")
-        .or_else(|| part.strip_prefix("MIG-"))?;
-    let ok_uuid = part.len() <= 96
-        && body.bytes().any(|b| b.is_ascii_hexdigit())
-        && body.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
-    ok_uuid.then(|| Selector::Uuid(part.to_owned()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn run(
         ann: &[(&str, &str)],
@@ -737,31 +562,6 @@ mod tests {
     }
 
     #[test]
-    fn selector_table() {
-        let rows: &[(&str, Option<Selector>)] = &[
-            ("0", Some(Selector::Index(0))),
-            ("1023", Some(Selector::Index(1023))),
-            ("1024", None),
-            ("007", None),
-            ("GPU-0a1B-2c", Some(Selector::Uuid("GPU-0a1B-2c".into()))),
-            ("MIG-0a1b", Some(Selector::Uuid("MIG-0a1b".into()))),
-            ("gpu-0a1b", None),
-            ("Gpu-0a1b", None),
-            ("GPU-", None),
-            ("GPU----", None),
-            ("GPU-xyz", None),
-            ("GPU-0a/1", None),
-            ("MIG-GPU-0a1b/1/0", None),
-            (" 0", None),
-            ("", None),
-            ("+1", None),
-        ];
-        for (input, want) in rows {
-            assert_eq!(&parse_selector(input), want, "{input:?}");
-        }
-    }
-
-    #[test]
     fn uncapped_refuse_wants_a_memory_cap_in_every_mode() {
         let mut cfg = Config::default();
         cfg.policy.uncapped = crate::vocab::memcap::Uncapped::Refuse;
@@ -800,138 +600,5 @@ mod tests {
         assert!(err.to_string().contains("allowed: timeslice"), "{err}");
         cfg.policy.env_fallback = false;
         assert_eq!(run(&[], &["GPU_SHARE=timeslice"], &cfg).unwrap(), None);
-    }
-
-    #[test]
-    fn pod_sandbox_containers_are_never_share_requests() {
-        let cfg = Config::default();
-        // (description, annotations, env, asks)
-        type Row<'a> = (&'a str, Vec<(&'a str, &'a str)>, Vec<&'a str>, bool);
-        let rows: Vec<Row> = vec![
-            (
-                "containerd sandbox with the pod's mps annotation",
-                vec![
-                    ("io.kubernetes.cri.container-type", "sandbox"),
-                    ("gpu.share", "mps"),
-                ],
-                vec![],
-                false,
-            ),
-            (
-                "CRI-O sandbox with the pod's limit annotations",
-                vec![
-                    ("io.kubernetes.cri-o.ContainerType", "sandbox"),
-                    ("gpu.share", "limit"),
-                    ("gpu.share.memory", "1Gi"),
-                ],
-                vec![],
-                false,
-            ),
-            (
-                "sandbox with a key this node does not know",
-                vec![
-                    ("io.kubernetes.cri.container-type", "sandbox"),
-                    ("gpu.share", "mps"),
-                    ("gpu.share.colour", "red"),
-                ],
-                vec![],
-                false,
-            ),
-            (
-                "sandbox with a bad mode",
-                vec![
-                    ("io.kubernetes.cri-o.ContainerType", "sandbox"),
-                    ("gpu.share", "turbo"),
-                ],
-                vec![],
-                false,
-            ),
-            (
-                "sandbox with the env fallback",
-                vec![("io.kubernetes.cri.container-type", "sandbox")],
-                vec!["GPU_SHARE=mps"],
-                false,
-            ),
-            (
-                "containerd workload container",
-                vec![
-                    ("io.kubernetes.cri.container-type", "container"),
-                    ("gpu.share", "mps"),
-                ],
-                vec![],
-                true,
-            ),
-            (
-                "CRI-O workload container",
-                vec![
-                    ("io.kubernetes.cri-o.ContainerType", "container"),
-                    ("gpu.share", "limit"),
-                ],
-                vec![],
-                true,
-            ),
-            (
-                "marker value is not sandbox",
-                vec![
-                    ("io.kubernetes.cri.container-type", "Sandbox "),
-                    ("gpu.share", "mps"),
-                ],
-                vec![],
-                true,
-            ),
-            (
-                "the CRI-O key spelt in containerd's style is not a marker",
-                vec![
-                    ("io.kubernetes.cri-o.container-type", "sandbox"),
-                    ("gpu.share", "mps"),
-                ],
-                vec![],
-                true,
-            ),
-        ];
-        for (what, ann, env, asks) in rows {
-            let annotations: HashMap<String, String> = ann
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            let env_v: Vec<String> = env.iter().map(|s| s.to_string()).collect();
-            let src = Sources {
-                annotations: &annotations,
-                env: &env_v,
-            };
-            assert_eq!(wants_share(&src, true), asks, "{what}: wants_share");
-            assert_eq!(
-                run(&ann, &env, &cfg).unwrap().is_some(),
-                asks,
-                "{what}: parse"
-            );
-        }
-    }
-
-    #[test]
-    fn fast_check() {
-        let none = HashMap::new();
-        let env = vec!["GPU_SHARE=mps".to_string()];
-        assert!(wants_share(
-            &Sources {
-                annotations: &none,
-                env: &env
-            },
-            true
-        ));
-        assert!(!wants_share(
-            &Sources {
-                annotations: &none,
-                env: &env
-            },
-            false
-        ));
-        assert!(!wants_share(
-            &Sources {
-                annotations: &none,
-                env: &[]
-            },
-            true
-        ));
     }
 }
