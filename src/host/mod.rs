@@ -5,7 +5,10 @@ pub mod account;
 pub mod acquire;
 pub mod cgroup;
 pub mod counters;
+pub mod daemon;
+pub mod driver_limit;
 pub mod events;
+pub mod handle;
 pub mod inventory;
 pub mod lockfile;
 pub mod mounts;
@@ -15,9 +18,11 @@ pub mod pending;
 pub mod procinfo;
 pub mod reaper;
 pub mod release;
+pub mod reservation;
 pub mod sandbox;
 pub mod snapshot;
 pub mod state;
+pub mod step;
 pub mod timeslice;
 
 #[cfg(test)]

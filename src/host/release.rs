@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::host::acquire::Host;
+use crate::host::handle::Host;
 use crate::host::mps::MpsDirs;
 use crate::host::procinfo::ProcId;
 use crate::host::state::{now_seconds, StateError};
@@ -225,7 +225,11 @@ impl Host<'_> {
             let Some(cgroup) = c.cap.as_ref().and_then(|k| k.enforcement.cgroup.as_deref()) else {
                 continue;
             };
-            match crate::host::acquire::clear_driver_limit(self.inventory, before.index, cgroup) {
+            match crate::host::driver_limit::clear_driver_limit(
+                self.inventory,
+                before.index,
+                cgroup,
+            ) {
                 Ok(true) => did.push(format!(
                     "{uuid}: cleared the driver's memory limit of {id} on {cgroup}"
                 )),
