@@ -58,6 +58,34 @@ impl Host<'_> {
         crate::failpoint::hit("acquire-driver-limit-set");
         Ok(())
     }
+
+    /// Clears the driver memory limits of the clients `before` had and `after` has not.
+    pub(super) fn clear_driver_limits(
+        &self,
+        before: &Record,
+        after: &Record,
+        did: &mut Vec<String>,
+    ) {
+        let uuid = &before.uuid;
+        for (id, c) in &before.clients {
+            if after.clients.contains_key(id) {
+                continue;
+            }
+            let Some(cgroup) = c.cap.as_ref().and_then(|k| k.enforcement.cgroup.as_deref()) else {
+                continue;
+            };
+            match clear_driver_limit(self.inventory, before.index, cgroup) {
+                Ok(true) => did.push(format!(
+                    "{uuid}: cleared the driver's memory limit of {id} on {cgroup}"
+                )),
+                Ok(false) => {}
+                Err(e) => did.push(format!(
+                    "{uuid}: cannot clear the driver's memory limit of {id} on {cgroup}: {}",
+                    crate::vocab::chain(&e)
+                )),
+            }
+        }
+    }
 }
 
 /// Clears the driver's memory limits of `cgroup` on GPU `index` (soft 0, hard max). A cgroup

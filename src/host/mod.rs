@@ -8,6 +8,7 @@ pub mod counters;
 pub mod daemon;
 pub mod driver_limit;
 pub mod events;
+pub mod gc_sweep;
 pub mod handle;
 pub mod inventory;
 pub mod lockfile;
