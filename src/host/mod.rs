@@ -29,6 +29,4 @@ pub mod timeslice;
 #[cfg(test)]
 pub(crate) mod fakes;
 #[cfg(test)]
-mod memcap_tests;
-#[cfg(test)]
 mod tests;
