@@ -1,5 +1,7 @@
 //! Doing on the host: the state directory and its locks, the GPUs' compute modes, MPS daemons,
-//! and the acquire/release/gc that carry a plan out.
+//! and the acquire/release/gc that carry a plan out. [`handle::Host`] is what they work
+//! through; its methods live with their concern (`acquire`, `daemon`, `driver_limit`,
+//! `reservation`, `release`, `gc_sweep`).
 
 pub mod account;
 pub mod acquire;
