@@ -1,5 +1,5 @@
 //! What the steps of an acquire share: why one failed ([`AcquireError`]) and what one changed on
-//! a GPU ([`Done`]), which the rollback in [`crate::host::acquire`] undoes.
+//! a GPU (`Done`), which the rollback in [`crate::host::acquire`] undoes.
 
 use thiserror::Error;
 
