@@ -72,8 +72,9 @@ impl Host<'_> {
     }
 
     /// Sends what the last [`Host::acquire`] left for running daemons (their defaults put
-    /// back, see [`crate::host::mps::MpsControl::refresh`]) through control clients nobody waits for. Call it
-    /// once the container is set up: nothing that follows then competes with them.
+    /// back, see [`crate::host::mps::MpsControl::refresh`]) through control clients nobody
+    /// waits for. Call it once the container is set up: nothing that follows then competes
+    /// with them.
     pub fn flush(&self) {
         if let Ok(c) = self.control() {
             c.flush();
