@@ -1,6 +1,6 @@
-//! Which cgroup is a container's own, and which backend enforces its memory cap: the deciding
-//! is pure (the texts of `/proc/<pid>/cgroup` and `/proc/self/mountinfo` in, a path or a
-//! reason out); [`choose`] reads them and asks the driver.
+//! Which cgroup is a container's own: pure (the texts of `/proc/<pid>/cgroup` and
+//! `/proc/self/mountinfo` in, a path or a reason out). `container::intake` reads them, and
+//! `decide::enforce` chooses the backend of a memory cap from what they say.
 //!
 //! The driver's limits (`nvmlDeviceSetMemoryLimits_v1`) name a cgroup v2 directory by its full
 //! path. The container's init process, at createRuntime, has not run a line of the image yet,
@@ -9,9 +9,6 @@
 //! shares with others (the engine's slice, a user session, the root).
 
 use std::path::{Path, PathBuf};
-
-use crate::vocab::memcap::{Backend, Enforcement};
-use crate::vocab::Inventory;
 
 /// Where a container's processes are, as the kernel lists them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -176,61 +173,6 @@ pub fn driver_dir(
         });
     }
     unified_dir(mountinfo, &unified).ok_or(NoDriverCgroup::NotMounted(unified))
-}
-
-/// Chooses the backend of a container's memory cap: the driver's cgroup limits when the
-/// container (init process `pid`, still the runtime's at createRuntime) has a cgroup v2 of its
-/// own and the driver answers a read of its limits on every GPU of the plan; else the limiter.
-pub fn choose(
-    inventory: &dyn Inventory,
-    gpus: &[u32],
-    pid: Option<i32>,
-    cgroups_path: Option<&str>,
-    id: &str,
-) -> Enforcement {
-    let limiter = |why: String| Enforcement {
-        backend: Backend::Limiter,
-        cgroup: None,
-        why: Some(why),
-    };
-    let Some(pid) = pid.filter(|p| *p > 0) else {
-        return limiter("the runtime gave no container pid".into());
-    };
-    let read = |p: &str| {
-        std::fs::File::open(p)
-            .and_then(|f| crate::vocab::read_capped(f, 1 << 20))
-            .ok()
-            .flatten()
-            .ok_or(())
-    };
-    let (Ok(proc_cgroup), Ok(mountinfo)) = (
-        read(&format!("/proc/{pid}/cgroup")),
-        read("/proc/self/mountinfo"),
-    ) else {
-        return limiter(format!("cannot read the cgroup of pid {pid}"));
-    };
-    let dir = match driver_dir(
-        &String::from_utf8_lossy(&proc_cgroup),
-        &String::from_utf8_lossy(&mountinfo),
-        cgroups_path,
-        id,
-    ) {
-        Ok(d) => d.display().to_string(),
-        Err(why) => return limiter(why.to_string()),
-    };
-    for &index in gpus {
-        if let Err(e) = inventory.memory_limits(index, &dir) {
-            return limiter(format!(
-                "the driver does not take limits on {dir} for GPU {index}: {}",
-                crate::vocab::chain(&e)
-            ));
-        }
-    }
-    Enforcement {
-        backend: Backend::Driver,
-        cgroup: Some(dir),
-        why: None,
-    }
 }
 
 /// The first of `others` (container id, the cgroup its driver limit is set on) whose cgroup is

@@ -1,0 +1,325 @@
+//! gc: what dead containers and killed hooks left is dropped, dead daemons restarted, unreadable
+//! records rebuilt, compute modes nothing explains put back.
+
+use super::rows::*;
+use super::world::*;
+use crate::host::fakes::uuid;
+use crate::host::state::{Domain, Record};
+use crate::vocab::Isolation;
+
+rows! {
+    run_release_row;
+    nothing_to_do_a_live_daemon_with_a_live_client_is_left_alone: ReleaseRow {
+        what: "nothing to do: a live daemon with a live client is left alone",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| w.given(&gpu_plan(w, "c1")),
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&[]),
+        then: |w, what| {
+            // Asked for an answer (and its defaults put back), nothing else.
+            assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"], "{what}");
+            assert!(w.inv.sets().is_empty(), "{what}");
+            assert_eq!(w.clients(0), ["c1"], "{what}");
+        },
+    },
+    a_domain_whose_control_socket_another_process_holds_is_restarted_by_gc_which: ReleaseRow {
+        what: "a domain whose control socket another process holds is restarted by gc, which says so",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&gpu_plan(w, "c1"));
+            w.ctl.tamper(&w.pipe(0, "gpu"));
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["GPU-0: replaced the MPS daemon of domain gpu, which was tampered with"]),
+        then: |w, what| {
+            assert_eq!(
+                w.ctl.actions(),
+                ["refresh GPU-0/gpu", "stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                "{what}"
+            );
+            assert_eq!(w.clients(0), ["c1"], "{what}");
+        },
+    },
+    a_live_daemon_that_does_not_answer_hung_is_replaced_for_its_clients: ReleaseRow {
+        what: "a live daemon that does not answer (hung) is replaced for its clients",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&gpu_plan(w, "c1"));
+            w.ctl.hang(&w.pipe(0, "gpu"), true);
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["GPU-0: replaced the MPS daemon of domain gpu, which did not answer, for 1 client(s)"]),
+        then: |w, what| {
+            assert_eq!(
+                w.ctl.actions(),
+                ["refresh GPU-0/gpu", "stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                "{what}"
+            );
+            assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
+            let d = w.ctl.daemon_on(&w.pipe(0, "gpu")).expect("a daemon");
+            assert!(crate::host::mps::MpsControl::answers(&w.ctl, &w.pipe(0, "gpu"), d), "{what}");
+            assert_eq!(w.clients(0), ["c1"], "{what}");
+        },
+    },
+    a_dead_daemon_that_still_has_clients_is_restarted: ReleaseRow {
+        what: "a dead daemon that still has clients is restarted",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&gpu_plan(w, "c1"));
+            let d = w.daemon(0, "gpu").unwrap();
+            w.ctl.kill(d);
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["GPU-0: restarted the dead MPS daemon of domain gpu for 1 client(s)"]),
+        then: |w, what| {
+            assert_eq!(
+                w.ctl.actions(),
+                ["stop GPU-0/gpu", "start GPU-0/gpu", "set_defaults GPU-0/gpu"],
+                "{what}"
+            );
+            assert_eq!(w.ctl.defaults_on(&w.pipe(0, "gpu")), Some(POLICY), "{what}");
+            let d = w.daemon(0, "gpu").unwrap();
+            assert_eq!(Some(d), w.ctl.daemon_on(&w.pipe(0, "gpu")), "{what}");
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
+            assert_eq!(w.clients(0), ["c1"], "{what}");
+        },
+    },
+    a_dead_daemon_whose_clients_are_gone_too_clients_dropped_daemon_forgotten_mode: ReleaseRow {
+        what: "a dead daemon whose clients are gone too: clients dropped, daemon forgotten, mode put back",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            let dead = w.ctl.dead_process();
+            w.given(&gpu_plan(w, "c1"));
+            let mut rec = w.record(0).unwrap();
+            rec.clients.get_mut("c1").unwrap().process = Some(dead);
+            w.save(&rec);
+            let d = w.daemon(0, "gpu").unwrap();
+            w.ctl.kill(d);
+        },
+        when: |w| w.host().gc().into_lines(),
+        // It also puts the compute mode back without saying so; see
+        // gc_reports_an_unrecorded_daemon_it_stops.
+        says: None,
+        then: |w, what| {
+            assert!(!w.ctl.actions().iter().any(|a| a.starts_with("start")), "{what}");
+            assert_eq!(w.inv.modes(), [(0, DEFAULT)], "{what}");
+            assert_eq!(w.record(0), None, "{what}");
+            assert!(!w.cfg.state_dir.join("mps").exists(), "{what}");
+        },
+    },
+    a_stale_client_is_dropped_the_daemon_stays_for_the_live_one: ReleaseRow {
+        what: "a stale client is dropped; the daemon stays for the live one",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            let dead = w.ctl.dead_process();
+            w.given(&gpu_plan(w, "c1"));
+            w.given(&gpu_plan(w, "c2"));
+            let mut rec = w.record(0).unwrap();
+            rec.clients.get_mut("c1").unwrap().process = Some(dead);
+            w.save(&rec);
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["GPU-0: dropped client c1, whose process is gone"]),
+        then: |w, what| {
+            assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"], "{what}");
+            assert_eq!(w.clients(0), ["c2"], "{what}");
+        },
+    },
+    an_unreadable_record_is_kept_aside_and_rebuilt_from_the_running_daemon_which_is: ReleaseRow {
+        what: "an unreadable record is kept aside and rebuilt from the running daemon, which is not stopped",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&gpu_plan(w, "c1"));
+            std::fs::write(w.state().record_path(&uuid(0)), b"{not json").unwrap();
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["rebuilt from 1 running daemon(s)"]),
+        then: |w, what| {
+            assert!(w.ctl.actions().is_empty(), "{what}");
+            assert_eq!(w.ctl.live(), ["GPU-0/gpu"], "{what}");
+            assert!(w.domain_dir(0, "gpu").exists(), "{what}");
+            assert!(w.inv.sets().is_empty(), "{what}");
+            let rec = w.record(0).expect("rebuilt record");
+            assert!(rec.domains["gpu"].daemon.is_some(), "{what}");
+            let aside = std::fs::read_dir(w.state().gpus_dir())
+                .unwrap()
+                .flatten()
+                .find(|e| e.file_name().to_string_lossy().contains(".quarantined-"))
+                .expect("kept aside");
+            assert_eq!(std::fs::read(aside.path()).unwrap(), b"{not json", "{what}");
+        },
+    },
+    a_compute_mode_no_daemon_explains_is_put_back: ReleaseRow {
+        what: "a compute mode no daemon explains is put back",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: |w| {
+            let mut rec = Record::new(&uuid(0), 0);
+            rec.restore_compute_mode = Some(DEFAULT);
+            w.save(&rec);
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["GPU-0: put back the compute mode no MPS daemon explains"]),
+        then: |w, what| {
+            assert_eq!(w.inv.sets(), [(0, DEFAULT)], "{what}");
+            assert_eq!(w.record(0), None, "{what}");
+        },
+    },
+    a_hook_killed_between_start_and_save_the_unrecorded_daemon_is_stopped_and_the: ReleaseRow {
+        what: "a hook killed between start and save: the unrecorded daemon is stopped and the mode put back",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: |w| {
+            let mut rec = Record::new(&uuid(0), 0);
+            rec.restore_compute_mode = Some(DEFAULT);
+            rec.domains.insert("gpu".into(), Domain::new(POLICY));
+            w.save(&rec);
+            w.ctl.add_daemon(&w.pipe(0, "gpu"), POLICY);
+        },
+        when: |w| w.host().gc().into_lines(),
+        // What gc says about it: gc_reports_an_unrecorded_daemon_it_stops.
+        says: None,
+        then: |w, what| {
+            assert_eq!(w.ctl.actions(), ["stop GPU-0/gpu"], "{what}");
+            assert!(w.ctl.live().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, DEFAULT)], "{what}");
+            assert_eq!(w.record(0), None, "{what}");
+        },
+    },
+    leftover_domain_directories_without_a_record_their_unrecorded_daemon_is_stopped: ReleaseRow {
+        what: "leftover domain directories without a record: their unrecorded daemon is stopped, the directories removed",
+        isolation: Isolation::Group,
+        modes: ONE_GPU,
+        given: |w| {
+            w.state().ensure().unwrap();
+            std::fs::create_dir_all(w.pipe(0, "g-x")).unwrap();
+            let dir = w.domain_dir(0, "g-x");
+            std::fs::write(dir.join("owner"), format!("{} g-x", uuid(0))).unwrap();
+            w.ctl.add_daemon(&w.pipe(0, "g-x"), POLICY);
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["stopped unrecorded MPS daemon pid", "removed leftover"]),
+        then: |w, what| {
+            assert_eq!(w.ctl.actions(), ["stop GPU-0/g-x"], "{what}");
+            assert!(w.ctl.live().is_empty(), "{what}");
+            assert!(!w.cfg.state_dir.join("mps").exists(), "{what}");
+        },
+    },
+    a_fresh_reservation_keeps_a_domains_directories: ReleaseRow {
+        what: "a fresh reservation keeps a domain's directories",
+        isolation: Isolation::Group,
+        modes: ONE_GPU,
+        given: |w| {
+            std::fs::create_dir_all(w.pipe(0, "g-x")).unwrap();
+            let mut rec = Record::new(&uuid(0), 0);
+            let mut d = Domain::new(POLICY);
+            d.reserved.insert("pending-1".into(), crate::host::state::now_seconds());
+            rec.domains.insert("g-x".into(), d);
+            w.save(&rec);
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&[]),
+        then: |w, what| {
+            assert!(w.domain_dir(0, "g-x").exists(), "{what}");
+            assert!(w.record(0).is_some(), "{what}");
+        },
+    },
+    restarting_fails_said_so_the_clients_kept_the_compute_mode_put_back: ReleaseRow {
+        what: "restarting fails: said so, the clients kept, the compute mode put back",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&gpu_plan(w, "c1"));
+            let d = w.daemon(0, "gpu").unwrap();
+            w.ctl.kill(d);
+            w.ctl.fail_start(true);
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&[
+            "GPU-0: cannot restart the MPS daemon of domain gpu",
+            // No daemon runs on the GPU any more.
+            "GPU-0: put back the compute mode no MPS daemon explains",
+        ]),
+        then: |w, what| {
+            assert_eq!(w.clients(0), ["c1"], "{what}");
+            assert!(w.ctl.live().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, DEFAULT)], "{what}");
+            assert_eq!(w.daemon(0, "gpu"), None, "{what}");
+        },
+    },
+}
+
+/// A daemon gc restarts must enforce the domain's limits; one whose defaults cannot be set
+/// must not be left serving the clients without them.
+#[test]
+fn gc_restart_that_cannot_set_defaults_leaves_no_unlimited_daemon() {
+    let w = World::new(Isolation::Gpu, ONE_GPU);
+    w.given(&gpu_plan(&w, "c1"));
+    let d = w.daemon(0, "gpu").unwrap();
+    w.ctl.kill(d);
+    w.ctl.fail_set_defaults(true);
+    let said = w.host().gc().into_lines();
+    assert!(
+        said.iter().any(|l| l.contains("cannot restart")),
+        "{said:#?}"
+    );
+    let pipe = w.pipe(0, "gpu");
+    assert!(
+        w.ctl.daemon_on(&pipe).is_none() || w.ctl.defaults_on(&pipe) == Some(POLICY),
+        "a daemon runs without the domain's limits: {:?}",
+        w.ctl.defaults_on(&pipe)
+    );
+}
+
+/// Clients whose daemon gc could not restart once are retried by the next gc.
+#[test]
+fn gc_retries_a_failed_restart() {
+    let w = World::new(Isolation::Gpu, ONE_GPU);
+    w.given(&gpu_plan(&w, "c1"));
+    let d = w.daemon(0, "gpu").unwrap();
+    w.ctl.kill(d);
+    w.ctl.fail_start(true);
+    let first = w.host().gc().into_lines();
+    assert!(
+        first.iter().any(|l| l.contains("cannot restart")),
+        "{first:#?}"
+    );
+    w.ctl.fail_start(false);
+    let second = w.host().gc().into_lines();
+    assert!(
+        second.iter().any(|l| l.contains("restarted")),
+        "second gc: {second:#?}"
+    );
+    assert_eq!(w.ctl.live(), ["GPU-0/gpu"]);
+}
+
+/// gc returns "a line per thing it did": stopping a daemon the record misses and putting the
+/// compute mode back are two such things.
+#[test]
+fn gc_reports_an_unrecorded_daemon_it_stops() {
+    let w = World::new(Isolation::Gpu, ONE_GPU_EXCLUSIVE);
+    let mut rec = Record::new(&uuid(0), 0);
+    rec.restore_compute_mode = Some(DEFAULT);
+    rec.domains.insert("gpu".into(), Domain::new(POLICY));
+    w.save(&rec);
+    let daemon = w.ctl.add_daemon(&w.pipe(0, "gpu"), POLICY);
+    let said = w.host().gc().into_lines();
+    assert!(!daemon.is_alive(), "the daemon was stopped");
+    assert!(
+        said.iter()
+            .any(|l| l.contains("MPS daemon") && l.contains(&daemon.pid.to_string())),
+        "no line about stopping pid {}: {said:#?}",
+        daemon.pid
+    );
+    assert!(
+        said.iter().any(|l| l.contains("compute mode")),
+        "no line about the compute mode: {said:#?}"
+    );
+}

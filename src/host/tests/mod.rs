@@ -1,0 +1,48 @@
+//! Tests of the doing layer against the recording fakes ([`crate::host::fakes`]).
+//!
+//! Most are tables: a row names its case (`what`), sets the world up (`given`), acts (`when`)
+//! and checks the outcome (`err` or `says`, then `then`); `rows.rs` says what each field means.
+//! [`rows!`] makes each row a `#[test]` of its own, named after it, so that:
+//! - every failing row is reported, all together, at the end of the run: a failing row never
+//!   hides the rows after it;
+//! - one row runs alone by its name, and one table by its file, with cargo's usual filter:
+//!   `cargo test -p gpushare --lib host::tests::rollback::the_final_save_fails_the_daemon_is_stopped_no_record`
+//!   or `cargo test -p gpushare --lib host::tests::gc_rows::` (`-- --list` lists the names).
+//!
+//! Files: `world` (the state directory, policy and fakes a row runs in, and the plans it
+//! acquires), `rows` (the row types and how one runs), one file per table (`acquire_mps`,
+//! `mode_conflicts`, `rollback`, `releasing`, `gc_rows`, `reservation_rows`),
+//! `control_contract` (what every MPS control keeps, on the fake and on the real one) and
+//! `memory_caps` (memory caps: admission and the driver backend's limits).
+
+/// A table: one `#[test]` per row, named by the identifier before it, which runs the row with
+/// the runner named first.
+///
+/// ```ignore
+/// rows! {
+///     run_acquire_row;
+///     two_gpus_a_daemon_on_each: AcquireRow { what: "two GPUs: a daemon on each", .. },
+/// }
+/// ```
+macro_rules! rows {
+    ($run:path; $($name:ident: $row:expr),+ $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $run($row);
+            }
+        )+
+    };
+}
+
+mod rows;
+mod world;
+
+mod acquire_mps;
+mod control_contract;
+mod gc_rows;
+mod memory_caps;
+mod mode_conflicts;
+mod releasing;
+mod reservation_rows;
+mod rollback;

@@ -1,0 +1,116 @@
+//! One GPU, several modes: which share modes can serve together, and what an acquire does
+//! with what another mode left.
+
+use super::rows::*;
+use super::world::*;
+use crate::vocab::{Isolation, Mode};
+
+rows! {
+    run_acquire_row;
+    mps_gpu_a_limit_container_is_busy: AcquireRow {
+        what: "mps GPU: a limit container is busy",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| w.given(&gpu_plan(w, "c1")),
+        when: |w| w.acquire(&plain("c2", Mode::Limit, &[0])),
+        err: Some("GPU 0 (GPU-0) serves mps to c1; limit cannot share it with them"),
+        then: no_check,
+    },
+    mps_gpu_a_timeslice_container_is_busy: AcquireRow {
+        what: "mps GPU: a timeslice container is busy",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| w.given(&gpu_plan(w, "c1")),
+        when: |w| w.acquire(&plain("c2", Mode::Timeslice, &[0])),
+        err: Some("serves mps to c1; timeslice cannot"),
+        then: no_check,
+    },
+    limit_gpu_an_mps_container_is_busy: AcquireRow {
+        what: "limit GPU: an mps container is busy",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| w.given(&plain("c1", Mode::Limit, &[0])),
+        when: |w| w.acquire(&gpu_plan(w, "c2")),
+        err: Some("serves limit to c1; mps cannot"),
+        then: |w, what| assert!(w.ctl.calls().is_empty(), "{what}"),
+    },
+    busy_on_the_second_gpu_the_first_gpu_is_rolled_back: AcquireRow {
+        what: "busy on the second GPU: the first GPU is rolled back",
+        isolation: Isolation::Gpu,
+        modes: TWO_GPUS,
+        given: |w| w.given(&plain("c1", Mode::Limit, &[1])),
+        when: |w| w.acquire(&mps(&w.cfg, "c2", &[0, 1], ASK)),
+        err: Some("serves limit to c1"),
+        then: |w, what| {
+            assert_eq!(
+                w.ctl.actions(),
+                ["start GPU-0/gpu", "set_defaults GPU-0/gpu", "stop GPU-0/gpu"],
+                "{what}"
+            );
+            assert_eq!(w.inv.sets(), [(0, EXCLUSIVE), (0, DEFAULT)], "{what}");
+        },
+    },
+    timeslice_and_limit_containers_share_a_gpu: AcquireRow {
+        what: "timeslice and limit containers share a GPU",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| w.given(&plain("c1", Mode::Timeslice, &[0])),
+        when: |w| w.acquire(&plain("c2", Mode::Limit, &[0])),
+        err: None,
+        then: |w, what| {
+            assert_eq!(w.clients(0), ["c1", "c2"], "{what}");
+            assert!(w.ctl.calls().is_empty(), "{what}");
+        },
+    },
+    a_gpu_whose_only_mps_client_is_stale_serves_a_limit_container: AcquireRow {
+        what: "a GPU whose only mps client is stale serves a limit container",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            let dead = w.ctl.dead_process();
+            w.host().acquire(&gpu_plan(w, "gone"), Some(dead), None).unwrap();
+        },
+        when: |w| w.acquire(&plain("c2", Mode::Limit, &[0])),
+        err: None,
+        then: |w, what| {
+            assert_eq!(w.clients(0), ["c2"], "{what}");
+            assert!(w.ctl.live().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, DEFAULT)], "{what}");
+            assert!(!w.domain_dir(0, "gpu").exists(), "{what}");
+        },
+    },
+    a_leftover_daemon_without_clients_is_stopped_and_the_gpu_put_in_default_for_a: AcquireRow {
+        what: "a leftover daemon without clients is stopped and the GPU put in DEFAULT for a limit container",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            // A release killed after dropping the client: daemon recorded, no client.
+            w.given(&gpu_plan(w, "c1"));
+            let mut rec = w.record(0).unwrap();
+            rec.clients.clear();
+            w.save(&rec);
+        },
+        when: |w| w.acquire(&plain("c2", Mode::Limit, &[0])),
+        err: None,
+        then: |w, what| {
+            assert_eq!(w.ctl.actions(), ["stop GPU-0/gpu"], "{what}");
+            assert!(w.ctl.live().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, DEFAULT)], "{what}");
+            let rec = w.record(0).unwrap();
+            assert!(rec.domains.is_empty(), "{what}");
+            assert_eq!(rec.restore_compute_mode, None, "{what}");
+        },
+    },
+    limit_on_an_exclusive_gpu_default_while_it_serves_recorded_for_rollback_only: AcquireRow {
+        what: "limit on an exclusive GPU: DEFAULT while it serves, recorded for rollback only",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: nothing,
+        when: |w| w.acquire(&plain("c1", Mode::Limit, &[0])),
+        err: None,
+        then: |w, what| {
+            assert_eq!(w.inv.sets(), [(0, DEFAULT)], "{what}");
+            assert_eq!(w.clients(0), ["c1"], "{what}");
+        },
+    },
+}

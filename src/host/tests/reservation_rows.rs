@@ -1,0 +1,113 @@
+//! Reservations a spec edit makes for the MPS directories it mounts: kept, consumed, expired.
+
+use super::rows::*;
+use super::world::*;
+use crate::host::fakes::uuid;
+use crate::vocab::Isolation;
+
+/// Reservations mount the domain's shm tmpfs ([`Host::reserve`] calls `MpsDirs::prepare`),
+/// which needs root (CAP_SYS_ADMIN).
+fn can_mount() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "reservation tests need root to mount the shm tmpfs, and CI=true"
+    );
+    eprintln!("SKIPPED: reservation tests need root to mount the shm tmpfs");
+    false
+}
+
+/// Reserves the directories of `id`'s domain on GPU 0 under `key`, as a spec edit does.
+fn reserve(w: &World, id: &str, key: &str) {
+    let plan = gpu_plan(w, id);
+    w.host()
+        .reserve(&plan.gpus[0], plan.domain.as_ref().unwrap(), key)
+        .expect("reserve");
+}
+
+/// A reservation row, run where the shm tmpfs can be mounted (see [`can_mount`]).
+fn run_reservation_row(row: ReleaseRow) {
+    if can_mount() {
+        run_release_row(row);
+    }
+}
+
+rows! {
+    run_reservation_row;
+    a_spec_edits_reservation_keeps_the_directories_and_shm_when_the_last_client: ReleaseRow {
+        what: "a spec edit's reservation keeps the directories (and shm) when the last client leaves",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&gpu_plan(w, "c1"));
+            reserve(w, "c2", "pending-1");
+        },
+        when: |w| w.host().release("c1"),
+        says: Some(&[]),
+        then: |w, what| {
+            assert_eq!(w.ctl.actions(), ["stop GPU-0/gpu"], "{what}");
+            assert!(w.domain_dir(0, "gpu").exists(), "{what}");
+            let shm = w.host().mps_dirs(&uuid(0), "gpu").shm;
+            assert!(crate::host::mps::is_mount_point(&shm), "{what}");
+            let rec = w.record(0).unwrap();
+            assert!(rec.domains["gpu"].reserved.contains_key("pending-1"), "{what}");
+            assert_eq!(rec.domains["gpu"].daemon, None, "{what}");
+            assert_eq!(w.inv.modes(), [(0, DEFAULT)], "{what}");
+        },
+    },
+    an_acquire_consumes_the_reservation_made_under_its_key_and_starts_the_daemon_in: ReleaseRow {
+        what: "an acquire consumes the reservation made under its key and starts the daemon in the reserved directories",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| reserve(w, "c1", "pending-1"),
+        when: |w| {
+            w.host()
+                .acquire(&gpu_plan(w, "c1"), Some(w.me), Some("pending-1"))
+                .unwrap();
+            Vec::new()
+        },
+        says: Some(&[]),
+        then: |w, what| {
+            assert_eq!(w.ctl.actions(), ["start GPU-0/gpu", "set_defaults GPU-0/gpu"], "{what}");
+            let rec = w.record(0).unwrap();
+            assert!(rec.domains["gpu"].reserved.is_empty(), "{what}");
+            assert_eq!(rec.domain_clients("gpu"), ["c1"], "{what}");
+        },
+    },
+    a_reservation_under_the_container_id_is_consumed_too: ReleaseRow {
+        what: "a reservation under the container id is consumed too",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| reserve(w, "c1", "c1"),
+        when: |w| {
+            w.acquire(&gpu_plan(w, "c1")).unwrap();
+            Vec::new()
+        },
+        says: Some(&[]),
+        then: |w, what| {
+            assert!(w.record(0).unwrap().domains["gpu"].reserved.is_empty(), "{what}");
+        },
+    },
+    an_expired_reservation_is_dropped_by_gc_its_directories_removed_and_shm: ReleaseRow {
+        what: "an expired reservation is dropped by gc, its directories removed and shm unmounted",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            reserve(w, "c1", "pending-1");
+            let mut rec = w.record(0).unwrap();
+            let old = crate::host::state::now_seconds() - crate::host::state::RESERVATION_SECONDS - 1;
+            rec.domains.get_mut("gpu").unwrap().reserved.insert("pending-1".into(), old);
+            w.save(&rec);
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: None,
+        then: |w, what| {
+            let shm = w.host().mps_dirs(&uuid(0), "gpu").shm;
+            assert!(!crate::host::mps::is_mount_point(&shm), "{what}");
+            assert!(!w.cfg.state_dir.join("mps").exists(), "{what}");
+            assert_eq!(w.record(0), None, "{what}");
+        },
+    },
+}

@@ -1,0 +1,26 @@
+//! The only module with `unsafe`, one file per concern: the mount API's system calls
+//! ([`mount_api`]), the MPS daemon's sandbox set up between fork and exec ([`mount_namespace`]),
+//! detached children ([`detach`]), process descriptors ([`pidfd`]), dropping privileges before
+//! exec ([`privileges`]), inspecting a library by loading it ([`dlopen`]) and NVML's cgroup
+//! memory limits ([`nvml_limits`]). Every `unsafe` block says, in its SAFETY comment, what makes
+//! that call safe. Callers use the re-exports below (`crate::sys::name`).
+#![allow(unsafe_code)]
+
+pub mod detach;
+pub mod dlopen;
+pub mod mount_api;
+pub mod mount_namespace;
+pub mod nvml_limits;
+pub mod pidfd;
+pub mod privileges;
+
+pub use detach::detached;
+pub use dlopen::missing_symbols;
+pub use mount_api::{
+    clone_tree, is_mount_root, move_mount_onto, umount_fd_detach, SyscallError, MOUNT_ATTR_NODEV,
+    MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+};
+pub use mount_namespace::{daemon_in_sandbox, DaemonMounts};
+pub use nvml_limits::NvmlMemoryLimits;
+pub use pidfd::{pidfd_open, pidfd_send_signal};
+pub use privileges::drop_privileges_on_exec;
