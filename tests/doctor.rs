@@ -165,6 +165,52 @@ fn the_next_runtime_is_found_on_path_as_the_runtime_finds_it() {
     assert!(n.2.contains("$PATH"), "{n:?}");
 }
 
+/// gpushare-runtime's `--version` prints its own line, then the next runtime's answer and exit
+/// status. Without a next runtime it exits 1 after its own line: doctor reports that once, as the
+/// next runtime's failure, not also as the runtime's.
+#[test]
+fn a_missing_next_runtime_is_reported_once() {
+    let sb = Sandbox::new(1);
+    let dir = sb.path().join("install");
+    std::fs::create_dir(&dir).unwrap();
+    let hook = dir.join("gpushare-hook");
+    std::fs::copy(common::hook_bin(), &hook).unwrap();
+    // gpushare-runtime as it answers where no next runtime is installed.
+    script(
+        &dir.join("gpushare-runtime"),
+        "echo 'gpushare-runtime version 0.1.0'\necho 'gpushare-runtime: no next runtime found among [\"runc\", \"crun\"] ([runtime] next)' >&2\nexit 1",
+    );
+    sb.write_config("[runtime]\nnext = [\"no-such-runtime\"]\n");
+    let out = std::process::Command::new(&hook)
+        .args(["doctor", "--json"])
+        .env_clear()
+        .envs(sb.env())
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("doctor --json: {e}: {}", text(&out.stderr)));
+    let c: Vec<(String, String, String)> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                c["verdict"].as_str().unwrap().to_owned(),
+                c["detail"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    // Positive control: the runtime doctor ran is the one beside this copy of the hook.
+    let r = find(&c, "runtime");
+    assert!(r.2.contains(&dir.display().to_string()), "{r:?}");
+    assert_eq!(r.1, "ok", "{r:?}");
+    assert!(r.2.contains("gpushare-runtime version 0.1.0"), "{r:?}");
+    let n = find(&c, "next runtime");
+    assert_eq!(n.1, "fail", "{n:?}");
+    assert!(n.2.contains("no-such-runtime"), "{n:?}");
+}
+
 #[test]
 fn engines_that_do_not_run_are_said_not_to_run() {
     let sb = Sandbox::new(1);

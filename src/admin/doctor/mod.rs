@@ -109,11 +109,14 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
         "[runtime] hook; the spec edit puts it into containers' hooks",
     ));
     let runtime = runtime_binary();
-    out.push(crate::admin::engines::check::executable_check(
+    // Its own version line comes first; the next runtime's answer follows and is the next
+    // check's, so that a missing runc is reported once.
+    out.push(crate::admin::engines::check::executable_check_by(
         "runtime",
         &runtime,
         &["--version"],
         "gpushare-runtime of this installation, next to this gpushare-hook",
+        |o| o.stdout.starts_with(b"gpushare-runtime version "),
     ));
     out.push(match probes::next_runtime(&cfg.runtime.next, &runtime) {
         Ok(p) => crate::admin::engines::check::executable_check(

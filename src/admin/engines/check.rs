@@ -96,6 +96,19 @@ pub fn first_line(o: &Output) -> String {
 
 /// `path` exists, is an executable file, and answers `args` (its first line shown).
 pub fn executable_check(name: &str, path: &Path, args: &[&str], what: &str) -> Check {
+    executable_check_by(name, path, args, what, |o| o.status.success())
+}
+
+/// [`executable_check`] judging the run by `ran` instead of its exit status: for a program that
+/// answers for itself first and then exits with another program's status (gpushare-runtime's
+/// `--version`, which the next runtime's answer follows: that one is checked apart).
+pub fn executable_check_by(
+    name: &str,
+    path: &Path,
+    args: &[&str],
+    what: &str,
+    ran: fn(&std::process::Output) -> bool,
+) -> Check {
     match executable(path) {
         Err(e) => check(name, Verdict::Fail, format!("{e} ({what})")),
         Ok(()) => {
@@ -106,7 +119,7 @@ pub fn executable_check(name: &str, path: &Path, args: &[&str], what: &str) -> C
                 .stdin(std::process::Stdio::null())
                 .output();
             match out {
-                Ok(o) if o.status.success() => {
+                Ok(o) if ran(&o) => {
                     let text = String::from_utf8_lossy(&o.stdout);
                     let first = text.lines().next().unwrap_or("").trim();
                     check(name, Verdict::Ok, format!("{}: {first}", path.display()))
