@@ -55,6 +55,9 @@ impl Error {
         match self {
             Error::Config(_) => "policy",
             Error::Intake(_) | Error::Input(_) => "input",
+            // An image that cannot load the limiter: refused where it is injected, or where
+            // deciding finds only the limiter could enforce the cap.
+            Error::Decide(crate::decide::front::DecideError::LimiterImage(_)) => "inject",
             Error::Decide(_) => "request",
             Error::Inventory(_) | Error::Acquire(AcquireError::Inventory(_)) => "nvml",
             Error::Acquire(AcquireError::Busy { .. }) => "busy",

@@ -116,18 +116,17 @@ fn decide_and_acquire(
         p.apply(&mut c.spec.annotations)?;
     }
     let cgroup = || intake::cgroup_of(c.pid, c.spec.linux.cgroups_path.as_deref(), &c.id);
-    let Some((mut plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory, &cgroup)?
+    // An image without glibc: served where the driver enforces the cap, refused where only the
+    // limiter could.
+    let image = || {
+        let rootfs = crate::decide::input::rootfs_of(&c.spec, Some(state.bundle()))
+            .unwrap_or_else(|| state.bundle().join("rootfs"));
+        crate::container::inject::libc::image_fact(cfg, Some(&rootfs))
+    };
+    let Some((plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory, &cgroup, &image)?
     else {
         return Ok(Outcome::Nothing);
     };
-    if plan.cap.is_some() {
-        // An image without glibc: served where the driver enforces the cap, refused where
-        // only the limiter could.
-        let rootfs = crate::decide::input::rootfs_of(&c.spec, Some(state.bundle()))
-            .unwrap_or_else(|| state.bundle().join("rootfs"));
-        crate::container::inject::libc::settle(&mut plan, cfg, Some(&rootfs))
-            .map_err(crate::container::inject::InjectError::from)?;
-    }
     if dry_run {
         return Ok(Outcome::Done(Box::new(plan)));
     }

@@ -103,10 +103,18 @@ pub fn edit_config(
         // under the key its hook entry names instead of leaving a second reservation behind.
         None => earlier_key(&spec).unwrap_or_else(crate::host::pending::pending_key),
     };
-    let Some((mut plan, inventory)) =
-        crate::decide::front::plan_for(&key, &spec, cfg, open_inventory, &|| {
-            crate::decide::enforce::CgroupFact::NotCreated
-        })?
+    // A capped mps or timeslice share in an image without glibc gets no limiter in the spec;
+    // the hook, which knows what enforces the cap, serves or refuses it.
+    let rootfs = rootfs_of(&spec, ctx.bundle);
+    let image = || crate::container::inject::libc::image_fact(cfg, rootfs.as_deref());
+    let Some((mut plan, inventory)) = crate::decide::front::plan_for(
+        &key,
+        &spec,
+        cfg,
+        open_inventory,
+        &|| crate::decide::enforce::CgroupFact::NotCreated,
+        &image,
+    )?
     else {
         return Ok(None);
     };
@@ -114,11 +122,6 @@ pub fn edit_config(
     // directories are reserved under the GPU's lock, so that a release of the GPU's last
     // client before this container's hook runs does not remove them. A container joining a
     // running domain without naming a limit gets the domain's limits in its env.
-    let rootfs = rootfs_of(&spec, ctx.bundle);
-    // A capped mps or timeslice share in an image without glibc gets no limiter in the spec;
-    // the hook, which knows what enforces the cap, serves or refuses it.
-    crate::container::inject::libc::settle(&mut plan, cfg, rootfs.as_deref())
-        .map_err(crate::container::inject::InjectError::from)?;
     let host = crate::host::acquire::Host::new(cfg, inventory.as_ref());
     let mut reserved = Vec::new();
     let result = (|| -> Result<Option<Vec<u8>>, Error> {

@@ -91,6 +91,70 @@ pub fn choose(cap: Option<u64>, gpus: &[u32], facts: &HostFacts<'_>) -> Enforcem
     }
 }
 
+/// What the caller found of the image's C library: asked only for a capped `mps` or
+/// `timeslice` share, which needs the limiter unless the driver enforces its cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageFact {
+    /// Not known: no root filesystem to look at (a dry run on a bundle without it); the
+    /// limiter's own check refuses the share later if it cannot load.
+    Unknown,
+    /// The limiter loads into it.
+    Loads,
+    /// The limiter cannot load into it.
+    Cannot {
+        /// Why, said for people.
+        libc: String,
+        /// What to do instead: only what this node's policy serves.
+        advice: String,
+    },
+}
+
+/// A capped share in an image the limiter cannot load into, where only the limiter could
+/// enforce the cap.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{libc}; {need}: {advice}")]
+pub struct NeedsLimiter {
+    /// The image's C library, as the caller found it.
+    pub libc: String,
+    /// What needed the limiter.
+    pub need: String,
+    /// What to do instead.
+    pub advice: String,
+}
+
+/// For a capped `mps` or `timeslice` share: `Ok(None)` when the limiter serves it (or it
+/// needs no limiter), `Ok(Some(why))` when it is served without the limiter because the
+/// driver enforces its cap, or the createRuntime hook still chooses ([`not_created`]); the
+/// image's fact is asked only then. `limit` mode's own check is the injection's.
+///
+/// # Errors
+/// [`NeedsLimiter`] when only the limiter could enforce the cap and the image cannot load it.
+pub fn without_limiter(
+    mode: crate::vocab::Mode,
+    cap: Option<u64>,
+    enforcement: &Enforcement,
+    image: &dyn Fn() -> ImageFact,
+) -> Result<Option<String>, NeedsLimiter> {
+    if mode == crate::vocab::Mode::Limit || cap.is_none() {
+        return Ok(None);
+    }
+    let (libc, advice) = match image() {
+        ImageFact::Unknown | ImageFact::Loads => return Ok(None),
+        ImageFact::Cannot { libc, advice } => (libc, advice),
+    };
+    match enforcement.backend {
+        Backend::Limiter if !is_not_created(enforcement) => Err(NeedsLimiter {
+            libc,
+            need: format!(
+                "gpu.share.memory needs the limiter here, because the driver cannot enforce the cap for this container ({})",
+                enforcement.why.as_deref().unwrap_or("no driver limits")
+            ),
+            advice,
+        }),
+        _ => Ok(Some(libc)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +197,65 @@ mod tests {
             cgroup_asked: cgroup_asked.into_inner(),
             driver_asked: driver_asked.into_inner(),
         }
+    }
+
+    #[test]
+    fn an_image_without_the_limiters_libc_is_served_only_where_the_driver_enforces_the_cap() {
+        use crate::vocab::Mode;
+        let no_glibc = || ImageFact::Cannot {
+            libc: "musl".into(),
+            advice: "use glibc".into(),
+        };
+        let limiter_why = limiter("memory in cgroup v1 only".into());
+        // (mode, cap, enforcement, image, expected)
+        type Row<'a> = (
+            Mode,
+            Option<u64>,
+            Enforcement,
+            &'a dyn Fn() -> ImageFact,
+            Result<Option<String>, &'a str>,
+        );
+        let rows: Vec<Row> = vec![
+            (Mode::Mps, Some(1 << 30), driver(CG), &no_glibc, Ok(Some("musl".into()))),
+            (Mode::Timeslice, Some(1 << 30), driver(CG), &no_glibc, Ok(Some("musl".into()))),
+            (Mode::Mps, Some(1 << 30), not_created(), &no_glibc, Ok(Some("musl".into()))),
+            (Mode::Mps, Some(1 << 30), limiter_why.clone(), &no_glibc, Err("memory in cgroup v1 only")),
+            (Mode::Timeslice, Some(1 << 30), limiter_why.clone(), &|| ImageFact::Loads, Ok(None)),
+            (Mode::Mps, Some(1 << 30), limiter_why.clone(), &|| ImageFact::Unknown, Ok(None)),
+        ];
+        let mut failed = Vec::new();
+        for (i, (mode, cap, e, image, want)) in rows.iter().enumerate() {
+            let got = without_limiter(*mode, *cap, e, *image);
+            let ok = match (&got, want) {
+                (Ok(a), Ok(b)) => a == b,
+                (Err(n), Err(why)) => {
+                    n.libc == "musl" && n.need.contains(why) && n.advice == "use glibc"
+                }
+                _ => false,
+            };
+            if !ok {
+                failed.push(format!("row {i}: {got:?}, want {want:?}"));
+            }
+        }
+        assert!(failed.is_empty(), "{failed:#?}");
+        // Without a cap, or in limit mode (its injection checks), the image is not even asked.
+        let asked = std::cell::Cell::new(false);
+        let ask = || {
+            asked.set(true);
+            ImageFact::Cannot {
+                libc: "musl".into(),
+                advice: "use glibc".into(),
+            }
+        };
+        assert_eq!(without_limiter(Mode::Mps, None, &uncapped(), &ask), Ok(None));
+        assert_eq!(
+            without_limiter(Mode::Limit, Some(1 << 30), &limiter_why, &ask),
+            Ok(None)
+        );
+        assert!(!asked.get());
+        // Positive control: a capped share does ask.
+        let _ = without_limiter(Mode::Mps, Some(1 << 30), &limiter_why, &ask);
+        assert!(asked.get());
     }
 
     fn driver(dir: &str) -> Enforcement {

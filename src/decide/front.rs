@@ -8,7 +8,7 @@ use thiserror::Error;
 use crate::config::Config;
 use crate::decide::devices::DeviceError;
 use crate::decide::domain::{self, DomainError};
-use crate::decide::enforce::{CgroupFact, HostFacts};
+use crate::decide::enforce::{CgroupFact, HostFacts, ImageFact};
 use crate::decide::input::SpecView;
 use crate::decide::plan::{self, Plan};
 use crate::decide::request::{self, RequestError, Sources};
@@ -25,6 +25,8 @@ pub enum DecideError {
     Inventory(#[from] InventoryError),
     #[error(transparent)]
     Domain(#[from] DomainError),
+    #[error(transparent)]
+    LimiterImage(#[from] crate::decide::enforce::NeedsLimiter),
     #[error("gpu.share.memory asks for {asked} but GPU {index} ({uuid}) has {total} in all; ask for less")]
     MemoryAboveGpu {
         asked: String,
@@ -47,15 +49,18 @@ pub(crate) fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>)
 /// A plan and the inventory it was made from.
 pub(crate) type Planned = (Plan, Box<dyn Inventory>);
 
-/// Parses the request and makes the plan, complete with its cap's enforcement; `None` when the
-/// container asks for nothing. `cgroup`: the container's cgroup as the caller finds it (asked
-/// only for a capped share); the driver's limits are asked of the inventory.
+/// Parses the request and makes the plan, complete with its cap's enforcement and whether it
+/// runs without the limiter; `None` when the container asks for nothing. `cgroup`: the
+/// container's cgroup, and `image`: what its image's C library is, as the caller finds them
+/// (each asked only for a capped share that needs it); the driver's limits are asked of the
+/// inventory.
 pub(crate) fn plan_for(
     id: &str,
     spec: &SpecView,
     cfg: &Config,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
     cgroup: &dyn Fn() -> CgroupFact,
+    image: &dyn Fn() -> ImageFact,
 ) -> Result<Option<Planned>, DecideError> {
     let src = Sources {
         annotations: &spec.annotations,
@@ -88,6 +93,12 @@ pub(crate) fn plan_for(
         plan.domain = Some(d);
     }
     check_memory(&plan, inventory.as_ref())?;
+    plan.without_limiter = crate::decide::enforce::without_limiter(
+        plan.mode,
+        plan.cap,
+        &plan.enforcement,
+        image,
+    )?;
     Ok(Some((plan, inventory)))
 }
 

@@ -310,52 +310,25 @@ pub fn refuse(
     }
 }
 
-/// For a capped `mps` or `timeslice` share: whether its image can load the limiter, and if not,
-/// whether it is served without it, by the plan's enforcement (in a spec edit, which comes
-/// before the container's cgroup exists, [`crate::decide::enforce::not_created`]: the hook
-/// decides then).
-///
-/// Served where the driver enforces the cap (the container loses only the reported sizes:
-/// CUDA and NVML inside show the whole GPU); refused with one line where only the limiter
-/// could enforce it.
-///
-/// # Errors
-/// [`LimiterRefused`] when the limiter backend would enforce the cap.
-pub fn settle(
-    plan: &mut crate::decide::plan::Plan,
+/// What `rootfs`'s C library is for the limiter, as deciding asks it of a capped `mps` or
+/// `timeslice` share ([`crate::decide::enforce::without_limiter`] serves it without the
+/// limiter where the driver enforces the cap, and refuses it where only the limiter could):
+/// unknown without a root filesystem to look at (a dry run on a bundle without its rootfs; the
+/// limiter's own check refuses it later if it cannot load).
+pub fn image_fact(
     cfg: &crate::config::Config,
     rootfs: Option<&Path>,
-) -> Result<(), LimiterRefused> {
-    use crate::vocab::memcap::Backend;
-    if plan.mode == crate::vocab::Mode::Limit || plan.cap.is_none() {
-        return Ok(());
-    }
-    // Unknown, or not there (a dry run on a bundle without its rootfs): nothing to settle; the
-    // limiter's own check refuses it later if it cannot load.
+) -> crate::decide::enforce::ImageFact {
+    use crate::decide::enforce::ImageFact;
     let Some(rootfs) = rootfs.filter(|r| r.is_dir()) else {
-        return Ok(());
+        return ImageFact::Unknown;
     };
-    let libc = match check(rootfs) {
-        Ok(_) => {
-            plan.without_limiter = None;
-            return Ok(());
-        }
-        Err(e) => e,
-    };
-    let e = &plan.enforcement;
-    match e.backend {
-        Backend::Limiter if !crate::decide::enforce::is_not_created(e) => Err(LimiterRefused {
-            libc,
-            need: format!(
-                "gpu.share.memory needs the limiter here, because the driver cannot enforce the cap for this container ({})",
-                e.why.as_deref().unwrap_or("no driver limits")
-            ),
+    match check(rootfs) {
+        Ok(_) => ImageFact::Loads,
+        Err(e) => ImageFact::Cannot {
+            libc: e.to_string(),
             advice: advice_for_cap(cfg),
-        }),
-        _ => {
-            plan.without_limiter = Some(libc.to_string());
-            Ok(())
-        }
+        },
     }
 }
 
