@@ -124,9 +124,12 @@ impl<T> Biased<T> {
 
     /// In the child after `fork`, where only the forking thread runs: no owner, and the
     /// membarrier registration (which does not survive `fork`) asked for again at the next bias.
+    /// An owner that was inside at the fork (another thread, gone in the child) stays inside:
+    /// the data may be half-changed, and the child waits on it as on any lock held at a fork.
     pub fn after_fork_child(&self) {
-        self.owner_in.store(false, Ordering::SeqCst);
-        self.owner.store(UNSET, Ordering::SeqCst);
+        if !self.owner_in.load(Ordering::SeqCst) {
+            self.owner.store(UNSET, Ordering::SeqCst);
+        }
     }
 
     /// Whether the lock is biased to the calling thread (for tests).
