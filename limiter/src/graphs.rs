@@ -138,7 +138,7 @@ fn settle(t: &mut Table, ord: usize, reserved: u64) {
 
 /// After a successful instantiation of `graph` as `*exec`: remembers its memory nodes.
 fn instantiated(exec: *mut Opaque, graph: Opaque, r: CuResult) -> CuResult {
-    if r != SUCCESS || exec.is_null() || !state::get().is_some_and(|l| l.limits.any_mem()) {
+    if r != SUCCESS || exec.is_null() || !state::get().is_some_and(|l| l.any_mem) {
         return r;
     }
     let needs = alloc_needs(graph);
@@ -314,7 +314,7 @@ pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: c_int) -> CuResult {
     // (`real!`); it gets this function's arguments unchanged, under the contract its caller
     // accepted (`# Safety`): plain values and handles, which the driver checks itself.
     let r = unsafe { f(dev) };
-    if r == SUCCESS && state::get().is_some_and(|l| l.limits.any_mem()) {
+    if r == SUCCESS && state::get().is_some_and(|l| l.any_mem) {
         if let Ok(ord) = usize::try_from(dev) {
             if let Some(reserved) = attr(ord, graph_mem_attr::RESERVED_MEM_CURRENT) {
                 with(|t| settle(t, ord, reserved));

@@ -12,17 +12,24 @@ type Opaque = *mut c_void;
 
 /// The SM gate on every launch path: free when the process has no SM cap. A process that
 /// sees one device launches on ordinal 0 without asking for its current context (a launch
-/// without one is the driver's to refuse).
+/// without one is the driver's to refuse); that case, with a token to take, is a few loads and
+/// a store in the wrapper itself.
 #[inline(always)]
 fn gate() {
     if let Some(l) = state::get() {
         if l.sm.any {
-            gate_capped(l);
+            if drv::known_single_device() {
+                if !l.sm.take(0) {
+                    wait(l, 0);
+                }
+            } else {
+                gate_capped(l);
+            }
         }
     }
 }
 
-/// [`gate`] under an SM cap, apart so that a launch without one stays a load and a test.
+/// [`gate`] under an SM cap when the process may see several devices (or has not said yet).
 #[inline(never)]
 fn gate_capped(l: &'static state::Limiter) {
     let ord = if drv::single_device() {

@@ -18,11 +18,13 @@
 //!   [`arrays`], [`contexts`], [`vmm`] (mappings), [`memory`] (plain allocations, memory
 //!   reports), [`nvml`];
 //! - the SM cap: [`watcher`] (refill thread) and [`sm`] (token buckets);
-//! - the accounting: [`state`] (process-wide limiter), [`pools`] (watched memory pools),
+//! - the accounting: [`state`] (process-wide limiter), [`biased`] (the lock of its table of
+//!   allocations), [`pools`] (watched memory pools),
 //!   [`region`] (shared accounting file), [`limits`] and [`visible`] (pure parsing);
 //! - [`driver`]: asking the real driver (entry points, queries), and [`sys`] (libc FFI).
 
 pub mod arrays;
+pub mod biased;
 pub mod contexts;
 pub mod driver;
 pub mod graphs;

@@ -60,7 +60,7 @@ pub(crate) fn counted_current(
     key: impl FnOnce() -> u64,
 ) -> CuResult {
     match state::get() {
-        Some(l) if l.limits.any_mem() => match drv::current() {
+        Some(l) if l.any_mem => match drv::current() {
             Some((ctx, ord)) => counted_by(l, ord, ctx, size, Kind::Ptr, call, key),
             None => call(),
         },
@@ -88,7 +88,7 @@ pub(crate) struct Sized<'a> {
 }
 
 pub(crate) fn counted_sized(s: Sized<'_>) -> CuResult {
-    let Some(l) = state::get().filter(|l| l.limits.any_mem()) else {
+    let Some(l) = state::get().filter(|l| l.any_mem) else {
         return (s.call)();
     };
     let target = match s.device {

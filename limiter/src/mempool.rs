@@ -65,7 +65,7 @@ pub(crate) fn shrinking(call: impl FnOnce() -> CuResult) -> CuResult {
 
 /// Re-reads every watched pool (after a synchronisation, when pools release memory).
 pub(crate) fn resync_all() {
-    if let Some(l) = state::get().filter(|l| l.limits.any_mem()) {
+    if let Some(l) = state::get().filter(|l| l.any_mem) {
         for (pool, e) in POOLS.iter() {
             resync(l, pool, e);
         }
@@ -87,7 +87,7 @@ fn counted_async(
     call: impl FnOnce() -> CuResult,
     key: impl FnOnce() -> u64,
 ) -> CuResult {
-    let Some(l) = state::get().filter(|l| l.limits.any_mem()) else {
+    let Some(l) = state::get().filter(|l| l.any_mem) else {
         return call();
     };
     if IN_POOL.with(Cell::get) {
@@ -280,7 +280,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     if r != SUCCESS || pool.is_null() || props.is_null() {
         return r;
     }
-    let Some(l) = state::get().filter(|l| l.limits.any_mem()) else {
+    let Some(l) = state::get().filter(|l| l.any_mem) else {
         return r;
     };
     // SAFETY: the driver accepted both; they are valid per the caller.

@@ -14,7 +14,7 @@ use crate::state;
 /// `h` is a handle NVML has just accepted.
 unsafe fn capped(h: Handle, real_total: u64) -> Option<(u64, u64)> {
     let l = state::get()?;
-    if !l.limits.any_mem() {
+    if !l.any_mem {
         return None;
     }
     // SAFETY: valid per the caller.

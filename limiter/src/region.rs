@@ -340,6 +340,7 @@ impl Region {
         None
     }
 
+    #[inline]
     fn live_slots(&self) -> impl Iterator<Item = &ProcSlot> {
         let hwm = (self.proc_hwm.load(SeqCst) as usize).min(MAX_PROCS);
         self.procs[..hwm].iter().filter(|s| {
@@ -349,6 +350,7 @@ impl Region {
     }
 
     /// Bytes counted on device entry `dev` by all processes.
+    #[inline]
     pub fn used(&self, dev: usize) -> u64 {
         self.live_slots()
             .fold(0u64, |acc, s| acc.saturating_add(s.used[dev].load(SeqCst)))
@@ -390,6 +392,7 @@ impl Region {
     }
 
     /// Adds `size` to `slot`'s count on `dev` if the container total stays within `limit`.
+    #[inline]
     pub fn try_reserve(
         &self,
         slot: usize,
@@ -418,6 +421,7 @@ impl Region {
     }
 
     /// Subtracts `size` from `slot`'s count on `dev` (never below zero).
+    #[inline]
     pub fn release(&self, slot: usize, dev: usize, size: u64) {
         // One atomic subtraction (a compare-exchange loop costs more on every free): only this
         // process changes its slot while it lives, and it releases only what it counted, so the

@@ -2,14 +2,13 @@
 //! allocations it has counted. `None` (inert) when no limit is configured.
 #![forbid(unsafe_code)]
 
+use crate::biased::Biased;
 use crate::driver::cuda as drv;
 use crate::limits::{self, Limits, MAX_DEVICES};
 use crate::region::{self, OpenError, Region};
 use crate::sm::{self, Sm};
 use crate::sys;
 use rustc_hash::FxHashMap as HashMap;
-use spin::mutex::SpinMutex;
-use spin::relax::Yield;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -40,6 +39,24 @@ pub struct Counted {
 
 const _: () = assert!(region::MAX_PROCS <= u16::MAX as usize && MAX_DEVICES <= u8::MAX as usize);
 
+/// The counted allocations, one map per [`Kind`] (each its own key space), keyed by pointer
+/// or handle.
+#[derive(Default)]
+struct Allocs {
+    by_kind: [HashMap<u64, Counted>; 4],
+}
+
+impl Allocs {
+    #[inline]
+    fn of(&mut self, kind: Kind) -> &mut HashMap<u64, Counted> {
+        &mut self.by_kind[kind as usize]
+    }
+
+    fn len(&self) -> usize {
+        self.by_kind.iter().map(HashMap::len).sum()
+    }
+}
+
 /// A reservation made before calling the driver.
 #[derive(Debug, Clone, Copy)]
 pub struct Ticket(Counted);
@@ -69,15 +86,18 @@ struct Footprints {
 
 pub struct Limiter {
     pub limits: Limits,
+    /// Whether any device has a memory cap ([`Limits::any_mem`], asked on every allocation).
+    pub any_mem: bool,
     pub region: &'static Region,
     region_path: Option<PathBuf>,
     /// Why allocations are refused (the shared file has another layout), if they are.
     refused: OnceLock<String>,
     pub sm: Sm,
     /// Every counted allocation. Taken once per allocation and once per free, for one map
-    /// operation: a spin lock (yielding the CPU while another thread holds it) costs one
-    /// atomic operation per critical section where std's `Mutex` costs two.
-    allocs: SpinMutex<HashMap<(Kind, u64), Counted>, Yield>,
+    /// operation: a lock biased to the thread that allocates (no atomic read-modify-write on
+    /// that thread's allocations and frees; a spin lock, one atomic operation per critical
+    /// section, for everyone once another thread came).
+    allocs: Biased<Allocs>,
     /// How many allocations `allocs` holds (written under its lock): a free finds nothing to
     /// forget without taking the lock when it is 0.
     allocs_live: AtomicUsize,
@@ -153,6 +173,9 @@ fn shared_path(limits: &Limits) -> PathBuf {
 extern "C" fn after_fork_child() {
     OWN_SLOT.store(usize::MAX, Ordering::SeqCst);
     OWN_PID.store(sys::getpid(), Ordering::SeqCst);
+    if let Some(Some(l)) = LIMITER.get() {
+        l.allocs.after_fork_child();
+    }
     sm::after_fork_child();
     crate::pools::POOLS.after_fork_child();
 }
@@ -198,11 +221,12 @@ fn init() -> Option<Limiter> {
     sys::at_fork_child(after_fork_child);
     Some(Limiter {
         sm: Sm::new(&limits),
+        any_mem: limits.any_mem(),
         limits,
         region,
         region_path,
         refused,
-        allocs: SpinMutex::new(HashMap::default()),
+        allocs: Biased::new(Allocs::default()),
         allocs_live: AtomicUsize::new(0),
         footprints: Mutex::new(Footprints::default()),
         ord_dev: [const { AtomicU32::new(u32::MAX) }; MAX_DEVICES],
@@ -276,11 +300,19 @@ impl Limiter {
     }
 
     /// Region device entry of CUDA ordinal `ord` (found by UUID).
+    #[inline]
     pub fn dev_entry(&self, ord: usize) -> Option<usize> {
         let cached = self.ord_dev.get(ord)?.load(Ordering::Acquire);
         if cached != u32::MAX {
             return Some(cached as usize);
         }
+        self.find_dev_entry(ord)
+    }
+
+    /// [`Self::dev_entry`] the first time: finds (or adds) the device in the shared file.
+    #[cold]
+    #[inline(never)]
+    fn find_dev_entry(&self, ord: usize) -> Option<usize> {
         if !self.shared_ok() {
             return None;
         }
@@ -316,6 +348,7 @@ impl Limiter {
     /// (device uncapped or bookkeeping unavailable); `Err(())`: over the cap, or the shared
     /// file has another layout (fail closed).
     #[allow(clippy::result_unit_err)]
+    #[inline]
     pub fn reserve(&self, ord: usize, size: u64) -> Result<Option<Ticket>, ()> {
         let Some(limit) = self.mem_limit(ord) else {
             return Ok(None);
@@ -364,6 +397,7 @@ impl Limiter {
         }
     }
 
+    #[inline]
     fn release_bytes(&self, c: &Counted, bytes: u64) {
         if bytes != 0 && c.pid == OWN_PID.load(Ordering::Relaxed) && self.shared_ok() {
             self.region
@@ -381,7 +415,7 @@ impl Limiter {
     pub fn commit(&self, kind: Kind, key: u64, t: Ticket, ctx: usize) {
         let old = {
             let mut allocs = self.allocs.lock();
-            let old = allocs.insert((kind, key), Counted { ctx, ..t.0 });
+            let old = allocs.of(kind).insert(key, Counted { ctx, ..t.0 });
             self.allocs_live.store(allocs.len(), Ordering::Release);
             old
         };
@@ -400,7 +434,7 @@ impl Limiter {
         }
         let c = {
             let mut allocs = self.allocs.lock();
-            let c = allocs.remove(&(kind, key));
+            let c = allocs.of(kind).remove(&key);
             self.allocs_live.store(allocs.len(), Ordering::Release);
             c
         };
@@ -417,12 +451,16 @@ impl Limiter {
         }
         let gone: Vec<Counted> = {
             let mut allocs = self.allocs.lock();
-            let keys: Vec<(Kind, u64)> = allocs
-                .iter()
-                .filter(|(_, c)| c.ctx == ctx)
-                .map(|(k, _)| *k)
-                .collect();
-            let gone = keys.iter().filter_map(|k| allocs.remove(k)).collect();
+            let mut gone = Vec::new();
+            for map in &mut allocs.by_kind {
+                map.retain(|_, c| {
+                    let owned = c.ctx == ctx;
+                    if owned {
+                        gone.push(*c);
+                    }
+                    !owned
+                });
+            }
             self.allocs_live.store(allocs.len(), Ordering::Release);
             gone
         };

@@ -119,6 +119,42 @@ pub fn parse_start_time(stat: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The calling thread's identity (`pthread_self`: never 0 for a live thread).
+#[inline]
+pub fn thread_id() -> usize {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as usize }
+}
+
+/// `membarrier(2)` commands (linux/membarrier.h).
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+fn membarrier(cmd: libc::c_long) -> bool {
+    // SAFETY: membarrier(cmd, flags = 0, cpu_id = 0) reads and writes no memory of ours.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            cmd,
+            0 as libc::c_long,
+            0 as libc::c_long,
+        ) == 0
+    }
+}
+
+/// Registers this process for [`heavy_barrier`]; false when the kernel (before 4.14) or a
+/// seccomp filter does not allow it.
+pub fn register_heavy_barrier() -> bool {
+    membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED)
+}
+
+/// A full memory barrier on every running thread of this process (`membarrier(2)`,
+/// `MEMBARRIER_CMD_PRIVATE_EXPEDITED`), so that a thread's plain store followed by a plain
+/// load needs no fence of its own. Needs [`register_heavy_barrier`] first.
+pub fn heavy_barrier() -> bool {
+    membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)
+}
+
 /// Registers `child` to run in the child after `fork`.
 pub fn at_fork_child(child: extern "C" fn()) {
     // SAFETY: registering a plain function pointer with pthread_atfork.

@@ -39,7 +39,7 @@ pub fn start(l: &'static Limiter) {
     if spawned.is_err() {
         sys::warn("cannot start the SM watcher thread; SM cap not enforced");
         for b in &l.sm.buckets {
-            b.tokens.store(i64::MAX / 2, Ordering::Release);
+            b.open();
         }
     }
 }
@@ -59,16 +59,15 @@ struct Ctl {
     blind: u32,
     /// Launches counted since the last measurement.
     launched: u64,
-    /// The bucket's tokens as the watcher last saw or set them: only launches take tokens in
-    /// between, one each.
-    last_tokens: i64,
+    /// The bucket's launch count as the watcher last saw it.
+    last_taken: i64,
 }
 
 impl Ctl {
-    /// The bucket holds `tokens` now: the launches since the last look.
-    fn saw(&mut self, tokens: i64) {
-        self.launched += u64::try_from(self.last_tokens.saturating_sub(tokens)).unwrap_or(0);
-        self.last_tokens = tokens;
+    /// The bucket has counted `taken` launches now: the launches since the last look.
+    fn saw(&mut self, taken: i64) {
+        self.launched += u64::try_from(taken.saturating_sub(self.last_taken)).unwrap_or(0);
+        self.last_taken = taken;
     }
 }
 
@@ -92,7 +91,7 @@ fn watch(l: &'static Limiter) {
             blind: 0,
             launched: 0,
             // Launches before the watcher started are not counted.
-            last_tokens: l.sm.buckets[ord].tokens.load(Ordering::Acquire),
+            last_taken: l.sm.buckets[ord].taken.load(Ordering::Acquire),
         })
         .collect();
     let mut last = sys::now_ns();
@@ -115,12 +114,15 @@ fn watch(l: &'static Limiter) {
             c.carry = add - whole;
             let burst = (c.rate * TICK_NS as f64 / 1e9).max(1.0) as i64;
             let refill = |t: i64| t.saturating_add(whole as i64).min(burst.max(t));
-            if let Ok(before) = b
-                .tokens
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(refill(t)))
-            {
-                c.saw(before);
-                c.last_tokens = refill(before);
+            // Only this thread writes `granted`, and never lowers it (the refill never takes
+            // tokens away); launches counted after `taken` was read draw on the new grant.
+            let taken = b.taken.load(Ordering::Acquire);
+            let granted = b.granted.load(Ordering::Acquire);
+            c.saw(taken);
+            let tokens = granted.saturating_sub(taken);
+            let new = taken.saturating_add(refill(tokens));
+            if new > granted {
+                b.granted.store(new, Ordering::Release);
             }
         }
     }
@@ -138,7 +140,7 @@ fn measure(l: &Limiter, ord: usize, b: &Bucket, c: &mut Ctl, now: u64) {
     }
     let window = (now - c.last_measure) as f64 / 1e9;
     c.last_measure = now;
-    c.saw(b.tokens.load(Ordering::Acquire));
+    c.saw(b.taken.load(Ordering::Acquire));
     let launched = std::mem::take(&mut c.launched);
     let Some(h) = c.handle else {
         return;

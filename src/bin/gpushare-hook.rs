@@ -14,7 +14,7 @@ use gpushare::{logging, vocab};
 type Result<T> = std::result::Result<T, Box<dyn StdError>>;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match hook_stage_cli().map_or_else(Cli::try_parse, Ok) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -31,22 +31,38 @@ fn main() -> ExitCode {
         // A refusal precreate carried here: the runtime shows this hook's stderr.
         // A policy that does not load is written to with the defaults (the refusal it
         // carries is that policy error).
-        let cfg = loaded
-            .as_ref()
-            .cloned()
-            .unwrap_or_else(|_| gpushare::config::salvage(&source));
-        if let Some(e) = commands::refused_by_precreate(std::io::stdin().lock(), &cfg, || {
+        let salvaged;
+        let cfg = match &loaded {
+            Ok(c) => c,
+            Err(_) => {
+                salvaged = gpushare::config::salvage(&source);
+                &salvaged
+            }
+        };
+        if let Some(e) = commands::refused_by_precreate(std::io::stdin().lock(), cfg, || {
             logging::init(Some(&cfg.log_file));
         }) {
             // Logged with its container by refused_by_precreate: once.
             return fail_unlogged(&e);
         }
     }
-    let stdin = std::io::stdin().lock();
+    let mut stdin = std::io::stdin().lock();
     let cfg = match loaded {
         Ok(c) => c,
         Err(e) => return without_policy(cli.command, &source, &e, stdin),
     };
+    // The no-share fast path: a container that asks for nothing is let through before logging
+    // (or anything else) is set up; any other input goes the whole way, from the bytes read.
+    let mut input = None;
+    if let Cmd::CreateRuntime { profile: None, .. } | Cmd::Prestart { profile: None, .. } =
+        cli.command
+    {
+        let read = Replay::of(&mut stdin);
+        if read.error.is_none() && gpushare::container::hook::asks_for_nothing(&read.bytes) {
+            return ExitCode::SUCCESS;
+        }
+        input = Some(read);
+    }
     logging::init(Some(&cfg.log_file));
     let ctx = Ctx { cfg, source };
     // createRuntime logs its own refusal, with the container: the final line is not logged again.
@@ -55,9 +71,12 @@ fn main() -> ExitCode {
         Cmd::CreateRuntime { .. } | Cmd::Prestart { .. }
     );
     let result: Result<Reply> = match cli.command {
-        Cmd::CreateRuntime { dry_run, profile } | Cmd::Prestart { dry_run, profile } => {
-            commands::create_runtime(&ctx, stdin, dry_run, profile.as_deref()).map_err(Into::into)
+        Cmd::CreateRuntime { dry_run, profile } | Cmd::Prestart { dry_run, profile } => match input
+        {
+            Some(read) => commands::create_runtime(&ctx, read, dry_run, profile.as_deref()),
+            None => commands::create_runtime(&ctx, stdin, dry_run, profile.as_deref()),
         }
+        .map_err(Into::into),
         Cmd::Poststop => commands::poststop(&ctx, stdin).map_err(Into::into),
         Cmd::Precreate => commands::precreate(&ctx, stdin).map_err(Into::into),
         Cmd::Status { json } => Ok(commands::status(&ctx, json)),
@@ -119,6 +138,70 @@ fn main() -> ExitCode {
         Ok(reply) => print(&reply),
         Err(e) if logs_itself => fail_unlogged(e.as_ref()),
         Err(e) => fail(e.as_ref()),
+    }
+}
+
+/// The command line of the hook entries gpushare writes (`gpushare-hook createRuntime`, or
+/// `prestart`, and nothing else), read without building clap's parser of every command;
+/// `None` for any other command line, which clap parses (to the same [`Cli`] for these).
+fn hook_stage_cli() -> Option<Cli> {
+    let mut args = std::env::args_os().skip(1);
+    let stage = args.next()?;
+    if args.next().is_some() {
+        return None;
+    }
+    let command = match stage.to_str()? {
+        "createRuntime" | "create-runtime" => Cmd::CreateRuntime {
+            dry_run: false,
+            profile: None,
+        },
+        "prestart" => Cmd::Prestart {
+            dry_run: false,
+            profile: None,
+        },
+        _ => return None,
+    };
+    Some(Cli {
+        config: None,
+        command,
+    })
+}
+
+/// The state on stdin, read once for the fast path (as much as createRuntime reads: one byte
+/// past the cap), then read again from here by createRuntime: the same bytes, then the same
+/// read error, if reading failed.
+struct Replay {
+    bytes: Vec<u8>,
+    at: usize,
+    error: Option<std::io::Error>,
+}
+
+impl Replay {
+    fn of(stdin: impl std::io::Read) -> Replay {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        let error = stdin
+            .take(gpushare::decide::input::MAX_STATE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .err();
+        Replay {
+            bytes,
+            at: 0,
+            error,
+        }
+    }
+}
+
+impl std::io::Read for Replay {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let rest = &self.bytes[self.at..];
+        if rest.is_empty() {
+            return self.error.take().map_or(Ok(0), Err);
+        }
+        let n = rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        self.at += n;
+        Ok(n)
     }
 }
 
@@ -215,4 +298,55 @@ fn fail_config(e: &ConfigError) -> ExitCode {
         eprintln!("{d}");
     }
     code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// The hook entries read without clap give what clap gives for them.
+    #[test]
+    fn hook_stage_cli_is_what_clap_parses() {
+        for stage in ["createRuntime", "create-runtime", "prestart"] {
+            let clap = Cli::try_parse_from(["gpushare-hook", stage]).unwrap();
+            let (Cmd::CreateRuntime { dry_run, profile } | Cmd::Prestart { dry_run, profile }) =
+                &clap.command
+            else {
+                panic!("{stage}: clap parsed {clap:?}");
+            };
+            assert!(!dry_run && profile.is_none() && clap.config.is_none());
+        }
+        // hook_stage_cli reads this process's own arguments (the test harness's): not a stage.
+        assert!(hook_stage_cli().is_none());
+    }
+
+    /// The replayed stdin gives createRuntime the bytes, then the read error.
+    #[test]
+    fn replay_gives_the_same_bytes_then_the_error() {
+        let r = Replay::of(&b"{\"id\":\"x\"}"[..]);
+        assert!(r.error.is_none());
+        let mut again = Vec::new();
+        let mut r = r;
+        r.read_to_end(&mut again).unwrap();
+        assert_eq!(again, b"{\"id\":\"x\"}");
+
+        struct Broken(bool);
+        impl Read for Broken {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                if std::mem::replace(&mut self.0, true) {
+                    Err(std::io::Error::other("pipe broke"))
+                } else {
+                    buf[..2].copy_from_slice(b"{}");
+                    Ok(2)
+                }
+            }
+        }
+        let mut r = Replay::of(Broken(false));
+        assert!(r.error.is_some(), "the read error is kept");
+        let mut got = Vec::new();
+        let e = r.read_to_end(&mut got).unwrap_err();
+        assert_eq!(e.to_string(), "pipe broke");
+        assert_eq!(got, b"{}", "the bytes before it come first");
+    }
 }

@@ -100,6 +100,23 @@ pub fn create_runtime(
     result
 }
 
+/// Whether the container on `input` (the state the runtime wrote on stdin) plainly asks for
+/// nothing: its state and `config.json` read, and no request in them. The binary asks this
+/// before it sets anything else up; on `false` (a request, or input to refuse) it runs
+/// [`create_runtime`], which decides the same way and says why.
+pub fn asks_for_nothing(input: &[u8]) -> bool {
+    let Ok(state) = input::read_state(input) else {
+        return false;
+    };
+    let Ok(bytes) = input::read_config_bytes(state.bundle()) else {
+        return false;
+    };
+    !may_ask(
+        &bytes,
+        state.annotations().as_ref().unwrap_or(&HashMap::new()),
+    )
+}
+
 fn decide_and_acquire(
     state: &crate::decide::oci_state::State,
     bytes: &[u8],

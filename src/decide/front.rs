@@ -38,7 +38,7 @@ pub enum DecideError {
 
 /// Cheap test on the raw config bytes: can this container possibly ask for sharing?
 pub(crate) fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>) -> bool {
-    let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    let has = |needle: &[u8]| memchr::memmem::find(bytes, needle).is_some();
     state_annotations
         .keys()
         .any(|k| k.starts_with(request::ANNOTATION))

@@ -60,6 +60,10 @@ pub fn current() -> Option<(usize, usize)> {
     if unsafe { get_current(&mut ctx) } != SUCCESS || ctx.is_null() {
         return None;
     }
+    // One device: every context is on ordinal 0 (no thread-local cache to consult).
+    if single_device() {
+        return Some((ctx as usize, 0));
+    }
     let gen = CTX_GEN.load(Ordering::Acquire);
     let (g, c, o) = CURRENT.with(Cell::get);
     if g == gen && c == ctx as usize {
@@ -175,13 +179,22 @@ pub fn device_count() -> Option<usize> {
         .flatten()
 }
 
+/// [`single_device`]'s answer once the driver gave it: 0 not known yet, 1 one device, 2
+/// several (or none).
+static SINGLE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the driver has already said that this process sees exactly one device (one load;
+/// false while it has not answered).
+#[inline(always)]
+pub fn known_single_device() -> bool {
+    SINGLE.load(Ordering::Relaxed) == 1
+}
+
 /// Whether this process sees exactly one CUDA device (then every context is on ordinal 0),
 /// asked of the driver until it answers, then remembered: the devices a process sees are
 /// fixed at `cuInit`.
 #[inline]
 pub fn single_device() -> bool {
-    /// 0: not known yet, 1: one device, 2: several (or none).
-    static SINGLE: AtomicU8 = AtomicU8::new(0);
     match SINGLE.load(Ordering::Relaxed) {
         1 => true,
         2 => false,
