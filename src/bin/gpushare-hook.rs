@@ -181,7 +181,7 @@ impl Replay {
         use std::io::Read;
         let mut bytes = Vec::new();
         let error = stdin
-            .take(gpushare::decide::input::MAX_STATE_BYTES + 1)
+            .take(gpushare::container::intake::MAX_STATE_BYTES + 1)
             .read_to_end(&mut bytes)
             .err();
         Replay {

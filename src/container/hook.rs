@@ -105,10 +105,10 @@ pub fn create_runtime(
 /// before it sets anything else up; on `false` (a request, or input to refuse) it runs
 /// [`create_runtime`], which decides the same way and says why.
 pub fn asks_for_nothing(input: &[u8]) -> bool {
-    let Ok(state) = input::read_state(input) else {
+    let Ok(state) = intake::read_state(input) else {
         return false;
     };
-    let Ok(bytes) = input::read_config_bytes(state.bundle()) else {
+    let Ok(bytes) = intake::read_config_bytes(state.bundle()) else {
         return false;
     };
     !may_ask(

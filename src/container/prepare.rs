@@ -127,16 +127,11 @@ pub fn edit_config(
     let result = (|| -> Result<Option<Vec<u8>>, Error> {
         if plan.mode == Mode::Mps {
             if let Some(domain) = plan.domain.clone() {
-                for gpu in &plan.gpus {
-                    let enforced = host.reserve(gpu, &domain, &key)?;
+                for gpu in plan.gpus.clone() {
+                    let enforced = host.reserve(&gpu, &domain, &key)?;
                     reserved.push(gpu.clone());
                     if let Some(enforced) = enforced {
-                        if !plan.cores_explicit {
-                            plan.cores = enforced.cores;
-                        }
-                        if plan.memory.is_none() {
-                            plan.memory = enforced.memory_mib.map(|m| m << 20);
-                        }
+                        plan = plan.joining(&enforced);
                     }
                 }
             }

@@ -216,12 +216,48 @@ mod tests {
             Result<Option<String>, &'a str>,
         );
         let rows: Vec<Row> = vec![
-            (Mode::Mps, Some(1 << 30), driver(CG), &no_glibc, Ok(Some("musl".into()))),
-            (Mode::Timeslice, Some(1 << 30), driver(CG), &no_glibc, Ok(Some("musl".into()))),
-            (Mode::Mps, Some(1 << 30), not_created(), &no_glibc, Ok(Some("musl".into()))),
-            (Mode::Mps, Some(1 << 30), limiter_why.clone(), &no_glibc, Err("memory in cgroup v1 only")),
-            (Mode::Timeslice, Some(1 << 30), limiter_why.clone(), &|| ImageFact::Loads, Ok(None)),
-            (Mode::Mps, Some(1 << 30), limiter_why.clone(), &|| ImageFact::Unknown, Ok(None)),
+            (
+                Mode::Mps,
+                Some(1 << 30),
+                driver(CG),
+                &no_glibc,
+                Ok(Some("musl".into())),
+            ),
+            (
+                Mode::Timeslice,
+                Some(1 << 30),
+                driver(CG),
+                &no_glibc,
+                Ok(Some("musl".into())),
+            ),
+            (
+                Mode::Mps,
+                Some(1 << 30),
+                not_created(),
+                &no_glibc,
+                Ok(Some("musl".into())),
+            ),
+            (
+                Mode::Mps,
+                Some(1 << 30),
+                limiter_why.clone(),
+                &no_glibc,
+                Err("memory in cgroup v1 only"),
+            ),
+            (
+                Mode::Timeslice,
+                Some(1 << 30),
+                limiter_why.clone(),
+                &|| ImageFact::Loads,
+                Ok(None),
+            ),
+            (
+                Mode::Mps,
+                Some(1 << 30),
+                limiter_why.clone(),
+                &|| ImageFact::Unknown,
+                Ok(None),
+            ),
         ];
         let mut failed = Vec::new();
         for (i, (mode, cap, e, image, want)) in rows.iter().enumerate() {
@@ -247,7 +283,10 @@ mod tests {
                 advice: "use glibc".into(),
             }
         };
-        assert_eq!(without_limiter(Mode::Mps, None, &uncapped(), &ask), Ok(None));
+        assert_eq!(
+            without_limiter(Mode::Mps, None, &uncapped(), &ask),
+            Ok(None)
+        );
         assert_eq!(
             without_limiter(Mode::Limit, Some(1 << 30), &limiter_why, &ask),
             Ok(None)

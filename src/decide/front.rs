@@ -93,12 +93,8 @@ pub(crate) fn plan_for(
         plan.domain = Some(d);
     }
     check_memory(&plan, inventory.as_ref())?;
-    plan.without_limiter = crate::decide::enforce::without_limiter(
-        plan.mode,
-        plan.cap,
-        &plan.enforcement,
-        image,
-    )?;
+    plan.without_limiter =
+        crate::decide::enforce::without_limiter(plan.mode, plan.cap, &plan.enforcement, image)?;
     Ok(Some((plan, inventory)))
 }
 

@@ -114,6 +114,20 @@ pub fn decide(
 pub const MPS_PIPE_IN_CONTAINER: &str = "/tmp/nvidia-mps";
 
 impl Plan {
+    /// The plan of an `mps` container joining a running domain whose daemon enforces
+    /// `enforced` (the host's answer, under the GPU's lock, to reserving the domain): the limits
+    /// the container did not name are the domain's, so that its env says what it gets.
+    #[must_use]
+    pub fn joining(mut self, enforced: &crate::vocab::Limits) -> Plan {
+        if !self.cores_explicit {
+            self.cores = enforced.cores;
+        }
+        if self.memory.is_none() {
+            self.memory = enforced.memory_mib.map(|m| m << 20);
+        }
+        self
+    }
+
     /// The environment the container gets where env can be injected (docs/design.md: "What the
     /// container sees"). `LD_PRELOAD` is not included: it is appended by the spec editor.
     pub fn container_env(&self) -> Vec<(String, String)> {
@@ -263,6 +277,60 @@ mod tests {
             .container_env()
             .iter()
             .any(|(k, _)| k.starts_with("CUDA_DEVICE_")));
+    }
+
+    /// A container joining a running domain gets the limits it did not name from the domain,
+    /// and keeps the ones it named (admission then checks them against the domain's).
+    #[test]
+    fn joining_a_domain_fills_only_the_limits_not_named() {
+        let spec = parse_spec(
+            br#"{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+            std::path::Path::new("c"),
+        )
+        .unwrap();
+        let enforced = crate::vocab::Limits {
+            cores: 25,
+            memory_mib: Some(2048),
+        };
+        let plan_of = |cores: Option<u8>, memory: Option<u64>| {
+            let req = Request {
+                mode: Mode::Mps,
+                devices: None,
+                memory,
+                cores: cores.unwrap_or(100),
+                cores_explicit: cores.is_some(),
+                timeslice: None,
+                group: None,
+            };
+            driver_facts(|f| decide("c1", &req, &spec, &inv(), f).unwrap())
+        };
+        // (named cores, named memory) -> (cores, memory) after joining
+        let rows = [
+            ((None, None), (25, Some(2048u64 << 20))),
+            ((Some(50), None), (50, Some(2048 << 20))),
+            ((None, Some(1 << 30)), (25, Some(1 << 30))),
+            ((Some(50), Some(1 << 30)), (50, Some(1 << 30))),
+        ];
+        let mut failed = Vec::new();
+        for ((cores, memory), want) in rows {
+            let before = plan_of(cores, memory);
+            // Positive control: what was not named is not the domain's before joining.
+            assert!(before.cores != 25 || cores.is_some());
+            let got = before.clone().joining(&enforced);
+            if (got.cores, got.memory) != want {
+                failed.push(format!(
+                    "named {cores:?}/{memory:?}: got {}/{:?}, want {want:?}",
+                    got.cores, got.memory
+                ));
+            }
+            // Nothing else changes: the cap stays what was asked.
+            if got.cap != before.cap || got.gpus != before.gpus {
+                failed.push(format!(
+                    "named {cores:?}/{memory:?}: more than limits changed"
+                ));
+            }
+        }
+        assert!(failed.is_empty(), "{failed:#?}");
     }
 
     #[test]
