@@ -172,3 +172,8 @@ fn chaining_nvidia_cdi_mode_both_orders() {
 fn the_readmes_engine_examples_run_as_written_on_the_simulated_driver() {
     run_script("readme_engines.sh");
 }
+
+#[test]
+fn the_install_guides_engine_examples_run_as_written_on_the_simulated_driver() {
+    run_script_with("readme_engines.sh", &[("GS_DOC", "docs/install.md")]);
+}

@@ -2,8 +2,9 @@
 //! command in their ```sh blocks runs on a node whose policy selects the TEST-ONLY simulated
 //! driver, in a private mount namespace (an overlay over /etc, a tmpfs on /run) so that the
 //! node's own files are the test's. A command that a change of the CLI made wrong fails here.
-//! The README's engine blocks (podman, docker, ctr, CDI), every line with the engines' own
-//! commands, are run as written by tests/engines/readme_engines.sh, not here.
+//! The engine blocks of both (podman, docker, ctr, CDI, CRI-O, nvidia-container-runtime), every
+//! line with the engines' own commands, are run as written by tests/engines/readme_engines.sh,
+//! not here.
 
 mod common;
 
