@@ -9,9 +9,12 @@ Reads `crate::` paths (`crate::{a, b::{c, d}}` groups expanded) and `super::` pa
 ones climb further); `#[cfg(test)]` items, wherever they sit, and test-module files are not
 part of the graph.
 
-Usage: scripts/module-graph.py [--dot | --self-test] [--root DIR]
-  --dot prints gpushare's file graph in Graphviz form; --self-test checks the parser on the forms
-  above and that a circle is reported; --root checks the workspace at DIR (default: this one).
+Usage: scripts/module-graph.py [--dot | --layers | --self-test] [--root DIR]
+  --dot prints gpushare's file graph in Graphviz form; --layers prints it by layer (each layer's
+  modules, and how many arrows go from it to each lower layer); --self-test checks the parser on
+  the forms above and that a circle is reported; --root checks the workspace at DIR (default:
+  this one). The check also fails when docs/design.md's copy of the --layers drawing (the fenced
+  block after the line `<!-- module-graph.py --layers -->`) is not what --layers prints now.
 """
 import pathlib
 import re
@@ -253,6 +256,12 @@ def self_test():
         assert got == [["a", "b"]], got
         (src / "b.rs").write_text("fn g() {}\n")
         assert cycles(edges(src)) == []
+        # The design doc's copy of the drawing is read back exactly; without the mark, None.
+        doc = src / "design.md"
+        doc.write_text(f"text\n{DOC_MARK}\n```\nvocab: 1 files\n  vocab\n```\nmore\n")
+        assert doc_drawing(doc) == "vocab: 1 files\n  vocab\n", doc_drawing(doc)
+        doc.write_text("no drawing\n")
+        assert doc_drawing(doc) is None
     print("self-test ok")
 
 
@@ -308,6 +317,54 @@ def crate_roots(workspace):
     return out
 
 
+LAYER_NAMES = ["sys, failpoint, logging", "vocab", "config", "decide", "host", "container",
+               "admin", "cli, commands"]
+DOC_MARK = "<!-- module-graph.py --layers -->"
+
+
+def layers_drawing(graph):
+    """gpushare's src/ by layer, highest first: each layer's modules (files grouped by their first
+    two path parts, with their file count where more than one) and its arrows down, counted per
+    lower layer."""
+    out = []
+    for i in reversed(range(len(LAYERS))):
+        mods = sorted(m for m in graph if layer_of(m) == i)
+        groups = {}
+        for m in mods:
+            key = "::".join(m.split("::")[:2])
+            groups[key] = groups.get(key, 0) + 1
+        names = [k if n == 1 else f"{k} ({n})" for k, n in sorted(groups.items())]
+        down = {}
+        for a in mods:
+            for b in graph[a]:
+                lb = layer_of(b)
+                if lb is not None and lb < i:
+                    down[lb] = down.get(lb, 0) + 1
+        out.append(f"{LAYER_NAMES[i]}: {len(mods)} files")
+        line = "  "
+        for n in names:
+            if len(line) + len(n) + 2 > 96:
+                out.append(line.rstrip())
+                line = "  "
+            line += n + ", "
+        out.append(line.rstrip(", "))
+        arrows = ", ".join(f"{LAYER_NAMES[j]} {down[j]}" for j in sorted(down, reverse=True))
+        out.append(f"  arrows down: {arrows or 'none'}")
+    return "\n".join(out) + "\n"
+
+
+def doc_drawing(doc):
+    """The fenced block after DOC_MARK in `doc`, or None."""
+    text = doc.read_text()
+    if DOC_MARK not in text:
+        return None
+    rest = text.split(DOC_MARK, 1)[1].lstrip("\n")
+    if not rest.startswith("```"):
+        return None
+    body = rest.split("\n", 1)[1]
+    return body.split("```", 1)[0]
+
+
 def main():
     if "--self-test" in sys.argv:
         self_test()
@@ -317,6 +374,9 @@ def main():
         workspace = pathlib.Path(sys.argv[sys.argv.index("--root") + 1]).resolve()
     root = workspace / "src"
     graph = edges(root)
+    if "--layers" in sys.argv:
+        print(layers_drawing(graph), end="")
+        return 0
     if "--dot" in sys.argv:
         print("digraph src {")
         for a in sorted(graph):
@@ -346,6 +406,11 @@ def main():
             elif lb > la:
                 print(f"upward arrow: {a} -> {b}")
                 bad += 1
+    doc = workspace / "docs" / "design.md"
+    if doc.exists() and doc_drawing(doc) != layers_drawing(graph):
+        print(f"{doc}: the drawing after `{DOC_MARK}` is not what --layers prints now; "
+              "paste the output of `scripts/module-graph.py --layers` there")
+        bad += 1
     nedges = sum(len(v) for v in graph.values())
     print(f"src/: {len(graph)} modules, {nedges} arrows; {crates} other crate(s); {bad} problem(s)")
     return 1 if bad else 0
