@@ -190,20 +190,38 @@ impl v1beta1::dra_plugin_server::DraPlugin for Plugin {
     }
 }
 
-/// Binds a unix socket at `path`, replacing a stale one left by an earlier run.
+/// Binds a unix socket at `path`, replacing a stale one left by an earlier run. The socket
+/// appears at `path` only once it listens: it is bound under a hidden name in the same
+/// directory (the kubelet's plugin watcher skips names starting with `.`) and renamed into
+/// place, so that a kubelet dialling as soon as it sees the file is never refused (between
+/// bind(2) and listen(2) a connect is refused).
 ///
 /// # Errors
 /// When the directory cannot be made or the socket bound.
 pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other(format!("{}: no file name", path.display())))?;
+    let hidden = dir.join(format!(
+        ".{}.{}.binding",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    for p in [path, hidden.as_path()] {
+        match std::fs::remove_file(p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+    let listener = UnixListener::bind(&hidden)?;
+    if let Err(e) = std::fs::rename(&hidden, path) {
+        let _ = std::fs::remove_file(&hidden);
+        return Err(e);
     }
-    UnixListener::bind(path)
+    Ok(listener)
 }
 
 /// Serves the DRA service (v1 and v1beta1) on `dra` and registration on `registration`
@@ -246,4 +264,54 @@ pub async fn serve(
     a?;
     b?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bind;
+
+    /// A kubelet dials a plugin's socket the moment it sees the file, and between bind(2) and
+    /// listen(2) a connect is refused: the file must never be there before the socket listens.
+    /// So the socket is bound under a hidden name (the address the listener reports) and only
+    /// renamed into place once it listens; a stale file of an earlier run is replaced and
+    /// nothing hidden is left behind.
+    #[test]
+    fn the_socket_appears_only_once_it_listens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpushare.io-reg.sock");
+        std::fs::write(&path, b"stale").unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let l = bind(&path).unwrap();
+            let bound = l.local_addr().unwrap();
+            let bound = bound.as_pathname().unwrap().to_owned();
+            assert_ne!(
+                bound, path,
+                "bound under its final name, visible before it listens"
+            );
+            assert_eq!(bound.parent(), path.parent());
+            assert!(
+                bound
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with('.'),
+                "{} is not hidden from the kubelet's plugin watcher",
+                bound.display()
+            );
+            assert!(!bound.exists(), "{} left behind", bound.display());
+            // Positive control: the file at the final name is this listening socket.
+            let client = tokio::net::UnixStream::connect(&path).await.unwrap();
+            let (_server, _) = l.accept().await.unwrap();
+            drop(client);
+        });
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["gpushare.io-reg.sock"]);
+    }
 }
