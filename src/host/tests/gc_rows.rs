@@ -172,6 +172,42 @@ rows! {
             assert_eq!(w.record(0), None, "{what}");
         },
     },
+    exclusive_process_without_a_record_is_put_back_under_a_policy_that_sets_it: ReleaseRow {
+        what: "EXCLUSIVE_PROCESS without a record (the record lost) is put back under a policy that sets it",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: nothing,
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["GPU-0: put back compute mode DEFAULT (was EXCLUSIVE_PROCESS with no gpushare MPS daemon and no record of it)"]),
+        then: |w, what| {
+            assert_eq!(w.inv.sets(), [(0, DEFAULT)], "{what}");
+            assert!(w.ctl.actions().is_empty(), "{what}");
+        },
+    },
+    exclusive_process_a_record_explains_is_left_as_it_is: ReleaseRow {
+        what: "EXCLUSIVE_PROCESS a record explains (a daemon with a client) is left as it is",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| w.given(&gpu_plan(w, "c1")),
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&[]),
+        then: |w, what| {
+            assert!(w.inv.sets().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
+        },
+    },
+    exclusive_process_under_a_policy_that_never_sets_it_is_left_with_a_note: ReleaseRow {
+        what: "EXCLUSIVE_PROCESS under a policy that never sets it is left as it is, with a note",
+        isolation: Isolation::Group,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: nothing,
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["GPU-0: note: compute mode EXCLUSIVE_PROCESS, which this policy never sets"]),
+        then: |w, what| {
+            assert!(w.inv.sets().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
+        },
+    },
     a_hook_killed_between_start_and_save_the_unrecorded_daemon_is_stopped_and_the: ReleaseRow {
         what: "a hook killed between start and save: the unrecorded daemon is stopped and the mode put back",
         isolation: Isolation::Gpu,
