@@ -5,7 +5,7 @@ use super::rows::*;
 use super::world::*;
 use crate::host::fakes::uuid;
 use crate::host::state::{Domain, Record};
-use crate::vocab::Isolation;
+use crate::vocab::{Isolation, Mode};
 
 rows! {
     run_release_row;
@@ -192,6 +192,24 @@ rows! {
         when: |w| w.host().gc().into_lines(),
         says: Some(&[]),
         then: |w, what| {
+            assert!(w.inv.sets().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
+        },
+    },
+    exclusive_process_a_client_without_a_daemon_explains_is_left_as_it_is: ReleaseRow {
+        what: "EXCLUSIVE_PROCESS a client without a daemon (a timeslice share) explains is left as it is",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&plain("t1", Mode::Timeslice, &[0]));
+            // Set since by someone else: the record's client explains it, gc cannot tell.
+            crate::vocab::Inventory::set_compute_mode(&w.inv, 0, EXCLUSIVE).unwrap();
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&[]),
+        then: |w, what| {
+            let rec = w.record(0).expect("record");
+            assert!(!rec.has_daemon() && rec.restore_compute_mode.is_none(), "{what}: only the client explains it");
             assert!(w.inv.sets().is_empty(), "{what}");
             assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
         },

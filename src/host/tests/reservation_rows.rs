@@ -3,6 +3,7 @@
 use super::rows::*;
 use super::world::*;
 use crate::host::fakes::uuid;
+use crate::host::state::{Daemon, Domain, Record};
 use crate::vocab::Isolation;
 
 /// Reservations mount the domain's shm tmpfs ([`Host::reserve`] calls `MpsDirs::prepare`),
@@ -129,6 +130,38 @@ rows! {
             let rec = w.record(0).expect("record");
             assert!(rec.domains["gpu"].reserved.contains_key("pending-2"), "{what}");
             assert!(w.domain_dir(0, "gpu").exists(), "{what}");
+        },
+    },
+    a_refused_acquire_leaves_the_directories_of_another_domain_whose_daemon_runs: ReleaseRow {
+        what: "a refused acquire leaves the directories of another domain whose daemon runs, even with no client",
+        isolation: Isolation::Group,
+        modes: ONE_GPU,
+        given: |w| {
+            std::fs::create_dir_all(w.pipe(0, "g-a")).unwrap();
+            let process = w.ctl.add_daemon(&w.pipe(0, "g-a"), POLICY);
+            let mut rec = Record::new(&uuid(0), 0);
+            let mut d = Domain::new(POLICY);
+            d.daemon = Some(Daemon { process });
+            rec.domains.insert("g-a".into(), d);
+            w.save(&rec);
+            let plan = group_plan(w, "c2", "b");
+            w.host()
+                .reserve(&plan.gpus[0], plan.domain.as_ref().unwrap(), "pending-1")
+                .expect("reserve");
+            w.ctl.fail_start(true);
+        },
+        when: |w| {
+            let res = w.host().acquire(&group_plan(w, "c2", "b"), Some(w.me), Some("pending-1"));
+            assert!(res.is_err(), "the daemon cannot start: the acquire fails");
+            Vec::new()
+        },
+        says: Some(&[]),
+        then: |w, what| {
+            assert!(!w.domain_dir(0, "g-b").exists(), "{what}: the refused domain's directories stay");
+            assert!(w.domain_dir(0, "g-a").exists(), "{what}: a running daemon's directories removed");
+            let rec = w.record(0).expect("record");
+            assert!(rec.domains["g-a"].daemon.is_some(), "{what}");
+            assert!(!rec.domains.contains_key("g-b"), "{what}");
         },
     },
     a_refused_spec_edit_is_forgotten_its_reservation_and_directories_dropped: ReleaseRow {
