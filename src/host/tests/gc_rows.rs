@@ -214,6 +214,23 @@ rows! {
             assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
         },
     },
+    an_unreadable_record_gc_cannot_rebuild_is_left_alone_with_the_gpus_compute_mode: ReleaseRow {
+        what: "an unreadable record gc cannot rebuild (its lock held) is left alone with the GPU's compute mode, and said once",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: |w| {
+            w.hold_lock(0);
+            std::fs::write(w.state().record_path(&uuid(0)), b"{not json").unwrap();
+        },
+        when: |w| w.host().gc().into_lines(),
+        // Not also a lock timeout from the compute-mode sweep: it skips an unreadable record's GPU.
+        says: Some(&["GPU-0: record unreadable"]),
+        then: |w, what| {
+            assert!(w.inv.sets().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
+            assert_eq!(std::fs::read(w.state().record_path(&uuid(0))).unwrap(), b"{not json", "{what}");
+        },
+    },
     exclusive_process_under_a_policy_that_never_sets_it_is_left_with_a_note: ReleaseRow {
         what: "EXCLUSIVE_PROCESS under a policy that never sets it is left as it is, with a note",
         isolation: Isolation::Group,
