@@ -411,3 +411,83 @@ fn acquire_group_left_by_a_stale_creator_takes_the_next_creators_limits() {
         },
     });
 }
+
+/// An MPS control that counts [`MpsControl::flush`] calls and does the rest with the fake.
+/// (The fake and NVIDIA's control send everything at once, so their `flush` does nothing; a
+/// control that defers what it sends, as the real one once did, depends on `Host::flush`.)
+struct CountsFlushes<'a> {
+    fake: &'a crate::host::fakes::FakeControl,
+    flushes: std::rc::Rc<std::cell::Cell<u32>>,
+}
+
+impl crate::host::mps::MpsControl for CountsFlushes<'_> {
+    fn binary(&self) -> &std::path::Path {
+        self.fake.binary()
+    }
+    fn start(
+        &self,
+        uuid: &str,
+        dirs: &crate::host::mps::MpsDirs,
+        multiuser: bool,
+        ready_timeout: std::time::Duration,
+    ) -> Result<ProcId, crate::host::mps::MpsError> {
+        self.fake.start(uuid, dirs, multiuser, ready_timeout)
+    }
+    fn answers(&self, pipe: &std::path::Path, daemon: ProcId) -> bool {
+        self.fake.answers(pipe, daemon)
+    }
+    fn refresh(
+        &self,
+        pipe: &std::path::Path,
+        daemon: ProcId,
+        limits: &Limits,
+    ) -> Result<(), crate::host::mps::MpsError> {
+        self.fake.refresh(pipe, daemon, limits)
+    }
+    fn set_defaults(
+        &self,
+        pipe: &std::path::Path,
+        daemon: ProcId,
+        limits: &Limits,
+    ) -> Result<(), crate::host::mps::MpsError> {
+        self.fake.set_defaults(pipe, daemon, limits)
+    }
+    fn defaults(
+        &self,
+        pipe: &std::path::Path,
+        daemon: ProcId,
+    ) -> Result<Limits, crate::host::mps::MpsError> {
+        self.fake.defaults(pipe, daemon)
+    }
+    fn flush(&self) {
+        self.flushes.set(self.flushes.get() + 1);
+    }
+    fn stop(&self, pipe: &std::path::Path, daemon: Option<ProcId>) {
+        self.fake.stop(pipe, daemon);
+    }
+    fn find_daemon(&self, pipe: &std::path::Path) -> Option<ProcId> {
+        self.fake.find_daemon(pipe)
+    }
+}
+
+/// `Host::flush` (called once the container is set up, and by the reaper) hands the control
+/// its turn to send what it deferred: once per call, and never during the acquire itself.
+#[test]
+fn host_flush_lets_the_control_send_what_it_deferred() {
+    let w = World::new(Isolation::Gpu, ONE_GPU);
+    w.given(&gpu_plan(&w, "c1"));
+    let flushes = std::rc::Rc::new(std::cell::Cell::new(0));
+    let ctl = CountsFlushes {
+        fake: &w.ctl,
+        flushes: flushes.clone(),
+    };
+    let host = crate::host::acquire::Host::with_control(&w.cfg, &w.inv, Box::new(ctl));
+    w.clear();
+    // c2 joins the running daemon, which is asked to put its defaults back.
+    host.acquire(&gpu_plan(&w, "c2"), Some(w.me), None)
+        .expect("acquire");
+    assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"]);
+    assert_eq!(flushes.get(), 0, "flushed under the GPU's lock");
+    host.flush();
+    assert_eq!(flushes.get(), 1, "Host::flush did not reach the control");
+}

@@ -5,7 +5,7 @@ use super::rows::*;
 use super::world::*;
 use crate::host::fakes::uuid;
 use crate::host::state::{Domain, Record};
-use crate::vocab::Isolation;
+use crate::vocab::{Isolation, Mode};
 
 rows! {
     run_release_row;
@@ -170,6 +170,77 @@ rows! {
         then: |w, what| {
             assert_eq!(w.inv.sets(), [(0, DEFAULT)], "{what}");
             assert_eq!(w.record(0), None, "{what}");
+        },
+    },
+    exclusive_process_without_a_record_is_put_back_under_a_policy_that_sets_it: ReleaseRow {
+        what: "EXCLUSIVE_PROCESS without a record (the record lost) is put back under a policy that sets it",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: nothing,
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["GPU-0: put back compute mode DEFAULT (was EXCLUSIVE_PROCESS with no gpushare MPS daemon and no record of it)"]),
+        then: |w, what| {
+            assert_eq!(w.inv.sets(), [(0, DEFAULT)], "{what}");
+            assert!(w.ctl.actions().is_empty(), "{what}");
+        },
+    },
+    exclusive_process_a_record_explains_is_left_as_it_is: ReleaseRow {
+        what: "EXCLUSIVE_PROCESS a record explains (a daemon with a client) is left as it is",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| w.given(&gpu_plan(w, "c1")),
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&[]),
+        then: |w, what| {
+            assert!(w.inv.sets().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
+        },
+    },
+    exclusive_process_a_client_without_a_daemon_explains_is_left_as_it_is: ReleaseRow {
+        what: "EXCLUSIVE_PROCESS a client without a daemon (a timeslice share) explains is left as it is",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&plain("t1", Mode::Timeslice, &[0]));
+            // Set since by someone else: the record's client explains it, gc cannot tell.
+            crate::vocab::Inventory::set_compute_mode(&w.inv, 0, EXCLUSIVE).unwrap();
+        },
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&[]),
+        then: |w, what| {
+            let rec = w.record(0).expect("record");
+            assert!(!rec.has_daemon() && rec.restore_compute_mode.is_none(), "{what}: only the client explains it");
+            assert!(w.inv.sets().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
+        },
+    },
+    an_unreadable_record_gc_cannot_rebuild_is_left_alone_with_the_gpus_compute_mode: ReleaseRow {
+        what: "an unreadable record gc cannot rebuild (its lock held) is left alone with the GPU's compute mode, and said once",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: |w| {
+            w.hold_lock(0);
+            std::fs::write(w.state().record_path(&uuid(0)), b"{not json").unwrap();
+        },
+        when: |w| w.host().gc().into_lines(),
+        // Not also a lock timeout from the compute-mode sweep: it skips an unreadable record's GPU.
+        says: Some(&["GPU-0: record unreadable"]),
+        then: |w, what| {
+            assert!(w.inv.sets().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
+            assert_eq!(std::fs::read(w.state().record_path(&uuid(0))).unwrap(), b"{not json", "{what}");
+        },
+    },
+    exclusive_process_under_a_policy_that_never_sets_it_is_left_with_a_note: ReleaseRow {
+        what: "EXCLUSIVE_PROCESS under a policy that never sets it is left as it is, with a note",
+        isolation: Isolation::Group,
+        modes: ONE_GPU_EXCLUSIVE,
+        given: nothing,
+        when: |w| w.host().gc().into_lines(),
+        says: Some(&["GPU-0: note: compute mode EXCLUSIVE_PROCESS, which this policy never sets"]),
+        then: |w, what| {
+            assert!(w.inv.sets().is_empty(), "{what}");
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
         },
     },
     a_hook_killed_between_start_and_save_the_unrecorded_daemon_is_stopped_and_the: ReleaseRow {

@@ -118,6 +118,41 @@ rows! {
             assert_eq!(w.record(0), None, "{what}");
         },
     },
+    the_reaper_releases_an_exited_client_stops_its_daemon_and_says_what_it_did: ReleaseRow {
+        what: "the reaper releases an exited client, stops its daemon and says what it did",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            let dead = w.ctl.dead_process();
+            w.given(&gpu_plan(w, "gone"));
+            let mut rec = w.record(0).unwrap();
+            rec.clients.get_mut("gone").unwrap().process = Some(dead);
+            w.save(&rec);
+        },
+        when: |w| w.host().release_exited(&uuid(0)).expect("release step"),
+        says: Some(&[
+            "GPU-0: dropped client gone, whose process is gone",
+            "GPU-0: stopped the MPS daemon of domain gpu (pid",
+            "of domain gpu, which nothing uses",
+        ]),
+        then: |w, what| {
+            assert_eq!(w.ctl.actions(), ["stop GPU-0/gpu"], "{what}");
+            assert_eq!(w.inv.modes(), [(0, DEFAULT)], "{what}");
+            assert_eq!(w.record(0), None, "{what}");
+        },
+    },
+    the_reaper_leaves_a_live_client_and_its_daemon_and_says_nothing: ReleaseRow {
+        what: "the reaper leaves a live client and its daemon, and says nothing",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| w.given(&gpu_plan(w, "c1")),
+        when: |w| w.host().release_exited(&uuid(0)).expect("release step"),
+        says: Some(&[]),
+        then: |w, what| {
+            assert!(w.ctl.actions().is_empty(), "{what}");
+            assert_eq!(w.clients(0), ["c1"], "{what}");
+        },
+    },
     a_client_on_two_gpus_is_released_from_both: ReleaseRow {
         what: "a client on two GPUs is released from both",
         isolation: Isolation::Gpu,

@@ -3,6 +3,7 @@
 use super::rows::*;
 use super::world::*;
 use crate::host::fakes::uuid;
+use crate::host::state::{Daemon, Domain, Record};
 use crate::vocab::Isolation;
 
 /// Reservations mount the domain's shm tmpfs ([`Host::reserve`] calls `MpsDirs::prepare`),
@@ -88,6 +89,94 @@ rows! {
         says: Some(&[]),
         then: |w, what| {
             assert!(w.record(0).unwrap().domains["gpu"].reserved.is_empty(), "{what}");
+        },
+    },
+    a_refused_acquire_drops_its_reservation_and_the_directories_only_it_kept: ReleaseRow {
+        what: "a refused acquire drops its reservation and the directories only it kept",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            reserve(w, "c1", "pending-1");
+            w.ctl.fail_start(true);
+        },
+        when: |w| {
+            let res = w.host().acquire(&gpu_plan(w, "c1"), Some(w.me), Some("pending-1"));
+            assert!(res.is_err(), "the daemon cannot start: the acquire fails");
+            Vec::new()
+        },
+        says: Some(&[]),
+        then: |w, what| {
+            assert_eq!(w.record(0), None, "{what}: the reservation stays");
+            assert!(!w.domain_dir(0, "gpu").exists(), "{what}: the directories stay");
+            let shm = w.host().mps_dirs(&uuid(0), "gpu").shm;
+            assert!(!crate::host::mps::is_mount_point(&shm), "{what}");
+        },
+    },
+    a_refused_acquire_keeps_a_reservation_made_under_another_key: ReleaseRow {
+        what: "a refused acquire keeps a reservation made under another key (the positive control of the row above)",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            reserve(w, "c1", "pending-2");
+            w.ctl.fail_start(true);
+        },
+        when: |w| {
+            let res = w.host().acquire(&gpu_plan(w, "c1"), Some(w.me), Some("pending-1"));
+            assert!(res.is_err(), "the daemon cannot start: the acquire fails");
+            Vec::new()
+        },
+        says: Some(&[]),
+        then: |w, what| {
+            let rec = w.record(0).expect("record");
+            assert!(rec.domains["gpu"].reserved.contains_key("pending-2"), "{what}");
+            assert!(w.domain_dir(0, "gpu").exists(), "{what}");
+        },
+    },
+    a_refused_acquire_leaves_the_directories_of_another_domain_whose_daemon_runs: ReleaseRow {
+        what: "a refused acquire leaves the directories of another domain whose daemon runs, even with no client",
+        isolation: Isolation::Group,
+        modes: ONE_GPU,
+        given: |w| {
+            std::fs::create_dir_all(w.pipe(0, "g-a")).unwrap();
+            let process = w.ctl.add_daemon(&w.pipe(0, "g-a"), POLICY);
+            let mut rec = Record::new(&uuid(0), 0);
+            let mut d = Domain::new(POLICY);
+            d.daemon = Some(Daemon { process });
+            rec.domains.insert("g-a".into(), d);
+            w.save(&rec);
+            let plan = group_plan(w, "c2", "b");
+            w.host()
+                .reserve(&plan.gpus[0], plan.domain.as_ref().unwrap(), "pending-1")
+                .expect("reserve");
+            w.ctl.fail_start(true);
+        },
+        when: |w| {
+            let res = w.host().acquire(&group_plan(w, "c2", "b"), Some(w.me), Some("pending-1"));
+            assert!(res.is_err(), "the daemon cannot start: the acquire fails");
+            Vec::new()
+        },
+        says: Some(&[]),
+        then: |w, what| {
+            assert!(!w.domain_dir(0, "g-b").exists(), "{what}: the refused domain's directories stay");
+            assert!(w.domain_dir(0, "g-a").exists(), "{what}: a running daemon's directories removed");
+            let rec = w.record(0).expect("record");
+            assert!(rec.domains["g-a"].daemon.is_some(), "{what}");
+            assert!(!rec.domains.contains_key("g-b"), "{what}");
+        },
+    },
+    a_refused_spec_edit_is_forgotten_its_reservation_and_directories_dropped: ReleaseRow {
+        what: "a refused spec edit is forgotten: its reservation and directories dropped",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| reserve(w, "c1", "pending-1"),
+        when: |w| {
+            w.host().forget("pending-1");
+            Vec::new()
+        },
+        says: Some(&[]),
+        then: |w, what| {
+            assert_eq!(w.record(0), None, "{what}");
+            assert!(!w.domain_dir(0, "gpu").exists(), "{what}");
         },
     },
     an_expired_reservation_is_dropped_by_gc_its_directories_removed_and_shm: ReleaseRow {
