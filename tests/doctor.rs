@@ -15,7 +15,11 @@ fn text(b: &[u8]) -> String {
 
 /// `doctor --json` with `extra_env`: (verdict, detail) of each check by name.
 fn doctor(sb: &Sandbox, extra_env: &[(&str, &str)]) -> Vec<(String, String, String)> {
-    let out = sb.hook_env(&["doctor", "--json"], "", extra_env);
+    checks(&sb.hook_env(&["doctor", "--json"], "", extra_env))
+}
+
+/// The (name, verdict, detail) of each check `doctor --json` printed.
+fn checks(out: &std::process::Output) -> Vec<(String, String, String)> {
     let v: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("doctor --json: {e}: {}", text(&out.stderr)));
     v.as_array()
@@ -187,20 +191,7 @@ fn a_missing_next_runtime_is_reported_once() {
         .envs(sb.env())
         .output()
         .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("doctor --json: {e}: {}", text(&out.stderr)));
-    let c: Vec<(String, String, String)> = v
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap().to_owned(),
-                c["verdict"].as_str().unwrap().to_owned(),
-                c["detail"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
+    let c = checks(&out);
     // Positive control: the runtime doctor ran is the one beside this copy of the hook.
     let r = find(&c, "runtime");
     assert!(r.2.contains(&dir.display().to_string()), "{r:?}");
