@@ -323,7 +323,10 @@ pub fn image_fact(
     let Some(rootfs) = rootfs.filter(|r| r.is_dir()) else {
         return ImageFact::Unknown;
     };
-    match check(rootfs) {
+    // Through the cache, as the injection's own check reads it: one read of a given
+    // `libc.so.6` serves every create.
+    let sd = crate::host::state::StateDir::new(&cfg.state_dir);
+    match super::libc_cache::check(&sd, rootfs) {
         Ok(_) => ImageFact::Loads,
         Err(e) => ImageFact::Cannot {
             libc: e.to_string(),
