@@ -138,7 +138,7 @@ fn decide_and_acquire(
     let image = || {
         let rootfs = crate::decide::input::rootfs_of(&c.spec, Some(state.bundle()))
             .unwrap_or_else(|| state.bundle().join("rootfs"));
-        crate::container::inject::libc::image_fact(cfg, Some(&rootfs))
+        crate::container::inject::libc_cache::image_fact(cfg, Some(&rootfs))
     };
     let Some((plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory, &cgroup, &image)?
     else {

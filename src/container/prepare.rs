@@ -106,7 +106,7 @@ pub fn edit_config(
     // A capped mps or timeslice share in an image without glibc gets no limiter in the spec;
     // the hook, which knows what enforces the cap, serves or refuses it.
     let rootfs = rootfs_of(&spec, ctx.bundle);
-    let image = || crate::container::inject::libc::image_fact(cfg, rootfs.as_deref());
+    let image = || crate::container::inject::libc_cache::image_fact(cfg, rootfs.as_deref());
     let Some((mut plan, inventory)) = crate::decide::front::plan_for(
         &key,
         &spec,

@@ -310,34 +310,9 @@ pub fn refuse(
     }
 }
 
-/// What `rootfs`'s C library is for the limiter, as deciding asks it of a capped `mps` or
-/// `timeslice` share ([`crate::decide::enforce::without_limiter`] serves it without the
-/// limiter where the driver enforces the cap, and refuses it where only the limiter could):
-/// unknown without a root filesystem to look at (a dry run on a bundle without its rootfs; the
-/// limiter's own check refuses it later if it cannot load).
-pub fn image_fact(
-    cfg: &crate::config::Config,
-    rootfs: Option<&Path>,
-) -> crate::decide::enforce::ImageFact {
-    use crate::decide::enforce::ImageFact;
-    let Some(rootfs) = rootfs.filter(|r| r.is_dir()) else {
-        return ImageFact::Unknown;
-    };
-    // Through the cache, as the injection's own check reads it: one read of a given
-    // `libc.so.6` serves every create.
-    let sd = crate::host::state::StateDir::new(&cfg.state_dir);
-    match super::libc_cache::check(&sd, rootfs) {
-        Ok(_) => ImageFact::Loads,
-        Err(e) => ImageFact::Cannot {
-            libc: e.to_string(),
-            advice: advice_for_cap(cfg),
-        },
-    }
-}
-
 /// What a capped share refused for its image can do instead: dropping the cap is offered only
 /// where an uncapped share is served (`[policy] uncapped = "share"`).
-fn advice_for_cap(cfg: &crate::config::Config) -> String {
+pub(crate) fn advice_for_cap(cfg: &crate::config::Config) -> String {
     let mut out = format!("use an image with glibc {BASELINE} or newer");
     if cfg.policy.uncapped == crate::vocab::memcap::Uncapped::Share {
         out.push_str(", or run it without gpu.share.memory (uncapped: it reserves no GPU memory and has no guarantee)");

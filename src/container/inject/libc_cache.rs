@@ -34,6 +34,31 @@ pub fn check(sd: &StateDir, rootfs_dir: &Path) -> Result<GlibcVersion, LibcError
     judge(&inspect(sd, rootfs_dir)?)
 }
 
+/// What `rootfs`'s C library is for the limiter, as deciding asks it of a capped `mps` or
+/// `timeslice` share ([`crate::decide::enforce::without_limiter`] serves it without the
+/// limiter where the driver enforces the cap, and refuses it where only the limiter could):
+/// unknown without a root filesystem to look at (a dry run on a bundle without its rootfs; the
+/// limiter's own check refuses it later if it cannot load).
+pub fn image_fact(
+    cfg: &crate::config::Config,
+    rootfs: Option<&Path>,
+) -> crate::decide::enforce::ImageFact {
+    use crate::decide::enforce::ImageFact;
+    let Some(rootfs) = rootfs.filter(|r| r.is_dir()) else {
+        return ImageFact::Unknown;
+    };
+    // Through the cache, as the injection's own check reads it: one read of a given
+    // `libc.so.6` serves every create.
+    let sd = crate::host::state::StateDir::new(&cfg.state_dir);
+    match check(&sd, rootfs) {
+        Ok(_) => ImageFact::Loads,
+        Err(e) => ImageFact::Cannot {
+            libc: e.to_string(),
+            advice: super::libc::advice_for_cap(cfg),
+        },
+    }
+}
+
 /// What [`super::libc::inspect`] finds, with `libc.so.6`'s release taken from the cache when
 /// the file is the one cached.
 ///
