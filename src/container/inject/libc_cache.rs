@@ -47,10 +47,11 @@ pub fn image_fact(
     let Some(rootfs) = rootfs.filter(|r| r.is_dir()) else {
         return ImageFact::Unknown;
     };
-    // Through the cache, as the injection's own check reads it: one read of a given
-    // `libc.so.6` serves every create.
+    // From the cache, as the injection's own check reads it: one read of a given `libc.so.6`
+    // serves every create. Only looked up, never written here: deciding writes nothing (a dry
+    // run leaves no state); the injection stores what it reads.
     let sd = crate::host::state::StateDir::new(&cfg.state_dir);
-    match check(&sd, rootfs) {
+    match inspect_as(&sd, rootfs, false).and_then(|found| judge(&found)) {
         Ok(_) => ImageFact::Loads,
         Err(e) => ImageFact::Cannot {
             libc: e.to_string(),
@@ -65,8 +66,13 @@ pub fn image_fact(
 /// # Errors
 /// [`LibcError::Read`] for a file that exists but cannot be read.
 pub fn inspect(sd: &StateDir, rootfs_dir: &Path) -> Result<Found, LibcError> {
+    inspect_as(sd, rootfs_dir, true)
+}
+
+/// [`inspect`]; with `store` false, a release read from the file is not cached.
+fn inspect_as(sd: &StateDir, rootfs_dir: &Path, store: bool) -> Result<Found, LibcError> {
     super::libc::inspect_with(rootfs_dir, |path| {
-        release_of(sd, rootfs_dir, path).map_err(|source| LibcError::Read { path, source })
+        release_of(sd, rootfs_dir, path, store).map_err(|source| LibcError::Read { path, source })
     })
 }
 
@@ -76,6 +82,7 @@ fn release_of(
     sd: &StateDir,
     rootfs_dir: &Path,
     path: &str,
+    keep: bool,
 ) -> std::io::Result<Option<Option<GlibcVersion>>> {
     let root = rootfs::open_root(&CString::new(rootfs_dir.as_os_str().as_bytes())?)?;
     let rel = CString::new(path.trim_start_matches('/'))?;
@@ -106,7 +113,9 @@ fn release_of(
         )
     })?;
     let release = glibc_release(&bytes);
-    store(&entry, &key, release);
+    if keep {
+        store(&entry, &key, release);
+    }
     Ok(Some(release))
 }
 
