@@ -55,12 +55,26 @@ fn the_demo_runs_as_the_readme_says() {
             None => panic!("the demo did not show {e:?} (in order):\n{stdout}\n{stderr}"),
         }
     }
-    // Positive control: one daemon served both containers (the status between them lists two
-    // clients of one daemon).
+    // Positive control: one daemon served both containers (the status between them lists one
+    // running daemon and the two clients, a with 16.0 GiB and b with 8.0 GiB).
     let status = &stdout[stdout.find("== gpushare-hook status").unwrap()..];
     let status = &status[..status.find("== container c").unwrap_or(status.len())];
+    let lines: Vec<&str> = status.lines().map(str::trim_start).collect();
+    let daemons = lines
+        .iter()
+        .filter(|l| l.starts_with("mps domain") && l.contains(" running "))
+        .count();
+    let client = |suffix: &str, memory: &str| {
+        lines.iter().any(|l| {
+            l.starts_with("client demo")
+                && l.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|id| id.ends_with(suffix))
+                && l.ends_with(&format!("memory {memory}"))
+        })
+    };
     assert!(
-        status.contains("a") && status.contains("b") && status.matches("daemon").count() >= 1,
+        daemons == 1 && client("-a", "16.0 GiB") && client("-b", "8.0 GiB"),
         "{status}"
     );
 }
