@@ -10,7 +10,8 @@
 # own); the tests then run with cargo-nextest, each in its own process and the test binaries side
 # by side (.config/nextest.toml; the engine scripts, which share one host-wide lock, one at a
 # time). Without cargo-nextest they run with `cargo test`, one binary after another.
-# TEST_THREADS (default 4) is how many tests run at once.
+# TEST_THREADS (default 4) is how many tests run at once. Afterwards no mount the tests made may
+# be left under the temp dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,11 +31,29 @@ echo "== cargo build --workspace"
 cargo build --workspace
 export GPUSHARE_TEST_CDYLIBS=${CARGO_TARGET_DIR:-$PWD/target}/debug
 
+# Mounts under the temp dir before the tests: every one the tests add must be gone after them
+# (a leaked mount keeps a test's temp dir, and makes every later read of the mount table slower).
+tmp=${TMPDIR:-/tmp}
+mounts_in_tmp() { awk -v t="$tmp/" 'index($5, t) == 1 {print $5}' /proc/self/mountinfo | sort; }
+before=$(mktemp)
+trap 'rm -f "$before"' EXIT
+mounts_in_tmp >"$before"
+
 threads=${TEST_THREADS:-4}
+rc=0
 if cargo nextest --version >/dev/null 2>&1; then
     echo "== cargo nextest run --workspace"
-    cargo nextest run --workspace --no-fail-fast --test-threads="$threads"
+    cargo nextest run --workspace --no-fail-fast --test-threads="$threads" || rc=$?
 else
     echo "== cargo test --workspace (cargo-nextest not installed: one test binary at a time)"
-    cargo test --workspace --no-fail-fast -- --test-threads="$threads"
+    cargo test --workspace --no-fail-fast -- --test-threads="$threads" || rc=$?
 fi
+
+echo "== no mount left under $tmp by the tests"
+leaked=$(mounts_in_tmp | comm -13 "$before" -)
+if [ -n "$leaked" ]; then
+    echo "the tests left $(wc -l <<<"$leaked") mount(s) under $tmp (a test's clean-up is missing):" >&2
+    head -20 <<<"$leaked" >&2
+    rc=1
+fi
+exit "$rc"

@@ -21,6 +21,12 @@ struct World {
     dir: tempfile::TempDir,
 }
 
+impl Drop for World {
+    fn drop(&mut self) {
+        common::clean_up_under(self.dir.path());
+    }
+}
+
 impl World {
     fn new(next: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();

@@ -56,10 +56,18 @@ pub fn require(what: &str, cmds: &[&str]) -> bool {
     false
 }
 
-/// A private world for one test: state dir, simulated-driver state, policy file, log.
+/// A private world for one test: state dir, simulated-driver state, policy file, log. Dropping
+/// it stops the daemons and detaches the mounts gpushare left in it (a test that fails half-way
+/// leaves them otherwise, and its temp dir cannot be removed while they are mounted).
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
     pub gpus: usize,
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        clean_up_under(self.dir.path());
+    }
 }
 
 impl Sandbox {
@@ -406,26 +414,38 @@ pub fn kill_daemons_under(root: &Path) {
     }
 }
 
-/// Mount points under `root`.
+/// Mount points at or under `root` (this mount namespace's), deepest first.
 pub fn mounts_under(root: &Path) -> Vec<String> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let want = root.display().to_string();
-    text.lines()
+    let mut out: Vec<String> = text
+        .lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|mp| mp.starts_with(&want))
+        .filter(|mp| {
+            mp.strip_prefix(want.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        })
         .map(String::from)
-        .collect()
+        .collect();
+    out.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    out
 }
 
-/// Clean-up guard: kills leftover daemons and unmounts leftovers under a sandbox.
+/// Kills the daemons gpushare left under `root` and detaches every mount there, deepest first:
+/// what a test that stops half-way (or never releases) leaves in the host's mount table.
+pub fn clean_up_under(root: &Path) {
+    kill_daemons_under(root);
+    for m in mounts_under(root) {
+        let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Clean-up guard: kills leftover daemons and unmounts leftovers under a directory.
 pub struct Cleanup(pub PathBuf);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        kill_daemons_under(&self.0);
-        for m in mounts_under(&self.0) {
-            let _ = Command::new("umount").args(["-l", &m]).status();
-        }
+        clean_up_under(&self.0);
     }
 }
 
