@@ -35,6 +35,9 @@ rows! {
             assert_eq!(d.daemon.as_ref().map(|d| d.process), w.ctl.daemon_on(&w.pipe(0, "gpu")), "{what}");
             assert_eq!(rec.clients["c1"].domain.as_deref(), Some("gpu"), "{what}");
             assert_eq!(rec.clients["c1"].process, Some(w.me), "{what}");
+            // It named no limit: it is listed with its domain's, in bytes.
+            assert_eq!(rec.clients["c1"].cores, POLICY.cores, "{what}");
+            assert_eq!(rec.clients["c1"].memory, Some(1 << 30), "{what}");
         },
     },
     first_client_on_a_gpu_already_exclusive_no_mode_change_nothing_to_restore: AcquireRow {
@@ -368,6 +371,57 @@ rows! {
             assert_eq!(w.inv.modes(), [(0, EXCLUSIVE), (1, EXCLUSIVE)], "{what}");
         },
     },
+    a_daemon_left_running_without_clients_keeps_its_limits_for_the_next: AcquireRow {
+        what: "a policy domain whose daemon runs with no client left: the next container joins it with the limits the daemon has, not newer ones",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&gpu_plan(w, "c1"));
+            let mut rec = w.record(0).expect("record");
+            rec.clients.clear();
+            w.save(&rec);
+        },
+        when: |w| w.acquire(&with_domain_limits(gpu_plan(w, "c2"), NEWER)),
+        err: None,
+        then: |w, what| {
+            let rec = w.record(0).expect("record");
+            assert_eq!(rec.domains["gpu"].limits, POLICY, "{what}");
+            assert_eq!(w.ctl.actions(), ["refresh GPU-0/gpu"], "{what}");
+        },
+    },
+    a_domain_with_clients_but_no_recorded_daemon_keeps_its_limits: AcquireRow {
+        what: "a domain with a live client but no daemon in the record: a new daemon gets the domain's limits, not the newcomer's",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.given(&gpu_plan(w, "c1"));
+            let mut rec = w.record(0).expect("record");
+            rec.domains.get_mut("gpu").expect("domain").daemon = None;
+            w.save(&rec);
+        },
+        when: |w| w.acquire(&with_domain_limits(gpu_plan(w, "c2"), NEWER)),
+        err: None,
+        then: |w, what| {
+            let rec = w.record(0).expect("record");
+            assert_eq!(rec.domains["gpu"].limits, POLICY, "{what}");
+            assert_eq!(w.clients(0), ["c1", "c2"], "{what}");
+        },
+    },
+}
+
+/// Limits a policy changed to since the domain's daemon started.
+const NEWER: Limits = Limits {
+    cores: 30,
+    memory_mib: Some(512),
+};
+
+/// `plan` as a front half that read a newer policy would make it.
+fn with_domain_limits(
+    mut plan: crate::decide::plan::Plan,
+    limits: Limits,
+) -> crate::decide::plan::Plan {
+    plan.domain.as_mut().expect("an mps plan").limits = limits;
+    plan
 }
 
 /// A group domain whose only client is gone (its process ended, no poststop yet) still has

@@ -246,8 +246,12 @@ fn a_driver_that_refuses_the_limit_refuses_the_container_and_undoes_the_other_gp
     // GPU 0 takes the limit, GPU 1 refuses a second container: GPU 0's limit is cleared.
     let w = World::new(2, Some(false));
     let cg = w.cgroup("c1");
-    // GPU 1 is full: the second GPU's admission fails after GPU 0's limit was set.
+    // GPU 1 is full: the second GPU's admission fails after GPU 0's limit was set. GPU 0
+    // already serves a capped share of its own (the limiter's, no cgroup): that limit is not
+    // this container's, so the rollback still clears this one.
     w.acquire(&plan("big", Mode::Limit, &[1], Some(80 * GIB)))
+        .unwrap();
+    w.acquire(&plan("small", Mode::Limit, &[0], Some(GIB)))
         .unwrap();
     let e = w
         .acquire(&driver(plan("c1", Mode::Limit, &[0, 1], Some(GIB)), &cg))
@@ -258,9 +262,13 @@ fn a_driver_that_refuses_the_limit_refuses_the_container_and_undoes_the_other_gp
         vec![(0, cg.clone(), 0, GIB), (0, cg.clone(), 0, LIMIT_MAX)],
         "the rollback clears the limit it set"
     );
-    assert!(!w.records()[0]
-        .as_ref()
-        .is_some_and(|r| r.clients.contains_key("c1")));
+    assert_eq!(
+        w.records()[0]
+            .as_ref()
+            .map(|r| r.clients.keys().cloned().collect::<Vec<_>>()),
+        Some(vec!["small".to_owned()]),
+        "GPU 0's record is as it was"
+    );
 }
 
 #[test]

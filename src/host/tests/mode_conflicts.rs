@@ -3,6 +3,7 @@
 
 use super::rows::*;
 use super::world::*;
+use crate::host::acquire::Host;
 use crate::vocab::{Isolation, Mode};
 
 rows! {
@@ -48,6 +49,26 @@ rows! {
                 "{what}"
             );
             assert_eq!(w.inv.sets(), [(0, EXCLUSIVE), (0, DEFAULT)], "{what}");
+        },
+    },
+    without_the_mps_control_program_timeslice_and_limit_still_serve: AcquireRow {
+        what: "no nvidia-cuda-mps-control installed: timeslice and limit containers are served, an mps one is refused before anything changes",
+        isolation: Isolation::Gpu,
+        modes: ONE_GPU,
+        given: |w| {
+            w.cfg.mps.control = "/nonexistent/nvidia-cuda-mps-control".into();
+            let host = Host::new(&w.cfg, &w.inv);
+            for plan in [plain("t1", Mode::Timeslice, &[0]), plain("l1", Mode::Limit, &[0])] {
+                if let Err(e) = host.acquire(&plan, Some(w.me), None) {
+                    panic!("{}: {}", plan.container, crate::vocab::chain(&e));
+                }
+            }
+        },
+        when: |w| Host::new(&w.cfg, &w.inv).acquire(&gpu_plan(w, "m1"), Some(w.me), None),
+        err: Some("nvidia-cuda-mps-control"),
+        then: |w, what| {
+            assert_eq!(w.clients(0), ["l1", "t1"], "{what}");
+            assert!(w.inv.sets().is_empty(), "{what}: no compute mode changed for the refused one");
         },
     },
     timeslice_and_limit_containers_share_a_gpu: AcquireRow {

@@ -192,6 +192,8 @@ rows! {
                 ["start GPU-0/gpu", "set_defaults GPU-0/gpu", "stop GPU-0/gpu"],
                 "{what}"
             );
+            // The first GPU's record, saved with the client, is put back: there was none.
+            assert_eq!(w.record(0), None, "{what}");
         },
     },
     a_corrupt_record_is_refused_with_what_to_do_and_left_as_it_is: AcquireRow {
