@@ -28,6 +28,9 @@ pub(crate) mod sys;
 pub mod vocab;
 
 pub use container::error::Error;
+/// For the binaries' `#![no_main]` entries: what Rust's runtime set-up would have done that
+/// they still need (see `sys::entry`).
+pub use sys::entry::prepare as prepare_process;
 
 /// Version string printed by `gpushare-hook version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

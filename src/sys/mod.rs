@@ -1,13 +1,14 @@
 //! The only module with `unsafe`, one file per concern: the mount API's system calls
 //! ([`mount_api`]), the MPS daemon's sandbox set up between fork and exec ([`mount_namespace`]),
 //! detached children ([`detach`]), process descriptors ([`pidfd`]), dropping privileges before
-//! exec ([`privileges`]), inspecting a library by loading it ([`dlopen`]) and NVML's cgroup
+//! exec ([`privileges`]), a process entry without Rust's runtime set-up ([`entry`]), inspecting a library by loading it ([`dlopen`]) and NVML's cgroup
 //! memory limits ([`nvml_limits`]). Every `unsafe` block says, in its SAFETY comment, what makes
 //! that call safe. Callers use the re-exports below (`crate::sys::name`).
 #![allow(unsafe_code)]
 
 pub mod detach;
 pub mod dlopen;
+pub mod entry;
 pub mod mount_api;
 pub mod mount_namespace;
 pub mod nvml_limits;
