@@ -57,13 +57,15 @@ pub fn create_runtime(
     stdin: impl Read,
     dry_run: bool,
     profile: Option<&str>,
+    preread: Option<hook::Preread>,
 ) -> Result<Reply, Error> {
     let started = std::time::Instant::now();
     let input = read_state_input(stdin).inspect_err(|e| {
         tracing::error!(target: crate::logging::EXIT_TARGET, "refused: {}", chain(e));
     })?;
     let open = || inventory::open_for_planning(&ctx.cfg);
-    let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, profile, &open) {
+    let outcome = match hook::create_runtime(&input[..], &ctx.cfg, dry_run, profile, preread, &open)
+    {
         Ok(o) => o,
         Err(e) => {
             // Parsed again only here: a container that asks for nothing pays nothing for it.

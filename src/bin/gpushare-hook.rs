@@ -74,16 +74,22 @@ fn run() -> ExitCode {
         Err(e) => return without_policy(cli.command, &source, &e, stdin),
     };
     // The no-share fast path: a container that asks for nothing is let through before logging
-    // (or anything else) is set up; any other input goes the whole way, from the bytes read.
+    // (or anything else) is set up; any other input goes the whole way, from the bytes read
+    // (the state, and the config.json the first look read).
     let mut input = None;
     if let Cmd::CreateRuntime { profile: None, .. } | Cmd::Prestart { profile: None, .. } =
         cli.command
     {
+        use gpushare::container::hook::{look, Look};
         let read = Replay::of(&mut stdin);
-        if read.error.is_none() && gpushare::container::hook::asks_for_nothing(&read.bytes) {
-            return 0;
-        }
-        input = Some(read);
+        let preread = match read.error {
+            Some(_) => None,
+            None => match look(&read.bytes) {
+                Look::Nothing => return 0,
+                Look::Ask(preread) => preread,
+            },
+        };
+        input = Some((read, preread));
     }
     logging::init(Some(&cfg.log_file));
     let ctx = Ctx { cfg, source };
@@ -95,8 +101,10 @@ fn run() -> ExitCode {
     let result: Result<Reply> = match cli.command {
         Cmd::CreateRuntime { dry_run, profile } | Cmd::Prestart { dry_run, profile } => match input
         {
-            Some(read) => commands::create_runtime(&ctx, read, dry_run, profile.as_deref()),
-            None => commands::create_runtime(&ctx, stdin, dry_run, profile.as_deref()),
+            Some((read, preread)) => {
+                commands::create_runtime(&ctx, read, dry_run, profile.as_deref(), preread)
+            }
+            None => commands::create_runtime(&ctx, stdin, dry_run, profile.as_deref(), None),
         }
         .map_err(Into::into),
         Cmd::Poststop => commands::poststop(&ctx, stdin).map_err(Into::into),

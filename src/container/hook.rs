@@ -65,10 +65,14 @@ pub fn create_runtime(
     cfg: &Config,
     dry_run: bool,
     profile: Option<&str>,
+    preread: Option<Preread>,
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
 ) -> Result<Outcome, Error> {
     let state = intake::read_state(stdin)?;
-    let bytes = intake::read_config_bytes(state.bundle())?;
+    let bytes = match preread.filter(|p| p.bundle == state.bundle()) {
+        Some(p) => p.bytes,
+        None => intake::read_config_bytes(state.bundle())?,
+    };
     let empty = HashMap::new();
     if profile.is_none() && !may_ask(&bytes, state.annotations().as_ref().unwrap_or(&empty)) {
         return Ok(Outcome::Nothing);
@@ -100,21 +104,43 @@ pub fn create_runtime(
     result
 }
 
+/// What the first look at a container found: nothing asked for, or go the whole way.
+pub enum Look {
+    /// Its state and `config.json` read, and no request in them.
+    Nothing,
+    /// A request, or input to refuse: run [`create_runtime`], with the `config.json` read here
+    /// when there is one (it is not read twice).
+    Ask(Option<Preread>),
+}
+
+/// A bundle's `config.json` as the first look read it.
+pub struct Preread {
+    bundle: std::path::PathBuf,
+    bytes: Vec<u8>,
+}
+
 /// Whether the container on `input` (the state the runtime wrote on stdin) plainly asks for
 /// nothing: its state and `config.json` read, and no request in them. The binary asks this
-/// before it sets anything else up; on `false` (a request, or input to refuse) it runs
+/// before it sets anything else up; on [`Look::Ask`] (a request, or input to refuse) it runs
 /// [`create_runtime`], which decides the same way and says why.
-pub fn asks_for_nothing(input: &[u8]) -> bool {
+pub fn look(input: &[u8]) -> Look {
     let Ok(state) = intake::read_state(input) else {
-        return false;
+        return Look::Ask(None);
     };
     let Ok(bytes) = intake::read_config_bytes(state.bundle()) else {
-        return false;
+        return Look::Ask(None);
     };
-    !may_ask(
+    if may_ask(
         &bytes,
         state.annotations().as_ref().unwrap_or(&HashMap::new()),
-    )
+    ) {
+        Look::Ask(Some(Preread {
+            bundle: state.bundle().to_owned(),
+            bytes,
+        }))
+    } else {
+        Look::Nothing
+    }
 }
 
 fn decide_and_acquire(

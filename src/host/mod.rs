@@ -23,6 +23,7 @@ pub mod reaper;
 pub mod release;
 pub mod reservation;
 pub mod sandbox;
+pub mod small_file;
 pub mod snapshot;
 pub mod state;
 pub mod step;

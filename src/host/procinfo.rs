@@ -35,7 +35,7 @@ fn stat(pid: i32) -> Option<(char, u64)> {
     if pid <= 0 {
         return None;
     }
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let text = crate::host::small_file::read_text(format!("/proc/{pid}/stat"), 4096).ok()?;
     // The command name is in parentheses and may contain spaces or ')': split after the last ')'.
     let rest = &text[text.rfind(')')? + 1..];
     let mut fields = rest.split_ascii_whitespace();

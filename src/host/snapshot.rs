@@ -58,7 +58,8 @@ const DRIVER_PROC: &str = "/proc/driver/nvidia";
 /// version and GPUs (PCI addresses) as its proc files under `driver_proc` list them, where
 /// they exist.
 fn key_for(library: &str, driver_proc: &Path) -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let boot = crate::host::small_file::read_text("/proc/sys/kernel/random/boot_id", 64)
+        .unwrap_or_default();
     let driver = std::fs::read_to_string(driver_proc.join("version")).unwrap_or_default();
     let mut gpus: Vec<String> = std::fs::read_dir(driver_proc.join("gpus"))
         .map(|rd| {
@@ -181,10 +182,7 @@ pub fn drop_if_stale(state_dir: &Path, real: &dyn Inventory) -> Option<String> {
 }
 
 fn read(path: &Path) -> Option<Snapshot> {
-    use std::io::Read;
-    let f = std::fs::File::open(path).ok()?;
-    let mut bytes = Vec::new();
-    f.take(MAX_BYTES).read_to_end(&mut bytes).ok()?;
+    let bytes = crate::host::small_file::read(path, MAX_BYTES).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
