@@ -316,6 +316,29 @@ fn bad_policy_file_is_refused() {
 }
 
 #[test]
+fn a_broken_policy_lets_a_container_that_asks_for_nothing_through() {
+    // As precreate and gpushare-runtime do: a policy that does not load refuses only the
+    // containers that ask for a share.
+    let sb = Sandbox::new(1);
+    std::fs::write(sb.config_path(), "[policy]\nmax_cores = 500\n").unwrap();
+    let plain = sb.bundle("plain", &spec(json!({}), &["NVIDIA_VISIBLE_DEVICES=0"]));
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("plain", 1, &plain));
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "{:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Positive control: the same policy refuses a container that asks, naming the file.
+    let asks = sb.bundle(
+        "asks",
+        &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
+    );
+    let err = refused(&sb, &Sandbox::state_json("asks", 1, &asks), &[]);
+    assert!(err.contains("config.toml"), "{err}");
+}
+
+#[test]
 fn missing_cap_sys_admin_is_named() {
     if !common::require("capability check", &["capsh"]) {
         return;

@@ -47,38 +47,16 @@ fn run() -> ExitCode {
         println!("gpushare-hook {}", gpushare::VERSION);
         return 0;
     }
-    let source = Source::resolve(cli.config.as_deref());
-    let loaded = Config::load_from(&source);
-    if let Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } = cli.command {
-        // A refusal precreate carried here: the runtime shows this hook's stderr.
-        // A policy that does not load is written to with the defaults (the refusal it
-        // carries is that policy error).
-        let salvaged;
-        let cfg = match &loaded {
-            Ok(c) => c,
-            Err(_) => {
-                salvaged = gpushare::config::salvage(&source);
-                &salvaged
-            }
-        };
-        if let Some(e) = commands::refused_by_precreate(std::io::stdin().lock(), cfg, || {
-            logging::init(Some(&cfg.log_file));
-        }) {
-            // Logged with its container by refused_by_precreate: once.
-            return fail_unlogged(&e);
-        }
-    }
     let mut stdin = std::io::stdin().lock();
-    let cfg = match loaded {
-        Ok(c) => c,
-        Err(e) => return without_policy(cli.command, &source, &e, stdin),
-    };
-    // The no-share fast path: a container that asks for nothing is let through before logging
-    // (or anything else) is set up; any other input goes the whole way, from the bytes read
-    // (the state, and the config.json the first look read).
+    // The no-share fast path: a container that asks for nothing is let through before the
+    // policy is read, logging set up or anything else done (so a policy that does not load
+    // refuses only the containers that ask, as precreate and gpushare-runtime do). Any other
+    // input goes the whole way, from the bytes read (the state, and the config.json the first
+    // look read). A refusal precreate carried is not for the fast path.
     let mut input = None;
-    if let Cmd::CreateRuntime { profile: None, .. } | Cmd::Prestart { profile: None, .. } =
-        cli.command
+    let carried = std::env::var_os(gpushare::container::prepare::REFUSED_ENV).is_some();
+    if let (Cmd::CreateRuntime { profile: None, .. } | Cmd::Prestart { profile: None, .. }, false) =
+        (&cli.command, carried)
     {
         use gpushare::container::hook::{look, Look};
         let read = Replay::of(&mut stdin);
@@ -91,6 +69,37 @@ fn run() -> ExitCode {
         };
         input = Some((read, preread));
     }
+    let source = Source::resolve(cli.config.as_deref());
+    let loaded = Config::load_from(&source);
+    if let (Cmd::CreateRuntime { .. } | Cmd::Prestart { .. }, true) = (&cli.command, carried) {
+        // A refusal precreate carried here: the runtime shows this hook's stderr.
+        // A policy that does not load is written to with the defaults (the refusal it
+        // carries is that policy error).
+        let salvaged;
+        let cfg = match &loaded {
+            Ok(c) => c,
+            Err(_) => {
+                salvaged = gpushare::config::salvage(&source);
+                &salvaged
+            }
+        };
+        if let Some(e) = commands::refused_by_precreate(&mut stdin, cfg, || {
+            logging::init(Some(&cfg.log_file));
+        }) {
+            // Logged with its container by refused_by_precreate: once.
+            return fail_unlogged(&e);
+        }
+    }
+    let cfg = match loaded {
+        Ok(c) => c,
+        Err(e) => {
+            let rest: Box<dyn std::io::Read + '_> = match input {
+                Some((read, _)) => Box::new(read),
+                None => Box::new(stdin),
+            };
+            return without_policy(cli.command, &source, &e, rest);
+        }
+    };
     logging::init(Some(&cfg.log_file));
     let ctx = Ctx { cfg, source };
     // createRuntime logs its own refusal, with the container: the final line is not logged again.
