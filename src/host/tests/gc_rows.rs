@@ -394,3 +394,34 @@ fn gc_reports_an_unrecorded_daemon_it_stops() {
         "no line about the compute mode: {said:#?}"
     );
 }
+
+/// A domain directory being made (`.new-<pid>-…`, renamed into place once complete) is removed
+/// by gc once the process making it is gone, and left while it lives.
+#[test]
+fn gc_removes_a_half_made_domain_directory_only_once_its_maker_is_gone() {
+    let w = World::new(Isolation::Gpu, ONE_GPU);
+    let root = w.state().mps_root();
+    // A pid that is no process: beyond the kernel's largest.
+    let gone = root.join(format!("{}{}-1", crate::host::mps::NEW_PREFIX, i32::MAX));
+    let live = root.join(format!(
+        "{}{}-1",
+        crate::host::mps::NEW_PREFIX,
+        std::process::id()
+    ));
+    for d in [&gone, &live] {
+        std::fs::create_dir_all(d.join("pipe")).unwrap();
+    }
+    let said = w.host().gc().into_lines();
+    assert!(
+        !gone.exists(),
+        "the dead maker's directory is removed: {said:#?}"
+    );
+    assert!(live.exists(), "the live maker's directory is left");
+    assert_eq!(
+        said.iter()
+            .filter(|l| l.contains("of a killed acquire"))
+            .count(),
+        1,
+        "one line, for the one it removed: {said:#?}"
+    );
+}
