@@ -208,6 +208,7 @@ fn the_hook_plans_the_claims_request_from_its_cdi_spec() {
         &cfg,
         true,
         Some(&args[3]),
+        None,
         &open,
     )
     .unwrap();
@@ -232,6 +233,7 @@ fn the_hook_plans_the_claims_request_from_its_cdi_spec() {
         &cfg,
         true,
         Some(&args[3]),
+        None,
         &open,
     )
     .unwrap_err();
