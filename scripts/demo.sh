@@ -15,10 +15,20 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 scripts/install-deps.sh --demo >&2   # only what the demo needs; scripts/test.sh installs the rest
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"   # where rustup put cargo
-echo "== building (profile demo: unoptimised, no debug info; the quickest from nothing)" >&2
-# Only what the demo runs: the hook and the runtime, the limiter, the simulated driver.
-cargo build --profile demo -p gpushare -p gpushare-limiter -p gpushare-simdriver >&2
-BIN=$REPO/target/demo
+# GS_DEMO_BIN: a directory where those four files are already built (the test suite's own
+# build: tests/demo.rs), used as they are instead of building them again.
+if [ -n "${GS_DEMO_BIN:-}" ]; then
+    BIN=$GS_DEMO_BIN
+    for f in gpushare-hook gpushare-runtime libgpushare_limiter.so libgpushare_simdriver.so; do
+        [ -f "$BIN/$f" ] || { echo "demo: GS_DEMO_BIN=$BIN has no $f" >&2; exit 1; }
+    done
+    echo "== using the binaries in $BIN" >&2
+else
+    echo "== building (profile demo: unoptimised, no debug info; the quickest from nothing)" >&2
+    # Only what the demo runs: the hook and the runtime, the limiter, the simulated driver.
+    cargo build --profile demo -p gpushare -p gpushare-limiter -p gpushare-simdriver >&2
+    BIN=$REPO/target/demo
+fi
 
 D=$(mktemp -d /tmp/gpushare-demo-XXXXXX)
 ID=demo$$

@@ -77,7 +77,7 @@ README.md)
     NOT_RUN=(
         ["Install from the package"]="this build's files are installed as the package's (Cargo.toml's deb assets, postinst); the .deb itself: tests/engines/package.sh"
         ["Kubernetes with DRA"]="no cluster here: the manifests are validated by tests/kubernetes.rs, the plugin by gpushare-dra's tests"
-        ["Demo and tests"]="scripts/demo.sh is run as written by tests/demo.rs; scripts/test.sh is the suite this test is part of (.ci/run runs it)"
+        ["Demo and tests"]="scripts/demo.sh is run by tests/demo.rs on the binaries the suite built (GS_DEMO_BIN: its own build step is timed by scripts/time-demo-fresh.sh); scripts/test.sh is the suite this test is part of (.ci/run runs it)"
     )
     RUN_ORDER=("Trying it without a GPU" "podman" "Docker" "containerd" "containerd or CRI-O under Kubernetes" "CDI")
     ;;
