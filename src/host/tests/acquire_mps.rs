@@ -545,3 +545,57 @@ fn host_flush_lets_the_control_send_what_it_deferred() {
     host.flush();
     assert_eq!(flushes.get(), 1, "Host::flush did not reach the control");
 }
+
+/// What a closure logs, as the node log would show it (no colours).
+fn logged(f: impl FnOnce()) -> String {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let sink = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let bytes = buf.0.lock().unwrap().clone();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The operator's evidence that a domain was tampered with is the node log: an error that names
+/// the GPU, the domain and its containers, and says the daemon is restarted.
+#[test]
+fn a_tampered_daemon_s_replacement_is_logged_as_an_error_with_its_containers() {
+    let w = World::new(Isolation::Gpu, ONE_GPU);
+    w.given(&gpu_plan(&w, "c1"));
+    w.ctl.tamper(&w.pipe(0, "gpu"));
+    w.clear();
+    let log = logged(|| w.acquire(&gpu_plan(&w, "c2")).expect("acquire"));
+    // Positive control: the daemon really was replaced.
+    assert_eq!(
+        w.ctl.actions(),
+        [
+            "refresh GPU-0/gpu",
+            "stop GPU-0/gpu",
+            "start GPU-0/gpu",
+            "set_defaults GPU-0/gpu"
+        ]
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("tampered with"))
+        .unwrap_or_else(|| panic!("no line about the tampering in:\n{log}"));
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains("MPS domain gpu of GPU 0"), "{line}");
+    assert!(line.contains("restarting its daemon"), "{line}");
+    assert!(line.contains("containers=c1"), "{line}");
+}
