@@ -148,6 +148,10 @@ rows! {
             assert!(w.inv.sets().is_empty(), "{what}");
             let rec = w.record(0).expect("rebuilt record");
             assert!(rec.domains["gpu"].daemon.is_some(), "{what}");
+            // The daemon's GPU is in EXCLUSIVE_PROCESS (its acquire set it): DEFAULT is what
+            // to put back once it stops.
+            assert_eq!(w.inv.modes(), [(0, EXCLUSIVE)], "{what}");
+            assert_eq!(rec.restore_compute_mode, Some(DEFAULT), "{what}");
             let aside = std::fs::read_dir(w.state().gpus_dir())
                 .unwrap()
                 .flatten()

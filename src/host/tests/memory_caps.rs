@@ -228,6 +228,37 @@ fn the_driver_backend_sets_the_limit_on_acquire_and_clears_it_on_release() {
 }
 
 #[test]
+fn a_cgroup_whose_driver_limit_another_container_holds_is_refused() {
+    let w = World::new(1, Some(false));
+    let cg = w.cgroup("c1");
+    w.acquire(&driver(plan("c1", Mode::Timeslice, &[0], Some(GIB)), &cg))
+        .unwrap();
+    // A second container put into the same cgroup (its linux.cgroupsPath names c1's): the
+    // driver's limit there is c1's, which a second limit would replace.
+    let e = w
+        .acquire(&driver(
+            plan("c2", Mode::Timeslice, &[0], Some(2 * GIB)),
+            &cg,
+        ))
+        .unwrap_err();
+    assert!(
+        matches!(&e, AcquireError::CgroupTaken { other, .. } if other == "c1"),
+        "{e:?}"
+    );
+    assert_eq!(
+        w.inv.limit_sets(),
+        vec![(0, cg.clone(), 0, GIB)],
+        "c1's limit untouched"
+    );
+    // Positive control: a cgroup of its own is served.
+    let cg3 = w.cgroup("c3");
+    w.acquire(&driver(plan("c3", Mode::Timeslice, &[0], Some(GIB)), &cg3))
+        .unwrap();
+    let rec = w.records()[0].clone().unwrap();
+    assert_eq!(rec.clients.keys().collect::<Vec<_>>(), ["c1", "c3"]);
+}
+
+#[test]
 fn a_driver_that_refuses_the_limit_refuses_the_container_and_undoes_the_other_gpus() {
     let w = World::new(2, Some(true));
     let cg = w.cgroup("c1");
