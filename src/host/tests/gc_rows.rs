@@ -429,3 +429,103 @@ fn gc_removes_a_half_made_domain_directory_only_once_its_maker_is_gone() {
         "one line, for the one it removed: {said:#?}"
     );
 }
+
+/// A domain directory's `owner` file is written by whoever can write there: gc reads a GPU id
+/// from it only when it is a safe name, and otherwise leaves the directory alone (it takes no
+/// lock, and says nothing).
+#[test]
+fn gc_leaves_a_domain_directory_whose_owner_names_no_safe_gpu_id() {
+    let w = World::new(Isolation::Gpu, ONE_GPU);
+    let dir = w.state().mps_root().join("planted");
+    std::fs::create_dir_all(dir.join("pipe")).unwrap();
+    std::fs::write(dir.join(crate::host::mps::OWNER_FILE), "../../escape gpu").unwrap();
+    let said = w.host().gc().into_lines();
+    assert!(said.is_empty(), "{said:#?}");
+    assert!(dir.join("pipe").exists(), "left alone");
+    assert!(
+        !w.state().root().join("escape.lock").exists()
+            && !w.state().gpus_dir().join("../../escape.lock").exists(),
+        "no lock file taken outside the GPUs' directory"
+    );
+}
+
+/// Per-container directories: gc removes the one of a container that is no client of any GPU,
+/// keeps a client's and a young `pending-*` one (a precreate whose create has not come yet).
+#[test]
+fn gc_removes_the_directory_of_a_container_that_is_gone_and_keeps_the_others() {
+    let w = World::new(Isolation::Gpu, ONE_GPU);
+    w.given(&plain("live", Mode::Limit, &[0]));
+    let sd = w.state();
+    let pending = format!("{}young", crate::host::pending::PENDING_PREFIX);
+    for id in ["live", "gone", pending.as_str()] {
+        std::fs::create_dir_all(sd.container_dir(id)).unwrap();
+        std::fs::write(sd.container_dir(id).join("limits"), "x").unwrap();
+    }
+    let said = w.host().gc().into_lines();
+    assert!(!sd.container_dir("gone").exists(), "{said:#?}");
+    assert!(
+        sd.container_dir("live").exists(),
+        "a client's directory is kept"
+    );
+    assert!(
+        sd.container_dir(&pending).exists(),
+        "a young pending directory is kept"
+    );
+    assert_eq!(
+        said.iter()
+            .filter(|l| l.contains("of a container that is gone"))
+            .count(),
+        1,
+        "{said:#?}"
+    );
+}
+
+/// The lock timeout is the policy's: an acquire waits for a GPU lock another hook holds for a
+/// moment, and gets it.
+#[test]
+fn an_acquire_waits_for_a_lock_held_for_a_moment() {
+    let w = World::new(Isolation::Gpu, ONE_GPU);
+    w.state().ensure().unwrap();
+    let held = w
+        .state()
+        .lock(
+            &uuid(0),
+            std::time::Duration::from_secs(1),
+            "container other",
+        )
+        .expect("lock");
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        drop(held);
+    });
+    let t = std::time::Instant::now();
+    w.acquire(&plain("c1", Mode::Timeslice, &[0]))
+        .expect("acquired once the lock was let go");
+    assert!(
+        t.elapsed() >= std::time::Duration::from_millis(250),
+        "it waited"
+    );
+    releaser.join().unwrap();
+    assert_eq!(w.clients(0), ["c1"]);
+}
+
+/// Releasing a container touches only the GPUs that list it: a daemon another GPU's record
+/// holds without clients is gc's to stop, not this release's.
+#[test]
+fn a_release_touches_only_the_gpus_that_list_the_container() {
+    let w = World::new(Isolation::Gpu, TWO_GPUS);
+    w.given(&gpu_plan(&w, "c1"));
+    w.given(&mps(&w.cfg, "c2", &[1], ASK));
+    let mut rec = w.record(1).expect("GPU 1's record");
+    rec.clients.clear();
+    w.save(&rec);
+    w.clear();
+    let warnings = w.host().release("c1");
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(
+        w.ctl.actions(),
+        ["stop GPU-0/gpu"],
+        "only GPU 0's daemon is stopped"
+    );
+    assert_eq!(w.ctl.live(), ["GPU-1/gpu"]);
+}
