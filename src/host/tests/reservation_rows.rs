@@ -200,3 +200,44 @@ rows! {
         },
     },
 }
+
+/// What a spec edit learns from its reservation: the limits a live domain already enforces (it
+/// has a daemon, or clients), and nothing for a domain that only holds reservations.
+#[test]
+fn a_reservation_returns_the_limits_of_a_live_domain_only() {
+    if !can_mount() {
+        return;
+    }
+    let reserved = |edit: fn(&mut Record)| {
+        let w = World::new(Isolation::Gpu, ONE_GPU);
+        w.given(&gpu_plan(&w, "c1"));
+        let mut rec = w.record(0).expect("record");
+        edit(&mut rec);
+        w.save(&rec);
+        let plan = gpu_plan(&w, "c2");
+        let host = w.host();
+        let enforced = host
+            .reserve(&plan.gpus[0], plan.domain.as_ref().unwrap(), "pending-1")
+            .expect("reserve");
+        enforced
+    };
+    assert_eq!(reserved(|_| {}), Some(POLICY), "a daemon and a client");
+    assert_eq!(
+        reserved(|r| r.clients.clear()),
+        Some(POLICY),
+        "a daemon, no client"
+    );
+    assert_eq!(
+        reserved(|r| r.domains.get_mut("gpu").unwrap().daemon = None),
+        Some(POLICY),
+        "a client, no daemon recorded"
+    );
+    assert_eq!(
+        reserved(|r| {
+            r.clients.clear();
+            r.domains.get_mut("gpu").unwrap().daemon = None;
+        }),
+        None,
+        "neither"
+    );
+}
