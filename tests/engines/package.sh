@@ -9,9 +9,19 @@
 # stays working), then purge (which undoes `configure docker`) and check that the file list is
 # the one before the install. The rpm's file list is checked.
 # Always purges the package and restores the files it touched, even when it fails.
+# Both packages are built before the host-wide lock is taken (building them touches nothing of
+# the host's), so that the other engine tests run meanwhile; the lock is taken before the checks
+# and the install.
+GS_LOCK_LATER=1
 source "$(dirname "$0")/lib.sh"
 need dpkg dpkg-deb podman dockerd docker runc jq readelf rpm cargo-deb cargo-generate-rpm
 unset GPUSHARE_CONFIG
+PT=${GS_PACKAGE_TARGET:-$GS_REPO/target/package}
+echo "== build the .deb (release build, man pages and completions from the CLI)"
+DEB=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/deb/build.sh" 2>"$T/deb-build.log" | tail -1) || { cat "$T/deb-build.log"; fail "deb build"; }
+echo "== build the .rpm (the same release build)"
+RPM=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/rpm/build.sh" 2>"$T/rpm-build.log" | tail -1) || { cat "$T/rpm-build.log"; fail "rpm build"; }
+host_lock
 if dpkg -s gpushare >/dev/null 2>&1; then
     skip "a gpushare package is already installed here; this test would replace and purge it"
 fi
@@ -32,9 +42,6 @@ on_exit "GPUSHARE_FORCE_REMOVE=1 dpkg --purge gpushare"
 on_exit "rm -f /etc/containers/containers.conf.d/50-gpushare.conf.bak-* /etc/containers/oci/hooks.d/gpushare-*.bak-* /etc/containers/oci/hooks.d-podman/gpushare-*.bak-*"
 on_exit "podman_ rm -af -t 0"
 
-PT=${GS_PACKAGE_TARGET:-$GS_REPO/target/package}
-echo "== build the .deb (release build, man pages and completions from the CLI)"
-DEB=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/deb/build.sh" 2>"$T/deb-build.log" | tail -1) || { cat "$T/deb-build.log"; fail "deb build"; }
 [ -f "$DEB" ] || fail "no .deb built ($DEB)"
 ok "built $DEB"
 dpkg-deb -f "$DEB" Package Depends
@@ -212,7 +219,6 @@ diff -u "$T/files.before" "$T/files.after" || fail "the files after the purge di
 ok "purged: the file list is the one before the install ($(wc -l <"$T/files.before") paths); the log that was there stays"
 
 echo "== the rpm"
-RPM=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/rpm/build.sh" 2>"$T/rpm-build.log" | tail -1) || { cat "$T/rpm-build.log"; fail "rpm build"; }
 [ -f "$RPM" ] || fail "no .rpm built"
 rpm -qlp "$RPM" 2>/dev/null | sort >"$T/rpm.list"
 rpm -qpR "$RPM" 2>/dev/null | has -x 'glibc >= 2.17' || { rpm -qpR "$RPM"; fail "the .rpm does not require glibc >= 2.17"; }
