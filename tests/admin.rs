@@ -454,7 +454,6 @@ fn doctor_fails_a_dead_daemon_with_live_clients_and_the_log_tells_the_story() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = common::Cleanup(sb.path().to_path_buf());
     let b = sb.bundle(
         "b",
         &common::spec(

@@ -6,7 +6,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::{spec, Cleanup, FakeContainer, Sandbox};
+use common::{spec, FakeContainer, Sandbox};
 use serde_json::{json, Value};
 
 fn text(b: &[u8]) -> String {
@@ -260,7 +260,6 @@ fn a_broken_policy_keeps_status_gc_and_poststop_working_and_doctor_to_the_point(
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &mps_spec());
     let a = FakeContainer::start();
     let st = Sandbox::state_json("ca", a.pid(), &b);

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{spec, Cleanup, FakeContainer, Sandbox};
+use common::{spec, FakeContainer, Sandbox};
 use serde_json::{json, Value};
 
 /// Runs createRuntime with `stdin` and checks the refusal contract; returns stderr.
@@ -47,7 +47,6 @@ fn bad_requests_are_refused_with_one_line() {
         return;
     }
     let (sb, _base) = busy_sandbox(2);
-    let _c = Cleanup(sb.path().to_path_buf());
     sb.write_config("[policy]\nmax_memory = \"8Gi\"\n");
     let c = FakeContainer::start();
     let rows: Vec<(&str, Value, Vec<&str>, &str)> = vec![
@@ -158,7 +157,6 @@ fn bad_requests_are_refused_with_one_line() {
 #[test]
 fn malformed_state_and_config_are_refused() {
     let (sb, _base) = busy_sandbox(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let good = sb.bundle(
         "good",
         &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
@@ -226,7 +224,6 @@ fn malformed_state_and_config_are_refused() {
 #[test]
 fn missing_or_failing_drivers_and_binaries_are_refused() {
     let (sb, _base) = busy_sandbox(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let c = FakeContainer::start();
     let b = sb.bundle(
         "b",
@@ -260,7 +257,6 @@ fn missing_or_failing_drivers_and_binaries_are_refused() {
         1,
         &format!("[mps]\ncontrol = {hang:?}\nstart_timeout_seconds = 1\n"),
     );
-    let _c2 = Cleanup(sb2.path().to_path_buf());
     let b2 = sb2.bundle(
         "b",
         &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
@@ -378,7 +374,6 @@ fn a_container_process_in_the_hooks_own_mount_namespace_is_refused_and_nothing_l
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle(
         "b",
         &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{daemons_under, spec, Cleanup, FakeContainer, Sandbox};
+use common::{daemons_under, spec, FakeContainer, Sandbox};
 use serde_json::json;
 
 const N: usize = 32;
@@ -31,7 +31,6 @@ fn run_parallel(sb: &Arc<Sandbox>, jobs: Vec<(Vec<&'static str>, String)>) {
 
 fn parallel_acquire_release(gpus: usize) {
     let sb = Arc::new(Sandbox::new(gpus));
-    let _c = Cleanup(sb.path().to_path_buf());
     let bundles: Vec<_> = (0..gpus)
         .map(|g| {
             let env = format!("NVIDIA_VISIBLE_DEVICES={g}");
@@ -160,7 +159,6 @@ fn sigkilled_hooks_then_gc_leave_consistent_state() {
                 continue; // only the first client starts a daemon
             }
             let sb = Sandbox::new(1);
-            let _c = Cleanup(sb.path().to_path_buf());
             let b = sb.bundle(
                 "b",
                 &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
@@ -201,7 +199,6 @@ fn sigkilled_hooks_then_gc_leave_consistent_state() {
     }
     for point in ["release-locked", "release-daemon-stopped"] {
         let sb = Sandbox::new(1);
-        let _c = Cleanup(sb.path().to_path_buf());
         let b = sb.bundle(
             "b",
             &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{daemons_under, spec, Cleanup, FakeContainer, Sandbox};
+use common::{daemons_under, spec, FakeContainer, Sandbox};
 use serde_json::json;
 
 fn mps_spec() -> serde_json::Value {
@@ -38,7 +38,6 @@ fn two_mps_containers_share_one_daemon() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &mps_spec());
     let (a, c) = (FakeContainer::start(), FakeContainer::start());
 
@@ -93,7 +92,6 @@ fn acquire_and_release_are_idempotent() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &mps_spec());
     let a = FakeContainer::start();
     let state = Sandbox::state_json("ca", a.pid(), &b);
@@ -117,7 +115,6 @@ fn timeslice_is_refused_on_an_mps_gpu_and_mps_on_a_timeslice_gpu() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let bm = sb.bundle("m", &mps_spec());
     let bt = sb.bundle(
         "t",
@@ -158,7 +155,6 @@ fn stale_clients_are_dropped_and_dead_daemons_restarted() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &mps_spec());
     let mut gone = FakeContainer::start();
     let live = FakeContainer::start();
@@ -206,7 +202,6 @@ fn unrecorded_daemon_is_adopted_not_duplicated() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &mps_spec());
     let (a, c) = (FakeContainer::start(), FakeContainer::start());
     // Killed between starting the daemon and saving the record.
@@ -325,7 +320,6 @@ fn daemon_leaves_the_callers_cgroup() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &mps_spec());
     let a = FakeContainer::start();
     // The hook runs inside a scope of its own, as under a runtime's per-container cgroup.
@@ -377,7 +371,6 @@ fn daemon_settings_follow_the_policy() {
         1,
         "[mps]\nexclusive_compute_mode = false\n[policy]\ndefault_cores = 60\nmax_memory = \"8Gi\"\n",
     );
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle(
         "b",
         &spec(json!({"gpu.share": "mps"}), &["NVIDIA_VISIBLE_DEVICES=0"]),
@@ -431,7 +424,6 @@ fn multiuser_daemon_flag_is_passed_and_its_failure_explained() {
         return;
     }
     let sb = Sandbox::with_policy(1, "[mps]\nmultiuser = true\nstart_timeout_seconds = 5\n");
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &mps_spec());
     let a = FakeContainer::start();
     let out = sb.hook(&["createRuntime"], &Sandbox::state_json("ca", a.pid(), &b));
@@ -466,7 +458,6 @@ fn multiuser_daemon_flag_is_passed_and_its_failure_explained() {
 fn gc_removes_what_gone_limit_containers_left() {
     let limiter = common::simdriver().with_file_name("libgpushare_limiter.so");
     let sb = Sandbox::with_policy(1, &format!("[limit]\nlibrary = {limiter:?}\n"));
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle(
         "b",
         &spec(
@@ -506,7 +497,6 @@ fn spec_edit_reservation_keeps_mount_sources_across_a_last_release() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let ba = sb.bundle("a", &mps_spec());
     let a = FakeContainer::start();
     ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("ca", a.pid(), &ba)));
@@ -582,7 +572,6 @@ fn a_join_of_a_running_daemon_loads_no_nvml_and_a_start_still_does() {
         return;
     }
     let sb = Sandbox::new(2);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b0 = sb.bundle("b0", &mps_spec());
     let b1 = sb.bundle(
         "b1",

@@ -8,7 +8,7 @@ mod common;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
-use common::{spec, Cleanup, FakeContainer, Sandbox};
+use common::{spec, FakeContainer, Sandbox};
 use serde_json::json;
 
 fn ok(out: &std::process::Output) {
@@ -76,7 +76,6 @@ fn metrics_pass_promtool_and_describe_each_share() {
     }
     let limiter = common::simdriver().with_file_name("libgpushare_limiter.so");
     let sb = Sandbox::with_policy(2, &format!("[limit]\nlibrary = {limiter:?}\n"));
-    let _c = Cleanup(sb.path().to_path_buf());
     // A limit container on GPU 0, with the names containerd's CRI plugin gives.
     let bl = sb.bundle(
         "l",

@@ -7,7 +7,7 @@ mod common;
 use std::process::Output;
 use std::sync::Arc;
 
-use common::{daemons_under, spec, Cleanup, FakeContainer, Sandbox};
+use common::{daemons_under, spec, FakeContainer, Sandbox};
 use serde_json::{json, Value};
 
 fn ok(out: &Output) {
@@ -69,7 +69,6 @@ fn two_groups_on_one_gpu_get_two_daemons_and_stop_separately() {
         return;
     }
     let sb = group_policy(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let ba = sb.bundle("a", &group_spec(Some("team-a"), &[]));
     let bb = sb.bundle("b", &group_spec(Some("team-b"), &[]));
     let procs: Vec<FakeContainer> = (0..4).map(|_| FakeContainer::start()).collect();
@@ -137,7 +136,6 @@ fn container_isolation_gives_each_container_its_daemon() {
         return;
     }
     let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"container\"\n");
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &group_spec(None, &[]));
     let procs: Vec<FakeContainer> = (0..3).map(|_| FakeContainer::start()).collect();
     for (i, p) in procs.iter().enumerate() {
@@ -168,7 +166,6 @@ fn container_isolation_gives_each_container_its_daemon() {
 #[test]
 fn gpu_isolation_refuses_a_group_naming_the_policy() {
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &group_spec(Some("team-a"), &[]));
     let p = FakeContainer::start();
     refused(
@@ -184,7 +181,6 @@ fn requests_above_the_domain_limits_are_refused() {
         return;
     }
     let sb = group_policy(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let creator = sb.bundle(
         "creator",
         &group_spec(
@@ -253,7 +249,6 @@ fn admin_defined_groups_enforce_the_policy_limits() {
         1,
         "[mps]\nisolation = \"group\"\n[mps.groups.ops]\ncores = 25\nmemory = \"512Mi\"\n",
     );
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &group_spec(Some("ops"), &[]));
     let p = FakeContainer::start();
     ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("c", p.pid(), &b)));
@@ -280,7 +275,6 @@ fn a_tenant_reaches_only_its_own_domain_and_drift_is_put_back() {
         return;
     }
     let sb = group_policy(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let ba = sb.bundle("a", &group_spec(Some("a"), &[("gpu.share.cores", "40")]));
     let bb = sb.bundle("b", &group_spec(Some("b"), &[("gpu.share.cores", "60")]));
     let (pa, pb, pc) = (
@@ -368,7 +362,6 @@ fn mixed_uids_in_one_domain_are_refused() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let root = sb.bundle("root", &group_spec(None, &[]));
     let mut user_spec = group_spec(None, &[]);
     user_spec["process"]["user"] = json!({"uid": 1000, "gid": 1000});
@@ -402,7 +395,6 @@ fn thirty_two_parallel_acquires_across_four_groups() {
         return;
     }
     let sb = Arc::new(group_policy(1));
-    let _c = Cleanup(sb.path().to_path_buf());
     let bundles: Vec<_> = (0..4)
         .map(|g| sb.bundle(&format!("g{g}"), &group_spec(Some(&format!("g{g}")), &[])))
         .collect();
@@ -558,7 +550,6 @@ fn sigkilled_hooks_with_domains_then_gc_match_the_live_containers() {
             c.point, c.isolation, c.victim_gpu, c.why
         );
         let sb = Sandbox::with_policy(2, &format!("[mps]\nisolation = \"{}\"\n", c.isolation));
-        let _c = Cleanup(sb.path().to_path_buf());
         if c.mode_before != 0 {
             std::fs::write(
                 sb.sim_state()
@@ -660,7 +651,6 @@ fn gc_quarantines_an_unreadable_record_and_rebuilds_it_without_stopping_anything
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle("b", &group_spec(None, &[("gpu.share.cores", "40")]));
     let (mut p1, mut p2) = (FakeContainer::start(), FakeContainer::start());
     ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("c1", p1.pid(), &b)));
@@ -738,7 +728,6 @@ fn sigkilled_releases_with_domains_then_gc_leave_the_other_domain_running() {
     }
     for point in ["release-locked", "release-daemon-stopped"] {
         let sb = group_policy(1);
-        let _c = Cleanup(sb.path().to_path_buf());
         let stay_b = sb.bundle("stay", &group_spec(Some("s"), &[]));
         let gone_b = sb.bundle("gone", &group_spec(Some("g"), &[]));
         let stay = FakeContainer::start();

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{daemons_under, runc, runc_bundle, spec, Cleanup, FakeContainer, Sandbox};
+use common::{daemons_under, runc, runc_bundle, spec, FakeContainer, Sandbox};
 use gpushare::host::mps::Control;
 use serde_json::json;
 
@@ -237,7 +237,6 @@ fn links_planted_by_a_container_do_not_lead_a_restarted_daemon_out() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let marker = Marker::new();
     let before = marker.snapshot();
     let a = Ctr::start(&sb, "a", 0);
@@ -281,7 +280,6 @@ fn links_left_behind_when_a_reservation_kept_the_directory_are_not_followed() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let marker = Marker::new();
     let before = marker.snapshot();
     let ba = sb.bundle("a", &mps_spec(0));
@@ -354,7 +352,6 @@ fn a_racer_swapping_control_for_a_link_changes_nothing_and_restarts_succeed() {
     }
     const RESTARTS: usize = 50;
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let marker = Marker::new();
     let before = marker.snapshot();
     let b = sb.bundle("b", &mps_spec(0));
@@ -460,7 +457,6 @@ fn linked_control_sockets_do_not_carry_gpushare_commands_to_another_daemon() {
         return;
     }
     let sb = Sandbox::new(2);
-    let _c = Cleanup(sb.path().to_path_buf());
     let (b0, b1) = (sb.bundle("g0", &mps_spec(0)), sb.bundle("g1", &mps_spec(1)));
     let (a, v) = (FakeContainer::start(), FakeContainer::start());
     ok(&sb.hook(

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{daemons_under, runc, runc_bundle, Cleanup, Sandbox};
+use common::{daemons_under, runc, runc_bundle, Sandbox};
 use serde_json::{json, Value};
 
 fn ok(out: &Output) {
@@ -210,7 +210,6 @@ fn a_planted_control_socket_is_not_believed_and_the_next_acquire_restarts_the_da
         return;
     }
     let sb = Sandbox::with_policy(1, "[policy]\ndefault_cores = 40\n");
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", mps(&[]), &[], &[]).unwrap();
     let pipe = sb.domain_dir(0, "gpu").join("pipe");
     let real = daemon_pid(&sb, "gpu");
@@ -276,7 +275,6 @@ fn a_daemon_wedged_through_its_log_fifo_is_replaced_by_the_next_acquire() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", mps(&[]), &[], &[]).unwrap();
     let wedged = daemon_pid(&sb, "gpu");
     // The writer holds none of the exec's output: when the daemon has already logged into the
@@ -328,7 +326,6 @@ fn filling_the_pipe_directory_hurts_only_its_domain() {
         return;
     }
     let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"group\"\nshm_size = \"8Mi\"\n");
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", mps(&[("gpu.share.group", "a")]), &[], &[]).unwrap();
     let out =
         a.sh("head -c 8388608 /dev/zero > /tmp/nvidia-mps/fill; wc -c < /tmp/nvidia-mps/fill");
@@ -384,7 +381,6 @@ fn shm_is_capped_and_runs_nothing() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", mps(&[]), &[], &[]).unwrap();
     let out = a.sh("head -c 75497472 /dev/zero > /dev/shm/big; wc -c < /dev/shm/big");
     let written: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
@@ -418,7 +414,6 @@ fn a_look_alike_daemon_delays_nobody_and_gets_no_signal() {
         return;
     }
     let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"group\"\n");
-    let _c = Cleanup(sb.path().to_path_buf());
     let victim_pipe = sb.domain_dir(0, "g-victim").join("pipe");
     let mark = sb.path().join("decoy-signalled");
     let decoy = Command::new("/bin/sh")
@@ -525,7 +520,6 @@ fn a_joiner_naming_no_limit_gets_its_domains() {
         1,
         "[mps]\nisolation = \"group\"\n[policy]\ndefault_cores = 50\n",
     );
-    let _c = Cleanup(sb.path().to_path_buf());
     let first = mps(&[("gpu.share.group", "g"), ("gpu.share.cores", "30")]);
     let (env, res) = precreate(&sb, &first);
     let a = tenant(&sb, "a", first, &env, &res).unwrap();
@@ -563,7 +557,6 @@ fn a_refusal_releases_its_reservation_and_gc_says_what_it_removed() {
         return;
     }
     let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"group\"\n");
-    let _c = Cleanup(sb.path().to_path_buf());
     let first = mps(&[("gpu.share.group", "g"), ("gpu.share.cores", "30")]);
     let (env, res) = precreate(&sb, &first);
     let a = tenant(&sb, "a", first, &env, &res).unwrap();
@@ -611,7 +604,6 @@ fn the_daemon_runs_without_capabilities() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", mps(&[]), &[], &[]).unwrap();
     let pid = daemon_pid(&sb, "gpu");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -654,7 +646,6 @@ fn the_same_group_in_another_namespace_is_another_domain() {
         return;
     }
     let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"group\"\n");
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", pod("team-a", "team-a"), &[], &[]).unwrap();
     ok(&a.sh("echo secret > /dev/shm/team-a-data"));
     let e = tenant(&sb, "e", pod("evil", "team-a"), &[], &[]).unwrap();
@@ -702,7 +693,6 @@ fn a_group_bound_to_namespaces_refuses_the_others() {
         1,
         "[mps]\nisolation = \"group\"\ngroup_namespaces = { team-a = [\"team-a\"] }\n",
     );
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", pod("team-a", "team-a"), &[], &[]).unwrap();
     for (name, ann) in [
         ("e", pod("evil", "team-a")),
@@ -730,7 +720,6 @@ fn the_limiters_shared_directory_is_capped_and_off_the_state_filesystem() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(
         &sb,
         "a",
@@ -789,7 +778,6 @@ fn the_daemons_log_stays_bounded_whatever_a_tenant_sends() {
         1,
         "[serve]\nlisten = \"127.0.0.1:0\"\ngc_interval_seconds = 1\n",
     );
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", mps(&[]), &[], &[]).unwrap();
     // 3,000 commands of 3,000 bytes: about 9 MB of log lines.
     ok(&a.sh(
@@ -845,7 +833,6 @@ fn a_changed_client_priority_is_shown_and_put_back() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = tenant(&sb, "a", mps(&[]), &[], &[]).unwrap();
     let pipe = sb.domain_dir(0, "gpu").join("pipe");
     assert_eq!(ask(&pipe, "get_default_client_priority"), "0");
@@ -870,7 +857,6 @@ fn twenty_wedged_domains_keep_status_and_metrics_under_a_second() {
         return;
     }
     let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"container\"\n");
-    let _c = Cleanup(sb.path().to_path_buf());
     let mut containers = Vec::new();
     for i in 0..20 {
         let b = sb.bundle(

@@ -11,7 +11,7 @@ fn podman_refusals_are_shown_and_a_broken_policy_passes_plain_containers() {
 
 mod common;
 
-use common::{spec, Cleanup, FakeContainer, Sandbox};
+use common::{spec, FakeContainer, Sandbox};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -25,7 +25,6 @@ fn each_event_is_one_log_line_for_people() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let big = sb.bundle(
         "big",
         &spec(

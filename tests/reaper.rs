@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{daemons_under, runc, runc_bundle, Cleanup, Sandbox};
+use common::{daemons_under, runc, runc_bundle, Sandbox};
 use serde_json::{json, Value};
 
 struct Ctr {
@@ -150,7 +150,6 @@ fn an_exited_container_that_is_not_deleted_loses_its_share_and_its_daemon() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let _k = KillReapers(&sb);
     let a = start(&sb, "mps-a", json!({"gpu.share": "mps"}));
     let b = start(&sb, "mps-b", json!({"gpu.share": "mps"}));
@@ -211,7 +210,6 @@ fn a_killed_reaper_loses_nothing() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let _k = KillReapers(&sb);
     let share = json!({"gpu.share": "timeslice"});
     let a = start(&sb, "killed-a", share.clone());
@@ -259,7 +257,6 @@ fn a_killed_reaper_loses_nothing() {
 #[test]
 fn a_reaper_whose_directory_is_removed_exits_instead_of_spinning() {
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle(
         "t",
         &common::spec(

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{daemons_under, spec, Cleanup, FakeContainer, Sandbox};
+use common::{daemons_under, spec, FakeContainer, Sandbox};
 use serde_json::{json, Value};
 
 fn ok(out: &Output) {
@@ -104,7 +104,6 @@ fn a_spec_edit_refused_after_reserving_leaves_nothing() {
     // Positive control: the same request on a sound image and node is edited and reserves.
     {
         let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"group\"\n");
-        let _c = Cleanup(sb.path().to_path_buf());
         let (cfg, _) = config(&sb, "good", ann.clone(), 0);
         let out = sb.hook(&["precreate"], &cfg.to_string());
         ok(&out);
@@ -114,7 +113,6 @@ fn a_spec_edit_refused_after_reserving_leaves_nothing() {
     }
     for (what, policy, spoil, words) in rows {
         let sb = Sandbox::with_policy(1, policy);
-        let _c = Cleanup(sb.path().to_path_buf());
         // A running share of another domain, so that the world is not empty.
         let b = sb.bundle(
             "a",
@@ -194,7 +192,6 @@ fn a_create_runtime_refused_after_a_reservation_leaves_nothing() {
     ];
     for (what, ann, uid, spoil, words) in rows {
         let sb = Sandbox::with_policy(1, "[mps]\nisolation = \"group\"\n");
-        let _c = Cleanup(sb.path().to_path_buf());
         let (_a, _ab) = first(&sb);
         let before = world(&sb);
         assert_eq!(
@@ -236,7 +233,6 @@ fn a_create_runtime_refused_for_another_mode_after_a_reservation_leaves_nothing(
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = sb.bundle(
         "a",
         &spec(
@@ -304,7 +300,6 @@ fn refusals_total(sb: &Sandbox) -> Vec<(String, f64)> {
 #[test]
 fn every_refusal_is_counted_and_written_once_whichever_stage_refused_it() {
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     // A node that has shared before (counters live in its state directory).
     let b = sb.bundle(
         "ok",

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{daemons_under, runc, runc_bundle, Cleanup, Sandbox};
+use common::{daemons_under, runc, runc_bundle, Sandbox};
 use serde_json::json;
 
 struct Ctr<'a> {
@@ -73,7 +73,6 @@ fn two_runc_containers_share_gpu0_through_one_daemon() {
         return;
     }
     let sb = Sandbox::new(1);
-    let _c = Cleanup(sb.path().to_path_buf());
     let a = start(&sb, "a");
     let b = start(&sb, "b");
 

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{spec, Cleanup, FakeContainer, Sandbox};
+use common::{spec, FakeContainer, Sandbox};
 use serde_json::json;
 
 fn ok(out: &std::process::Output) {
@@ -126,7 +126,6 @@ fn serve_answers_heals_a_killed_daemon_and_stops_on_sigterm() {
         1,
         "[serve]\nlisten = \"127.0.0.1:0\"\ngc_interval_seconds = 1\n",
     );
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = mps_bundle(&sb, "b", json!({}));
     let c = FakeContainer::start();
     ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("c1", c.pid(), &b)));
@@ -361,7 +360,6 @@ fn a_real_prometheus_scrapes_per_container_series_with_the_limiters_account() {
             "[limit]\nlibrary = {limiter:?}\n[serve]\nlisten = \"127.0.0.1:0\"\ngc_interval_seconds = 1\n"
         ),
     );
-    let _c = Cleanup(sb.path().to_path_buf());
     let (probe, simlib) = common::build_probe(sb.path()).expect("cc and install-sim.sh");
     // A limit pod on GPU 0 and an MPS pod on GPU 1, named as the kubelet names them.
     let bl = sb.bundle(
@@ -568,7 +566,6 @@ fn no_client_stalls_or_bloats_serve() {
         1,
         "[serve]\nlisten = \"127.0.0.1:0\"\ngc_interval_seconds = 1\n",
     );
-    let _c = Cleanup(sb.path().to_path_buf());
     let b = mps_bundle(&sb, "b", json!({}));
     let c = FakeContainer::start();
     ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("c1", c.pid(), &b)));

@@ -440,15 +440,6 @@ pub fn clean_up_under(root: &Path) {
     }
 }
 
-/// Clean-up guard: kills leftover daemons and unmounts leftovers under a directory.
-pub struct Cleanup(pub PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        clean_up_under(&self.0);
-    }
-}
-
 /// Gives the rootfs `dir` a C library: copies of this machine's glibc loader, `libc.so.6`,
 /// `libpthread.so.0` and `libdl.so.2`, where images keep them, so that `limit` mode's check of the image's libc finds glibc.
 pub fn glibc_rootfs(dir: &Path) {
