@@ -298,6 +298,43 @@ mod tests {
     }
 
     #[test]
+    fn the_advice_names_the_uncapped_setting_only_when_an_uncapped_holder_counts() {
+        // (what, holders, uncapped, advice names `uncapped = "share"`)
+        let rows: [(&str, Vec<(&'static str, Option<u64>)>, Uncapped, bool); 3] = [
+            (
+                "whole-gpu: an uncapped holder fills the GPU",
+                vec![("c1", None)],
+                Uncapped::WholeGpu,
+                true,
+            ),
+            (
+                "share: an uncapped holder reserves nothing, caps fill the GPU",
+                vec![("c1", None), ("c2", Some(80 * GIB))],
+                Uncapped::Share,
+                false,
+            ),
+            (
+                "whole-gpu: only caps fill the GPU",
+                vec![("c2", Some(80 * GIB))],
+                Uncapped::WholeGpu,
+                false,
+            ),
+        ];
+        for (what, holders, uncapped, names_share) in rows {
+            let e = admit(0, "GPU-0", 80 * GIB, holders, Some(GIB), 1.0, uncapped).unwrap_err();
+            // Positive control: the refusal is the no-room one, which gives no size to ask for.
+            assert!(!e.advice.contains("Ask for"), "{what}: {}", e.advice);
+            assert_eq!(
+                e.advice.contains("uncapped = \"share\""),
+                names_share,
+                "{what}: {}",
+                e.advice
+            );
+            assert!(e.advice.starts_with("Wait for"), "{what}: {}", e.advice);
+        }
+    }
+
+    #[test]
     fn a_container_that_asked_for_no_cap_is_never_told_to_ask_for_less() {
         type Holders = Vec<(&'static str, Option<u64>)>;
         let rows: [(&str, Holders, Option<u64>); 3] = [

@@ -425,6 +425,23 @@ mod tests {
                 Err(DeviceError::NotAssigned("0".into())),
             ),
             (
+                "two named for limit",
+                given.clone(),
+                Some(vec![Selector::Index(2), Selector::Index(1)]),
+                Mode::Limit,
+                Ok(vec![2, 1]),
+            ),
+            (
+                "one named twice",
+                given.clone(),
+                Some(vec![
+                    Selector::Index(1),
+                    Selector::Uuid("gpu-00000001".into()),
+                ]),
+                Mode::Mps,
+                Ok(vec![1]),
+            ),
+            (
                 "no gpu",
                 vec![],
                 None,
