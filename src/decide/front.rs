@@ -120,3 +120,141 @@ fn check_memory(plan: &Plan, inventory: &dyn Inventory) -> Result<(), DecideErro
 
 /// Hook-entry env naming the spec edit's reservation of the MPS directories.
 pub const RESERVATION_ENV: &str = "GPUSHARE_RESERVATION";
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::path::Path;
+
+    use super::*;
+    use crate::decide::enforce::{CgroupFact, ImageFact};
+    use crate::decide::input::parse_spec;
+    use crate::vocab::{ComputeMode, Gpu};
+
+    const GIB: u64 = 1 << 30;
+
+    /// Two GPUs of 80 GiB; counts how often it was opened.
+    struct TwoGpus;
+
+    impl Inventory for TwoGpus {
+        fn gpus(&self) -> Result<Vec<Gpu>, InventoryError> {
+            Ok((0..2)
+                .map(|i| Gpu {
+                    index: i,
+                    uuid: format!("GPU-{i:08x}"),
+                    minor: i,
+                })
+                .collect())
+        }
+        fn compute_mode(&self, _: u32) -> Result<ComputeMode, InventoryError> {
+            Ok(ComputeMode::Default)
+        }
+        fn set_compute_mode(&self, _: u32, _: ComputeMode) -> Result<(), InventoryError> {
+            Ok(())
+        }
+        fn memory_total(&self, _: u32) -> Result<u64, InventoryError> {
+            Ok(80 * GIB)
+        }
+    }
+
+    /// `plan_for` on a spec with these annotations (GPU 1 visible), and how often the
+    /// inventory was opened.
+    fn plan(annotations: &[(&str, &str)], cfg: &Config) -> (Result<Option<Plan>, String>, u32) {
+        let ann: serde_json::Map<String, serde_json::Value> = annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), serde_json::Value::from(*v)))
+            .collect();
+        let spec = serde_json::json!({
+            "annotations": ann,
+            "process": {"env": ["NVIDIA_VISIBLE_DEVICES=1"]},
+        });
+        let spec = parse_spec(spec.to_string().as_bytes(), Path::new("config.json")).unwrap();
+        let opened = Cell::new(0);
+        let open = || {
+            opened.set(opened.get() + 1);
+            Ok(Box::new(TwoGpus) as Box<dyn Inventory>)
+        };
+        let got = plan_for("c1", &spec, cfg, &open, &|| CgroupFact::NotCreated, &|| {
+            ImageFact::Loads
+        })
+        .map(|p| p.map(|(plan, _)| plan))
+        .map_err(|e| crate::vocab::chain(&e));
+        (got, opened.get())
+    }
+
+    #[test]
+    fn may_ask_sees_every_way_of_asking_and_nothing_else() {
+        let none = HashMap::new();
+        assert!(!may_ask(br#"{"process":{"env":["PATH=/bin"]}}"#, &none));
+        assert!(may_ask(br#"{"annotations":{"gpu.share":"mps"}}"#, &none));
+        assert!(may_ask(br#"{"process":{"env":["GPU_SHARE=mps"]}}"#, &none));
+        let state: HashMap<String, String> = [("gpu.share.cores".to_owned(), "50".to_owned())]
+            .into_iter()
+            .collect();
+        assert!(may_ask(b"{}", &state), "an annotation only the state has");
+        let other: HashMap<String, String> =
+            [("io.x".to_owned(), "1".to_owned())].into_iter().collect();
+        assert!(!may_ask(b"{}", &other));
+    }
+
+    #[test]
+    fn a_container_that_asks_for_nothing_gets_no_plan_and_opens_no_inventory() {
+        let (got, opened) = plan(&[("io.x", "1")], &Config::default());
+        assert!(matches!(got, Ok(None)), "{got:?}");
+        assert_eq!(opened, 0);
+        // Positive control: the same spec asking for a share opens it and gets a plan.
+        let (got, opened) = plan(&[("gpu.share", "timeslice")], &Config::default());
+        let plan = got.unwrap().expect("a plan");
+        assert_eq!(opened, 1);
+        assert_eq!(plan.mode, Mode::Timeslice);
+        assert_eq!(plan.gpus.len(), 1);
+        assert_eq!(plan.gpus[0].index, 1);
+        assert_eq!(plan.domain, None, "only mps has a domain");
+    }
+
+    #[test]
+    fn an_mps_plan_has_its_domain_and_takes_its_cores_unless_it_named_them() {
+        let mut cfg = Config::default();
+        cfg.policy.default_cores = 60;
+        let (got, _) = plan(&[("gpu.share", "mps")], &cfg);
+        let p = got.unwrap().expect("a plan");
+        let d = p.domain.as_ref().expect("a domain");
+        assert_eq!(d.key, "gpu");
+        assert_eq!(p.cores, 60, "the domain's");
+        let (got, _) = plan(&[("gpu.share", "mps"), ("gpu.share.cores", "30")], &cfg);
+        let p = got.unwrap().expect("a plan");
+        assert_eq!(p.cores, 30, "named");
+        assert_eq!(p.domain.as_ref().map(|d| d.limits.cores), Some(60));
+    }
+
+    #[test]
+    fn a_memory_cap_above_the_gpu_is_refused_and_one_up_to_it_is_planned() {
+        let cfg = Config::default();
+        for (memory, ok) in [
+            ("80Gi", true),
+            ("1Gi", true),
+            ("81920Mi", true),
+            ("81921Mi", false),
+        ] {
+            let (got, _) = plan(
+                &[("gpu.share", "timeslice"), ("gpu.share.memory", memory)],
+                &cfg,
+            );
+            match got {
+                Ok(Some(p)) => {
+                    assert!(ok, "{memory}: planned, should be refused");
+                    assert!(p.memory.is_some(), "{memory}");
+                }
+                Ok(None) => panic!("{memory}: no plan"),
+                Err(e) => {
+                    assert!(!ok, "{memory}: {e}");
+                    assert!(
+                        e.contains("gpu.share.memory asks for")
+                            && e.contains("GPU 1 (GPU-00000001) has 80.0 GiB"),
+                        "{e}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -520,6 +520,27 @@ mod tests {
     }
 
     #[test]
+    fn nesting_depth_skips_strings_with_escaped_quotes() {
+        assert_eq!(nesting_depth(br#"{"a":[[1]]}"#), 3);
+        // The escaped quote does not end the string; the one after it does.
+        assert_eq!(nesting_depth(br#"{"a":"x\"[[[[","b":[[1]]}"#), 3);
+        assert_eq!(nesting_depth(br#"{"a":"x\\","b":[[1]]}"#), 3);
+    }
+
+    #[test]
+    fn every_scalar_is_read_as_written() {
+        let v = parse_config(
+            br#"{"t":true,"f":false,"n":-5,"u":7,"x":1.5,"s":"a","z":null}"#,
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"t":true,"f":false,"n":-5,"u":7,"x":1.5,"s":"a","z":null})
+        );
+    }
+
+    #[test]
     fn nesting_up_to_go_limit_is_read_deeper_is_refused() {
         let p = Path::new("c");
         // 9,999 arrays in a member: 10,000 levels with the document itself, as deep as Go reads.
