@@ -522,6 +522,23 @@ mod tests {
     }
 
     #[test]
+    fn the_rootfs_is_root_path_absolute_or_under_the_bundle() {
+        let spec = |j: &str| parse_spec(j.as_bytes(), Path::new("c")).unwrap();
+        let b = Some(Path::new("/b"));
+        let abs = spec(r#"{"root":{"path":"/r/fs"}}"#);
+        assert_eq!(rootfs_of(&abs, b), Some(PathBuf::from("/r/fs")));
+        assert_eq!(rootfs_of(&abs, None), Some(PathBuf::from("/r/fs")));
+        let rel = spec(r#"{"root":{"path":"rootfs"}}"#);
+        assert_eq!(rootfs_of(&rel, b), Some(PathBuf::from("/b/rootfs")));
+        assert_eq!(
+            rootfs_of(&rel, None),
+            None,
+            "relative, and no bundle to be under"
+        );
+        assert_eq!(rootfs_of(&spec("{}"), b), None, "no root");
+    }
+
+    #[test]
     fn every_scalar_is_read_as_written() {
         let v = parse_config(
             br#"{"t":true,"f":false,"n":-5,"u":7,"x":1.5,"s":"a","z":null}"#,

@@ -283,4 +283,26 @@ mod tests {
         assert!(l.is_empty(), "{l:?}");
         assert!(KubeLabels::from_annotations(&HashMap::new()).is_empty());
     }
+
+    #[test]
+    fn names_keep_dots_underscores_and_dashes_and_one_name_is_not_empty() {
+        for (key, name) in [
+            ("io.kubernetes.pod.name", "web-0.v1_a"),
+            ("io.kubernetes.container.name", "side_car.x-1"),
+            ("io.kubernetes.pod.namespace", "team-a"),
+        ] {
+            let l = KubeLabels::from_annotations(&ann(&[(key, name)]));
+            assert!(!l.is_empty(), "{key}: {l:?}");
+            let got = [&l.namespace, &l.pod, &l.container]
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect::<Vec<_>>();
+            assert_eq!(got, vec![name.to_owned()], "{key}");
+        }
+        for bad in ["a/b", "a b", "a:b", "ä"] {
+            let l = KubeLabels::from_annotations(&ann(&[("io.kubernetes.pod.name", bad)]));
+            assert!(l.is_empty(), "{bad:?}: {l:?}");
+        }
+    }
 }

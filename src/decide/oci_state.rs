@@ -91,6 +91,10 @@ mod tests {
         for (what, text, want) in rows {
             let got: State = serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(&got, want, "{what}");
+            assert_eq!(got.id(), want.id, "{what}");
+            assert_eq!(got.bundle(), want.bundle, "{what}");
+            assert_eq!(got.pid(), &want.pid, "{what}");
+            assert_eq!(got.annotations(), &want.annotations, "{what}");
         }
         for (what, text) in [
             ("pid not a number", r#"{"id":"c","bundle":"/b","pid":"42"}"#),
