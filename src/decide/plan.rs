@@ -361,6 +361,20 @@ mod tests {
                 ("CUDA_DEVICE_SM_LIMIT".into(), "50".into()),
             ]
         );
+        // All of the SMs: no SM limit for the limiter to keep.
+        let whole = Plan {
+            cores: 100,
+            ..plan.clone()
+        };
+        assert!(whole.uses_limiter());
+        assert!(!whole
+            .container_env()
+            .iter()
+            .any(|(k, _)| k == "CUDA_DEVICE_SM_LIMIT"));
+        let most = Plan { cores: 99, ..plan };
+        assert!(most
+            .container_env()
+            .contains(&("CUDA_DEVICE_SM_LIMIT".into(), "99".into())));
     }
 
     #[test]
