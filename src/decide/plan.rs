@@ -1,8 +1,6 @@
 //! The decision: a [`Plan`] made from (container, request, assignment, inventory). Pure data that
 //! tests compare and `--dry-run` prints; [`crate::host::acquire`] carries it out.
 
-use std::path::PathBuf;
-
 use serde::Serialize;
 
 use crate::decide::devices::{self, DeviceError};
@@ -191,11 +189,6 @@ impl Plan {
         self.domain
             .as_ref()
             .map_or(crate::vocab::domain::GPU_DOMAIN, |d| d.key.as_str())
-    }
-
-    /// Path of the per-GPU directory under the state dir.
-    pub fn gpu_dir(state_dir: &std::path::Path, uuid: &str) -> PathBuf {
-        state_dir.join("mps").join(uuid)
     }
 }
 

@@ -586,6 +586,7 @@ mod tests {
     #[test]
     fn memory_above_a_gpu_is_refused() {
         assert!(memory_fits(4 << 30, 8 << 30, "GPU-0").is_ok());
+        assert!(memory_fits(8 << 30, 8 << 30, "GPU-0").is_ok(), "all of it");
         let e = memory_fits(9 << 30, 8 << 30, "GPU-0")
             .unwrap_err()
             .to_string();
