@@ -104,6 +104,35 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_region_is_the_container_s_shared_cache_file_of_exactly_its_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        let p = region_path(&sd, "c1");
+        assert_eq!(p, dir.path().join("containers/c1/shared/cache"));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let mut bytes = region(G, 0, &[(10, 42)]);
+        std::fs::write(&p, &bytes).unwrap();
+        assert_eq!(used_on(&p, G), Some(42));
+        bytes.push(0);
+        std::fs::write(&p, &bytes).unwrap();
+        assert_eq!(used_on(&p, G), None, "one byte too long");
+    }
+
+    #[test]
+    fn the_region_is_opened_close_on_exec_and_non_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("cache");
+        std::fs::write(&p, b"x").unwrap();
+        let f = open_regular(&p).expect("a regular file opens");
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag, OFlag};
+        let fd_flags = FdFlag::from_bits_truncate(fcntl(&f, FcntlArg::F_GETFD).unwrap());
+        let fl_flags = OFlag::from_bits_truncate(fcntl(&f, FcntlArg::F_GETFL).unwrap());
+        assert!(fd_flags.contains(FdFlag::FD_CLOEXEC), "close-on-exec");
+        assert!(fl_flags.contains(OFlag::O_NONBLOCK), "non-blocking");
+        assert_eq!(fl_flags & OFlag::O_ACCMODE, OFlag::O_RDONLY, "read only");
+    }
+
+    #[test]
     fn files_are_read_without_following_links() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("cache");

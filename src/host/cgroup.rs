@@ -234,6 +234,9 @@ mod tests {
         assert_eq!(hybrid.memory_v1.as_deref(), Some("/docker/abc"));
         assert_eq!(hybrid.unified.as_deref(), Some("/"));
         assert_eq!(parse_proc_cgroup("garbage\n"), ProcCgroups::default());
+        // Only hierarchy 0 with no controllers is the unified one.
+        assert_eq!(parse_proc_cgroup("3::/x\n").unified, None);
+        assert_eq!(parse_proc_cgroup("0:cpu:/x\n").unified, None);
     }
 
     #[test]

@@ -396,6 +396,39 @@ mod tests {
     }
 
     #[test]
+    fn a_group_and_limits_at_the_policy_maximum_are_accepted() {
+        let mut cfg = Config::default();
+        cfg.policy.max_memory = Some("8Gi".into());
+        cfg.policy.max_cores = 80;
+        let got = run(
+            &[
+                ("gpu.share", "mps"),
+                ("gpu.share.group", "team-a"),
+                ("gpu.share.memory", "8Gi"),
+                ("gpu.share.cores", "80"),
+            ],
+            &[],
+            &cfg,
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            Some(Request {
+                memory: Some(8 << 30),
+                cores: 80,
+                cores_explicit: true,
+                group: Some("team-a".into()),
+                ..req(Mode::Mps)
+            })
+        );
+        // Positive control: one more of either is refused.
+        for (key, value) in [("gpu.share.memory", "8193Mi"), ("gpu.share.cores", "81")] {
+            let e = run(&[("gpu.share", "mps"), (key, value)], &[], &cfg).unwrap_err();
+            assert!(e.to_string().contains(key), "{key}: {e}");
+        }
+    }
+
+    #[test]
     fn refused_requests() {
         let mut cfg = Config::default();
         cfg.policy.max_memory = Some("8Gi".into());
