@@ -300,7 +300,8 @@ mod tests {
     #[test]
     fn the_advice_names_the_uncapped_setting_only_when_an_uncapped_holder_counts() {
         // (what, holders, uncapped, advice names `uncapped = "share"`)
-        let rows: [(&str, Vec<(&'static str, Option<u64>)>, Uncapped, bool); 3] = [
+        type Holders = Vec<(&'static str, Option<u64>)>;
+        let rows: [(&str, Holders, Uncapped, bool); 3] = [
             (
                 "whole-gpu: an uncapped holder fills the GPU",
                 vec![("c1", None)],

@@ -252,12 +252,17 @@ mod tests {
             // podman.
             ("machine.slice:libpod:abc", Some("/machine.slice/libpod-abc.scope")),
             (":runc:abc", Some("/system.slice/runc-abc.scope")),
+            // A name that is already a unit (crun, systemd's own scopes and slices).
+            ("machine.slice::abc.scope", Some("/machine.slice/abc.scope")),
+            ("machine.slice:x:inner.slice", Some("/machine.slice/inner.slice")),
             ("-.slice:x:abc", Some("/x-abc.scope")),
             // cgroupfs.
             ("/docker/abc", Some("/docker/abc")),
             ("kubepods/besteffort/pod12/abc", Some("/kubepods/besteffort/pod12/abc")),
             // Malformed.
             ("bad--name.slice:x:abc", None),
+            ("-bad.slice:x:abc", None),
+            ("bad-.slice:x:abc", None),
             ("noslice:x:abc", None),
             ("a:b", None),
             ("", None),
