@@ -240,6 +240,27 @@ mod tests {
     }
 
     #[test]
+    fn why_the_driver_cannot_take_a_cgroup_is_said_for_each_case() {
+        for (e, want) in [
+            (
+                NoDriverCgroup::NotOwn("/".into()),
+                "no cgroup v2 of its own (its unified cgroup is \"/\")",
+            ),
+            (
+                NoDriverCgroup::V1Only("/docker/abc".into()),
+                "accounts memory in cgroup v1 (\"/docker/abc\"); the driver's limits need cgroup v2",
+            ),
+            (
+                NoDriverCgroup::NotMounted("/x".into()),
+                "no cgroup2 mount shows the container's cgroup \"/x\"",
+            ),
+        ] {
+            let text = e.to_string();
+            assert!(text.contains(want), "{text}");
+        }
+    }
+
+    #[test]
     fn cgroups_path_forms() {
         let rows = [
             // runc/containerd with SystemdCgroup, Docker's systemd driver.
@@ -262,6 +283,7 @@ mod tests {
             // Malformed.
             ("bad--name.slice:x:abc", None),
             ("-bad.slice:x:abc", None),
+            (".slice:x:abc", None),
             ("bad-.slice:x:abc", None),
             ("noslice:x:abc", None),
             ("a:b", None),
