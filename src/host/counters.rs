@@ -504,6 +504,107 @@ mod tests {
         assert_eq!((c.requests, c.acquires["mps"]), (5, 6));
     }
 
+    /// Counters with every count set to `n` (and one histogram observation).
+    fn every_count(n: u64) -> Counters {
+        let map = |k: &str| BTreeMap::from([(k.to_owned(), n)]);
+        let mut c = Counters {
+            requests: n,
+            acquires: map("mps"),
+            releases: n,
+            refusals: map("busy"),
+            daemon_starts: n,
+            daemon_stops: n,
+            daemon_restarts: n,
+            daemon_replacements: n,
+            domain_restarts: map("GPU-0/gpu"),
+            drifts: n,
+            gc_actions: map("stale"),
+            create_runtime_seconds: Histogram::default(),
+        };
+        c.create_runtime_seconds.observe(0.002);
+        c
+    }
+
+    #[test]
+    fn adding_sums_every_count() {
+        let mut a = every_count(2);
+        a.add(&every_count(3));
+        let mut want = every_count(5);
+        want.create_runtime_seconds.observe(0.002);
+        assert_eq!(a, want);
+    }
+
+    #[test]
+    fn one_small_update_is_appended_not_folded() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        update(&sd, |c| c.requests += 1).unwrap();
+        let (folded, log) = paths(&sd);
+        assert!(!folded.exists(), "folded at once");
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(text.lines().filter(|l| !l.is_empty()).count(), 1, "{text}");
+        assert_eq!(load(&sd).requests, 1);
+    }
+
+    #[test]
+    fn the_log_is_opened_only_where_it_is_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("counters.log");
+        assert!(open_log(&log, false, false).unwrap().is_none(), "none yet");
+        // A link planted in its place is not followed, when reading or when making the log.
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"").unwrap();
+        std::os::unix::fs::symlink(&target, &log).unwrap();
+        for create in [false, true] {
+            assert!(open_log(&log, create, false).is_err(), "create {create}");
+        }
+        assert_eq!(
+            std::fs::read(&target).unwrap(),
+            b"",
+            "the target is untouched"
+        );
+        // Positive control: a file there opens.
+        std::fs::remove_file(&log).unwrap();
+        std::fs::write(&log, b"").unwrap();
+        assert!(open_log(&log, false, false).unwrap().is_some());
+    }
+
+    /// A log that a fold took away while this opener waited for its lock is passed over for
+    /// the file now at the path (here: none, so a reader gets none and a writer makes one).
+    #[test]
+    fn a_log_removed_while_waiting_for_its_lock_is_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("counters.log");
+        for create in [false, true] {
+            std::fs::write(&log, b"old").unwrap();
+            let held = File::open(&log).unwrap();
+            held.lock().unwrap();
+            let got = std::thread::scope(|s| {
+                let opener = s.spawn(|| open_log(&log, create, false));
+                // Positive control: the opener is blocked on the lock before the log goes.
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                assert!(
+                    !opener.is_finished(),
+                    "the opener did not wait for the lock"
+                );
+                std::fs::remove_file(&log).unwrap();
+                held.unlock().unwrap();
+                opener.join().unwrap()
+            });
+            let got = got.unwrap_or_else(|e| panic!("create {create}: {e}"));
+            assert_eq!(got.is_some(), create, "create {create}");
+            assert_eq!(log.exists(), create, "create {create}");
+            if let Some(f) = got {
+                assert_eq!(
+                    f.metadata().unwrap().len(),
+                    0,
+                    "the new log, not the old one"
+                );
+            }
+        }
+    }
+
     #[test]
     fn nothing_counted_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
