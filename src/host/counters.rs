@@ -547,6 +547,61 @@ mod tests {
         assert_eq!(load(&sd).requests, 1);
     }
 
+    /// A log of exactly `len` bytes whose only counted line adds 1 request.
+    fn log_of(path: &Path, len: usize) {
+        let line = "\n{\"requests\":1}\n";
+        let mut text = " ".repeat(len - line.len());
+        text.push_str(line);
+        std::fs::write(path, text).unwrap();
+    }
+
+    #[test]
+    fn the_log_is_folded_only_once_past_its_size() {
+        let line = format!(
+            "\n{}\n",
+            serde_json::to_string(&Counters {
+                requests: 1,
+                ..Counters::default()
+            })
+            .unwrap()
+        );
+        for (len, folded) in [(COMPACT_BYTES, false), (COMPACT_BYTES + 1, true)] {
+            let dir = tempfile::tempdir().unwrap();
+            let sd = StateDir::new(dir.path());
+            sd.ensure().unwrap();
+            let (folded_path, log) = paths(&sd);
+            // What the update appends brings the log to `len` bytes.
+            log_of(&log, len as usize - line.len());
+            update(&sd, |c| c.requests += 1).unwrap();
+            assert_eq!(folded_path.exists(), folded, "{len} bytes");
+            assert_eq!(load(&sd).requests, 2, "{len} bytes");
+        }
+    }
+
+    #[test]
+    fn a_fold_makes_its_new_log_only_where_nothing_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        let (folded, log) = paths(&sd);
+        log_of(&log, COMPACT_BYTES as usize + 100);
+        // A link planted where the fold makes the new log is not followed.
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"keep").unwrap();
+        let tmp = dir
+            .path()
+            .join(format!(".counters.log.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&target, &tmp).unwrap();
+        assert!(fold(&folded, &log).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        assert_eq!(load(&sd).requests, 1, "counted once");
+        // Positive control: with the link gone the fold puts an empty log in place.
+        let _ = std::fs::remove_file(&tmp);
+        fold(&folded, &log).unwrap();
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        assert_eq!(load(&sd).requests, 1, "counted once");
+    }
+
     #[test]
     fn the_log_is_opened_only_where_it_is_a_file() {
         let dir = tempfile::tempdir().unwrap();

@@ -323,6 +323,185 @@ mod tests {
         }
     }
 
+    /// A config whose files are under `dir`.
+    fn cfg_in(dir: &std::path::Path) -> Config {
+        Config {
+            state_dir: dir.join("state"),
+            log_file: dir.join("gpushare.log"),
+            ..Config::default()
+        }
+    }
+
+    /// The events in the event log of `cfg` (none when there is no log).
+    fn logged(cfg: &Config) -> Vec<Line> {
+        std::fs::read_to_string(cfg.events_file())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// The tests that note and flush this process's pending events, one at a time (other
+    /// library tests only note).
+    static PENDING_TESTS: Mutex<()> = Mutex::new(());
+
+    fn unique_gc(tag: &str) -> Event {
+        Event::Gc {
+            kind: format!("test-{tag}-{}", std::process::id()),
+            action: tag.to_owned(),
+        }
+    }
+
+    #[test]
+    fn noted_events_are_written_and_counted_at_the_flush_once() {
+        let _one = PENDING_TESTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = cfg_in(dir.path());
+        StateDir::new(&cfg.state_dir).ensure().unwrap();
+        let e = unique_gc("flush");
+        let before = now();
+        note(e.clone());
+        assert!(logged(&cfg).is_empty(), "noting writes nothing");
+        flush(&cfg, |c| c.requests += 1);
+        let after = now();
+        let lines = logged(&cfg);
+        let mine: Vec<&Line> = lines.iter().filter(|l| l.event == e).collect();
+        assert_eq!(mine.len(), 1, "{lines:?}");
+        assert!(
+            (before..=after).contains(&mine[0].ts) && before > 1.6e9,
+            "{before} <= {} <= {after}",
+            mine[0].ts
+        );
+        let Event::Gc { kind, .. } = &e else {
+            unreachable!()
+        };
+        let c = counters::load(&StateDir::new(&cfg.state_dir));
+        assert_eq!(c.gc_actions.get(kind), Some(&1));
+        assert_eq!(c.requests, 1, "what the flush counted itself");
+        // Flushed once: a second flush has nothing of it left.
+        assert!(!take().contains(&e));
+    }
+
+    #[test]
+    fn flush_if_any_writes_what_was_noted_and_nothing_when_nothing_was() {
+        let _one = PENDING_TESTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = cfg_in(dir.path());
+        StateDir::new(&cfg.state_dir).ensure().unwrap();
+        let _ = take();
+        flush_if_any(&cfg);
+        assert!(
+            !cfg.events_file().exists(),
+            "nothing noted, nothing written"
+        );
+        let e = unique_gc("if-any");
+        note(e.clone());
+        flush_if_any(&cfg);
+        assert!(logged(&cfg).iter().any(|l| l.event == e));
+    }
+
+    #[test]
+    fn a_link_in_place_of_the_event_log_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = cfg_in(dir.path());
+        StateDir::new(&cfg.state_dir).ensure().unwrap();
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"").unwrap();
+        std::os::unix::fs::symlink(&target, cfg.events_file()).unwrap();
+        assert!(append(&cfg, &[unique_gc("link")]).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"");
+        // Positive control: a file in its place is appended to.
+        std::fs::remove_file(cfg.events_file()).unwrap();
+        append(&cfg, &[unique_gc("link")]).unwrap();
+        assert_eq!(logged(&cfg).len(), 1);
+    }
+
+    #[test]
+    fn each_event_counts_once_where_it_belongs() {
+        let d = |kind| Event::daemon(kind, "GPU-1", "gpu", 7);
+        assert_eq!(
+            [d("start"), d("stop"), d("restart"), d("replace")],
+            [
+                Event::DaemonStart {
+                    gpu: "GPU-1".into(),
+                    domain: "gpu".into(),
+                    pid: 7
+                },
+                Event::DaemonStop {
+                    gpu: "GPU-1".into(),
+                    domain: "gpu".into(),
+                    pid: 7
+                },
+                Event::DaemonRestart {
+                    gpu: "GPU-1".into(),
+                    domain: "gpu".into(),
+                    pid: 7
+                },
+                Event::DaemonReplace {
+                    gpu: "GPU-1".into(),
+                    domain: "gpu".into(),
+                    pid: 7
+                },
+            ]
+        );
+        let mut c = Counters::default();
+        for e in [
+            d("start"),
+            d("stop"),
+            d("restart"),
+            Event::Release {
+                container: "c1".into(),
+                gpu: "GPU-1".into(),
+            },
+            Event::Drift {
+                gpu: "GPU-1".into(),
+                domain: "gpu".into(),
+                enforced: "50".into(),
+                current: "100".into(),
+            },
+            Event::Gc {
+                kind: "drop_client".into(),
+                action: "x".into(),
+            },
+        ] {
+            count(&mut c, &e);
+        }
+        assert_eq!(
+            (
+                c.daemon_starts,
+                c.daemon_stops,
+                c.daemon_restarts,
+                c.releases,
+                c.drifts
+            ),
+            (1, 1, 1, 1, 1)
+        );
+        assert_eq!(c.domain_restarts["GPU-1/gpu"], 1);
+        assert_eq!(c.gc_actions["drop_client"], 1);
+        assert_eq!(c.daemon_replacements, 0);
+    }
+
+    #[test]
+    fn an_acquire_names_the_pod_it_came_from() {
+        let kube = KubeLabels {
+            namespace: Some("ml".into()),
+            pod: Some("p".into()),
+            container: Some("worker".into()),
+        };
+        assert_eq!(
+            K8sNames::from(&kube),
+            K8sNames {
+                namespace: Some("ml".into()),
+                pod: Some("p".into()),
+                container: Some("worker".into()),
+            }
+        );
+    }
+
     #[test]
     fn events_are_lines_and_counted() {
         let dir = tempfile::tempdir().unwrap();
