@@ -257,4 +257,140 @@ mod tests {
         );
         assert!(matches!(inv.why(), InventoryError::BadUuid(_)));
     }
+
+    #[test]
+    fn nvml_return_codes_say_what_they_mean() {
+        assert!(code("x", 0).is_ok());
+        for (rc, what) in [
+            (1, "not initialised"),
+            (2, "invalid argument"),
+            (3, "not supported"),
+            (4, "no permission"),
+            (6, "no such cgroup"),
+            (13, "not in this driver's NVML"),
+            (15, "lost"),
+            (999, "driver error"),
+        ] {
+            match code("nvmlX", rc) {
+                Err(InventoryError::Code {
+                    call,
+                    code,
+                    what: w,
+                }) => {
+                    assert_eq!((call, code), ("nvmlX", rc));
+                    assert!(w.contains(what), "{rc}: {w}");
+                }
+                other => panic!("{rc}: {other:?}"),
+            }
+        }
+        assert!(namespace_cstr("/a", "x").is_ok_and(|c| c.as_bytes() == b"/a"));
+        assert!(matches!(
+            namespace_cstr("/a\0b", "x"),
+            Err(InventoryError::Code { code: 2, .. })
+        ));
+    }
+
+    /// The TEST-ONLY simulated driver, copied into `dir` (a library of its own, so that its
+    /// environment is read afresh): `GPUSHARE_TEST_CDYLIBS`, or the workspace's debug build.
+    fn simulated_nvml(dir: &std::path::Path) -> String {
+        let built = std::env::var_os("GPUSHARE_TEST_CDYLIBS")
+            .map_or_else(
+                || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug"),
+                std::path::PathBuf::from,
+            )
+            .join("libgpushare_simdriver.so");
+        assert!(
+            built.exists(),
+            "{} is missing: run `cargo build --workspace` before `cargo test`",
+            built.display()
+        );
+        let copy = dir.join("libnvidia-ml-sim.so");
+        std::fs::copy(&built, &copy).unwrap();
+        copy.to_string_lossy().into_owned()
+    }
+
+    /// NVML as gpushare calls it, on the TEST-ONLY simulated driver (two GPUs of 80 and
+    /// 40 GiB, as `GPUSHARE_SIM_DEVICES` sets them).
+    #[test]
+    fn nvml_inventory_on_the_simulated_driver() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = simulated_nvml(dir.path());
+        // Only this test loads the simulated driver; it reads these once, at its first call.
+        std::env::set_var("GPUSHARE_SIM_STATE", dir.path().join("sim"));
+        std::env::set_var("GPUSHARE_SIM_DEVICES", "81920,40960");
+        let inv = NvmlInventory::open(&lib).expect("the simulated NVML");
+        let gpus = inv.gpus().unwrap();
+        assert_eq!(gpus.len(), 2, "{gpus:?}");
+        for (i, g) in gpus.iter().enumerate() {
+            assert_eq!(g.index, i as u32);
+            assert!(g.uuid.starts_with("GPU-") && is_safe_name(&g.uuid), "{g:?}");
+        }
+        assert_ne!(gpus[0].uuid, gpus[1].uuid);
+        assert_eq!(inv.memory_total(0).unwrap(), 81920 << 20);
+        assert_eq!(inv.memory_total(1).unwrap(), 40960 << 20);
+        // Compute modes are set and read back, and the GPUs keep their own.
+        assert_eq!(inv.compute_mode(0).unwrap(), ComputeMode::Default);
+        for m in [
+            ComputeMode::ExclusiveProcess,
+            ComputeMode::Prohibited,
+            ComputeMode::Default,
+        ] {
+            inv.set_compute_mode(0, m).unwrap();
+            assert_eq!(inv.compute_mode(0).unwrap(), m);
+        }
+        inv.set_compute_mode(1, ComputeMode::ExclusiveProcess)
+            .unwrap();
+        assert_eq!(inv.compute_mode(0).unwrap(), ComputeMode::Default);
+        assert_eq!(inv.compute_mode(1).unwrap(), ComputeMode::ExclusiveProcess);
+        assert!(inv.compute_mode(7).is_err(), "no GPU 7");
+        assert!(inv.set_compute_mode(7, ComputeMode::Default).is_err());
+        // The driver's cgroup memory limits: set, read back, cleared; refused where the
+        // driver refuses.
+        assert!(inv.has_memory_limits(0));
+        // A cgroup v2 directory: the host's first cgroup2 mount.
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let Some(cg) = crate::host::mounts::entries(&mountinfo)
+            .find(|e| e.fstype == "cgroup2")
+            .map(|e| e.mount_point.to_string_lossy().into_owned())
+        else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "no cgroup2 mount on this host"
+            );
+            eprintln!("SKIPPED: the driver's cgroup memory limits: no cgroup2 mount on this host");
+            return;
+        };
+        let cg = cg.as_str();
+        inv.set_memory_limits(0, cg, 1 << 30, 2 << 30).unwrap();
+        let l = inv.memory_limits(0, cg).unwrap();
+        assert_eq!((l.soft, l.hard), (1 << 30, 2 << 30));
+        assert_eq!(
+            inv.memory_limits(1, cg).unwrap().hard,
+            crate::vocab::memcap::LIMIT_MAX,
+            "per GPU"
+        );
+        inv.set_memory_limits(0, cg, 0, crate::vocab::memcap::LIMIT_MAX)
+            .unwrap();
+        assert_eq!(
+            inv.memory_limits(0, cg).unwrap().hard,
+            crate::vocab::memcap::LIMIT_MAX
+        );
+        for (ns, rc) in [("relative", 2), ("/nonexistent/cgroup", 6)] {
+            match inv.set_memory_limits(0, ns, 0, 1 << 30) {
+                Err(InventoryError::Code { code, .. }) => assert_eq!(code, rc, "{ns}"),
+                other => panic!("{ns}: {other:?}"),
+            }
+        }
+        // A library without the r615 functions has no driver limits.
+        let old = NvmlInventory {
+            nvml: inv.nvml,
+            library: "libc.so.6".into(),
+            limits: std::sync::OnceLock::new(),
+        };
+        assert!(!old.has_memory_limits(0));
+        assert!(matches!(
+            old.set_memory_limits(0, cg, 0, 1),
+            Err(InventoryError::Code { code: 13, .. })
+        ));
+    }
 }
