@@ -239,6 +239,11 @@ impl Inventory for Unavailable {
     fn set_compute_mode(&self, _index: u32, _mode: ComputeMode) -> Result<(), InventoryError> {
         Err(self.err())
     }
+
+    /// Not "does not report sizes" (the default): why NVML is not there.
+    fn memory_total(&self, _index: u32) -> Result<u64, InventoryError> {
+        Err(self.err())
+    }
 }
 
 #[cfg(test)]
@@ -256,6 +261,12 @@ mod tests {
             InventoryError::BadUuid("../x".into()).to_string()
         );
         assert!(matches!(inv.why(), InventoryError::BadUuid(_)));
+        let not_loaded = |r: Result<(), InventoryError>| {
+            assert!(matches!(r, Err(InventoryError::NotLoaded(_))), "{r:?}");
+        };
+        not_loaded(inv.compute_mode(0).map(drop));
+        not_loaded(inv.set_compute_mode(0, ComputeMode::Default));
+        not_loaded(inv.memory_total(0).map(drop));
     }
 
     #[test]
