@@ -176,6 +176,87 @@ pub fn holders_of(dir: &Path, skip: &[i32]) -> Vec<i32> {
 mod tests {
     use super::*;
 
+    /// Whether this process may mount (root); under CI it must.
+    fn can_mount() -> bool {
+        if nix::unistd::geteuid().is_root() {
+            return true;
+        }
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the shared-tmpfs tests need root to mount, and CI=true"
+        );
+        eprintln!("SKIPPED: the shared-tmpfs tests need root to mount");
+        false
+    }
+
+    /// Detaches whatever is still mounted at the path when dropped (a failed test leaves
+    /// nothing behind).
+    struct Detach(PathBuf);
+
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            while crate::host::mps::is_mount_point(&self.0) {
+                if nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The mountinfo lines of the mounts at `at`.
+    fn mounts_at(at: &Path) -> Vec<String> {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| parse_line(l).is_some_and(|e| e.mount_point == at))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn the_shared_tmpfs_is_capped_mounted_once_and_removed_even_while_in_use() {
+        if !can_mount() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("c1");
+        let shared = dir.join("shared");
+        std::fs::create_dir_all(&shared).unwrap();
+        let _detach = Detach(shared.clone());
+        mount_shared(&shared).unwrap();
+        mount_shared(&shared).unwrap();
+        let lines = mounts_at(&shared);
+        assert_eq!(lines.len(), 1, "mounted once: {lines:#?}");
+        let (pre, post) = lines[0].split_once(" - ").unwrap();
+        let options: Vec<&str> = pre.split(' ').nth(5).unwrap().split(',').collect();
+        for want in ["nosuid", "nodev", "noexec"] {
+            assert!(options.contains(&want), "{want}: {}", lines[0]);
+        }
+        assert!(post.starts_with("tmpfs "), "{}", lines[0]);
+        for want in ["size=1024k", "nr_inodes=64"] {
+            assert!(post.contains(want), "{want}: {}", lines[0]);
+        }
+        // (The kernel lists no mode for tmpfs's default, 1777.)
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&shared).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o1777);
+        // A file held open in it keeps a plain unmount busy; the directory still goes.
+        let held = std::fs::File::create(shared.join("cache")).unwrap();
+        remove_container_dir(&dir).unwrap();
+        assert!(!dir.exists());
+        assert!(mounts_at(&shared).is_empty());
+        drop(held);
+    }
+
+    #[test]
+    fn only_three_octal_digits_below_400_are_an_escape() {
+        assert_eq!(unescape(r"a\040b"), b"a b");
+        assert_eq!(unescape(r"a\134b"), b"a\\b");
+        assert_eq!(unescape(r"\400"), br"\400", "above a byte");
+        assert_eq!(unescape(r"\3x7"), br"\3x7", "not all octal");
+        assert_eq!(unescape(r"end\04"), br"end\04", "too short");
+    }
+
     const HOST: &str = "\
 22 1 8:1 / / rw - ext4 /dev/sda1 rw
 30 22 0:25 / /run rw - tmpfs tmpfs rw
