@@ -1,6 +1,7 @@
 //! Acquiring mps shares: daemons started, joined, checked, adopted and replaced; domain
 //! admission; compute modes; isolation levels.
 
+use super::logged;
 use super::rows::*;
 use super::world::*;
 use crate::host::fakes::{uuid, Call};
@@ -544,31 +545,6 @@ fn host_flush_lets_the_control_send_what_it_deferred() {
     assert_eq!(flushes.get(), 0, "flushed under the GPU's lock");
     host.flush();
     assert_eq!(flushes.get(), 1, "Host::flush did not reach the control");
-}
-
-/// What a closure logs, as the node log would show it (no colours).
-fn logged(f: impl FnOnce()) -> String {
-    use std::sync::{Arc, Mutex};
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let sink = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    tracing::subscriber::with_default(subscriber, f);
-    let bytes = buf.0.lock().unwrap().clone();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The operator's evidence that a domain was tampered with is the node log: an error that names
