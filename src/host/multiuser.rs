@@ -69,24 +69,34 @@ pub fn control_help(binary: &Path) -> Option<String> {
 /// The NVIDIA driver's version, for messages: the loaded kernel module's, else the one in the
 /// name of the installed `libcuda.so.<version>`; `None` without either.
 pub fn driver_version() -> Option<String> {
-    if let Ok(v) = std::fs::read_to_string("/sys/module/nvidia/version") {
+    driver_version_in(
+        Path::new("/sys/module/nvidia/version"),
+        &[
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib64",
+            "/usr/lib/aarch64-linux-gnu",
+            "/usr/lib",
+        ],
+    )
+}
+
+/// [`driver_version`] from the module's version file `module` and the library directories
+/// `lib_dirs`.
+fn driver_version_in(module: &Path, lib_dirs: &[&str]) -> Option<String> {
+    if let Ok(v) = std::fs::read_to_string(module) {
         if !v.trim().is_empty() {
             return Some(v.trim().to_owned());
         }
     }
-    [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib64",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib",
-    ]
-    .iter()
-    .filter_map(|d| std::fs::canonicalize(Path::new(d).join("libcuda.so.1")).ok())
-    .find_map(|p| {
-        let name = p.file_name()?.to_str()?.to_owned();
-        let v = name.strip_prefix("libcuda.so.")?;
-        (v.contains('.') && v.chars().all(|c| c.is_ascii_digit() || c == '.')).then(|| v.to_owned())
-    })
+    lib_dirs
+        .iter()
+        .filter_map(|d| std::fs::canonicalize(Path::new(d).join("libcuda.so.1")).ok())
+        .find_map(|p| {
+            let name = p.file_name()?.to_str()?.to_owned();
+            let v = name.strip_prefix("libcuda.so.")?;
+            (v.contains('.') && v.chars().all(|c| c.is_ascii_digit() || c == '.'))
+                .then(|| v.to_owned())
+        })
 }
 
 /// The flag to start `binary` with for `[mps] multiuser = true`.
@@ -155,6 +165,72 @@ mod tests {
         for (what, help, want) in rows {
             assert_eq!(multiuser_flag(help), want, "{what}");
         }
+    }
+
+    #[test]
+    fn the_driver_version_is_the_module_s_else_the_library_s() {
+        let t = tempfile::tempdir().unwrap();
+        let module = t.path().join("version");
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let dirs = [a.to_str().unwrap(), b.to_str().unwrap()];
+        assert_eq!(driver_version_in(&module, &dirs), None, "neither");
+        // libcuda.so.1 names its version through the link, in the first directory that has it.
+        let lib = |dir: &Path, target: &str| {
+            std::fs::write(dir.join(target), b"").unwrap();
+            let link = dir.join("libcuda.so.1");
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(target, link).unwrap();
+        };
+        lib(&b, "libcuda.so.535.104.05");
+        assert_eq!(
+            driver_version_in(&module, &dirs).as_deref(),
+            Some("535.104.05")
+        );
+        for not_a_version in ["libcuda.so.535", "libcuda.so.5x.1", "libcuda-535.1.so"] {
+            lib(&a, not_a_version);
+            assert_eq!(
+                driver_version_in(&module, &dirs).as_deref(),
+                Some("535.104.05"),
+                "{not_a_version} is passed over"
+            );
+        }
+        lib(&a, "libcuda.so.580.65.06");
+        assert_eq!(
+            driver_version_in(&module, &dirs).as_deref(),
+            Some("580.65.06")
+        );
+        // The loaded module's version comes first; an empty file is none.
+        std::fs::write(&module, "\n").unwrap();
+        assert_eq!(
+            driver_version_in(&module, &dirs).as_deref(),
+            Some("580.65.06")
+        );
+        std::fs::write(&module, "590.10\n").unwrap();
+        assert_eq!(driver_version_in(&module, &dirs).as_deref(), Some("590.10"));
+    }
+
+    #[test]
+    fn the_help_text_is_both_streams_and_a_program_that_hangs_is_given_up() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let script = |name: &str, body: &str| {
+            let p = t.path().join(name);
+            std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let talks = script("talks", "echo \"usage: $1\"; echo ' -multiuser-server' >&2");
+        let help = control_help(&talks).expect("runs");
+        assert!(help.contains("usage: -h"), "{help:?}");
+        assert_eq!(multiuser_flag(&help), Some("-multiuser-server"), "{help:?}");
+        assert_eq!(flag_for(&talks), Ok("-multiuser-server"));
+        assert_eq!(control_help(&t.path().join("missing")), None);
+        let hangs = script("hangs", "exec sleep 30");
+        let t0 = std::time::Instant::now();
+        assert_eq!(control_help(&hangs), None);
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     }
 
     #[test]

@@ -62,6 +62,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pending_keys_are_random_not_the_clock() {
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let (a, b) = (pending_key(), pending_key());
+        let after = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        assert_ne!(a, b);
+        for k in [a, b] {
+            let hex = k.strip_prefix(PENDING_PREFIX).expect("the prefix");
+            assert_eq!(hex.len(), 32, "{k}");
+            let mut bytes = [0u8; 16];
+            for (i, byte) in bytes.iter_mut().enumerate() {
+                *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+            }
+            // What the fallback without /dev/urandom would make of this moment.
+            let clock = u128::from_le_bytes(bytes) ^ u128::from(std::process::id());
+            assert!(!(before..=after).contains(&clock), "{k} is the clock");
+        }
+    }
+
+    #[test]
     fn old_pending_dirs_are_swept() {
         let t = tempfile::tempdir().unwrap();
         let sd = StateDir::new(t.path());
