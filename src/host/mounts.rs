@@ -248,6 +248,79 @@ mod tests {
         drop(held);
     }
 
+    /// A process (this test's own child) in a mount namespace of its own, with `dir` bound
+    /// at `at` in it; killed and reaped when dropped.
+    struct Binder(std::process::Child);
+
+    impl Binder {
+        fn start(dir: &Path, at: &Path) -> Self {
+            use std::io::BufRead;
+            let mut child = std::process::Command::new("unshare")
+                .args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg(r#"mount --bind "$0" "$1" && echo bound && exec sleep 60"#)
+                .arg(dir)
+                .arg(at)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("unshare");
+            let mut line = String::new();
+            std::io::BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert_eq!(line.trim(), "bound", "the bind in the new namespace");
+            Self(child)
+        }
+    }
+
+    impl Drop for Binder {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn a_directory_is_held_by_the_namespaces_that_bind_it_elsewhere() {
+        if !can_mount() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let (dir, at) = (t.path().join("dir"), t.path().join("at"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&at).unwrap();
+        assert!(holders_of(&dir, &[]).is_empty(), "nobody yet");
+        let b = Binder::start(&dir, &at);
+        let pid = b.0.id() as i32;
+        // The namespace's lowest pid: the shell that became `sleep` (no other process is in it).
+        assert_eq!(holders_of(&dir, &[]), [pid]);
+        assert!(
+            holders_of(&at, &[]).is_empty(),
+            "not mounted anywhere itself"
+        );
+        assert!(
+            holders_of(&dir, &[pid]).is_empty(),
+            "a skipped process's namespace"
+        );
+        // A second process in the same namespace: still one holder, the lowest pid.
+        let mut joined = std::process::Command::new("nsenter")
+            .arg(format!("--mount=/proc/{pid}/ns/mnt"))
+            .args(["sleep", "60"])
+            .spawn()
+            .expect("nsenter");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_link(format!("/proc/{}/ns/mnt", joined.id())).ok()
+            != std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok()
+        {
+            assert!(std::time::Instant::now() < deadline, "nsenter did not join");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let holders = holders_of(&dir, &[]);
+        let _ = joined.kill();
+        let _ = joined.wait();
+        assert_eq!(holders, [pid.min(joined.id() as i32)]);
+        drop(b);
+    }
+
     #[test]
     fn only_three_octal_digits_below_400_are_an_escape() {
         assert_eq!(unescape(r"a\040b"), b"a b");
