@@ -175,19 +175,7 @@ pub fn holders_of(dir: &Path, skip: &[i32]) -> Vec<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Whether this process may mount (root); under CI it must.
-    fn can_mount() -> bool {
-        if nix::unistd::geteuid().is_root() {
-            return true;
-        }
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "the shared-tmpfs tests need root to mount, and CI=true"
-        );
-        eprintln!("SKIPPED: the shared-tmpfs tests need root to mount");
-        false
-    }
+    use crate::host::tests::{can_mount, Binder};
 
     /// Detaches whatever is still mounted at the path when dropped (a failed test leaves
     /// nothing behind).
@@ -215,7 +203,7 @@ mod tests {
 
     #[test]
     fn the_shared_tmpfs_is_capped_mounted_once_and_removed_even_while_in_use() {
-        if !can_mount() {
+        if !can_mount("the shared-tmpfs and mount-holder tests") {
             return;
         }
         let t = tempfile::tempdir().unwrap();
@@ -248,40 +236,9 @@ mod tests {
         drop(held);
     }
 
-    /// A process (this test's own child) in a mount namespace of its own, with `dir` bound
-    /// at `at` in it; killed and reaped when dropped.
-    struct Binder(std::process::Child);
-
-    impl Binder {
-        fn start(dir: &Path, at: &Path) -> Self {
-            use std::io::BufRead;
-            let mut child = std::process::Command::new("unshare")
-                .args(["--mount", "--propagation", "private", "sh", "-c"])
-                .arg(r#"mount --bind "$0" "$1" && echo bound && exec sleep 60"#)
-                .arg(dir)
-                .arg(at)
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .expect("unshare");
-            let mut line = String::new();
-            std::io::BufReader::new(child.stdout.take().unwrap())
-                .read_line(&mut line)
-                .unwrap();
-            assert_eq!(line.trim(), "bound", "the bind in the new namespace");
-            Self(child)
-        }
-    }
-
-    impl Drop for Binder {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-
     #[test]
     fn a_directory_is_held_by_the_namespaces_that_bind_it_elsewhere() {
-        if !can_mount() {
+        if !can_mount("the shared-tmpfs and mount-holder tests") {
             return;
         }
         let t = tempfile::tempdir().unwrap();

@@ -529,3 +529,34 @@ fn a_release_touches_only_the_gpus_that_list_the_container() {
     );
     assert_eq!(w.ctl.live(), ["GPU-1/gpu"]);
 }
+
+/// A rebuilt record lists, as clients of the domain, the containers that have its pipe
+/// directory mounted: here a process of this test's own, in a mount namespace of its own with
+/// the pipe bound elsewhere (as a container has it).
+#[test]
+fn a_rebuilt_record_lists_the_containers_that_have_the_pipe_mounted() {
+    if !super::can_mount("the gc rebuild test with a mount holder") {
+        return;
+    }
+    let w = World::new(Isolation::Gpu, ONE_GPU);
+    w.given(&gpu_plan(&w, "c1"));
+    let at = tempfile::tempdir().unwrap();
+    let holder = super::Binder::start(&w.pipe(0, "gpu"), at.path());
+    std::fs::write(w.state().record_path(&uuid(0)), b"{not json").unwrap();
+    let lines = w.host().gc().into_lines();
+    let pid = holder.0.id();
+    drop(holder);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("rebuilt from 1 running daemon(s) and 1 container(s)")),
+        "{lines:#?}"
+    );
+    let rec = w.record(0).expect("rebuilt record");
+    let rebuilt = format!("rebuilt-{pid}");
+    assert_eq!(w.clients(0), [rebuilt.as_str()]);
+    let c = &rec.clients[&rebuilt];
+    assert_eq!(c.mode, Mode::Mps);
+    assert_eq!(c.domain.as_deref(), Some("gpu"));
+    assert_eq!(c.process.map(|p| p.pid), Some(pid as i32));
+}

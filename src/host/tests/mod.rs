@@ -38,6 +38,50 @@ macro_rules! rows {
 mod rows;
 mod world;
 
+/// Whether this process may mount (root): `what` needs it, and under CI it must.
+pub(crate) fn can_mount(what: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{what} need root to mount, and CI=true"
+    );
+    eprintln!("SKIPPED: {what} need root to mount");
+    false
+}
+
+/// A process (this test's own child) in a mount namespace of its own, with `dir` bound
+/// at `at` in it; killed and reaped when dropped.
+pub(crate) struct Binder(pub(crate) std::process::Child);
+
+impl Binder {
+    pub(crate) fn start(dir: &std::path::Path, at: &std::path::Path) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(r#"mount --bind "$0" "$1" && echo bound && exec sleep 60"#)
+            .arg(dir)
+            .arg(at)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "bound", "the bind in the new namespace");
+        Self(child)
+    }
+}
+
+impl Drop for Binder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// What a closure logs, as the node log would show it (no colours).
 pub(crate) fn logged(f: impl FnOnce()) -> String {
     use std::sync::{Arc, Mutex};

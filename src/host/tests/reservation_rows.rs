@@ -9,15 +9,7 @@ use crate::vocab::Isolation;
 /// Reservations mount the domain's shm tmpfs ([`Host::reserve`] calls `MpsDirs::prepare`),
 /// which needs root (CAP_SYS_ADMIN).
 fn can_mount() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "reservation tests need root to mount the shm tmpfs, and CI=true"
-    );
-    eprintln!("SKIPPED: reservation tests need root to mount the shm tmpfs");
-    false
+    super::can_mount("reservation tests (the shm tmpfs)")
 }
 
 /// Reserves the directories of `id`'s domain on GPU 0 under `key`, as a spec edit does.
