@@ -74,23 +74,25 @@ fn try_lock(state: &StateDir, uuid: &str) -> Result<Option<Flock<File>>, ReaperE
     }
     let f = crate::host::lockfile::open(&path).map_err(err)?;
     match Flock::lock(f, FlockArg::LockExclusiveNonblock) {
-        Ok(mut l) => {
-            // Who holds it, for `StateDir::reaper_alive` (which reads instead of locking).
-            let me = ProcId::of(std::process::id() as i32);
-            let stamp = me.map_or_else(String::new, |p| format!("{} {}\n", p.pid, p.start_time));
-            use std::io::{Seek, Write};
-            l.set_len(0)
-                .and_then(|()| l.rewind())
-                .and_then(|()| l.write_all(stamp.as_bytes()))
-                .map_err(err)?;
-            Ok(Some(l))
-        }
+        Ok(l) => Ok(Some(l)),
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
         Err((_, e)) => Err(err(e.into())),
     }
 }
 
-/// Whether a reaper runs for `uuid` (someone holds its lock).
+/// Writes who holds the reaper lock `l` (this process), for `StateDir::reaper_alive`, which
+/// reads instead of locking.
+fn stamp(l: &mut Flock<File>) -> std::io::Result<()> {
+    use std::io::{Seek, Write};
+    let me = ProcId::of(std::process::id() as i32);
+    let text = me.map_or_else(String::new, |p| format!("{} {}\n", p.pid, p.start_time));
+    l.set_len(0)?;
+    l.rewind()?;
+    l.write_all(text.as_bytes())
+}
+
+/// Whether a reaper runs for `uuid` (someone holds its lock). Asking takes the lock for a
+/// moment when it is free, and leaves its stamp as it was.
 pub fn running(state: &StateDir, uuid: &str) -> bool {
     matches!(try_lock(state, uuid), Ok(None))
 }
@@ -211,6 +213,10 @@ pub fn run(
     let Some(mut mine) = try_lock(&state, uuid)? else {
         return Ok(());
     };
+    stamp(&mut mine).map_err(|source| ReaperError::Lock {
+        path: lock_path(&state, uuid),
+        source,
+    })?;
     let gpus = state.gpus_dir();
     let record = state
         .record_path(uuid)
@@ -335,4 +341,132 @@ fn done(cfg: &Config, state: &StateDir, uuid: &str, mine: Flock<File>) -> Finish
     drop(mine);
     drop(gpu_lock);
     Finish::Done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::fakes::{uuid, FakeInventory};
+    use crate::host::state::Client;
+    use crate::vocab::{ComputeMode, Mode};
+
+    /// Waits (at most 10 s) until `cond` holds.
+    fn until(what: &str, cond: impl Fn() -> bool) {
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(std::time::Instant::now() < end, "timed out waiting: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn client(process: Option<ProcId>) -> Client {
+        Client {
+            mode: Mode::Timeslice,
+            process,
+            cores: 100,
+            memory: None,
+            domain: None,
+            kube: Default::default(),
+            cap: None,
+        }
+    }
+
+    /// CPU time (user + system, clock ticks) of thread `tid` of this process.
+    fn cpu_ticks(tid: i32) -> u64 {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = after.split(' ').collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    }
+
+    /// A reaper on GPU 0 whose clients are processes of this test's own: it holds its lock
+    /// (stamped with this process), sleeps while they live, releases each as it exits (its
+    /// gc event written), and ends, its stamp cleared, once no client with a process is left.
+    #[test]
+    fn a_reaper_sleeps_releases_each_exited_client_and_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config {
+            state_dir: dir.path().join("state"),
+            log_file: dir.path().join("gpushare.log"),
+            lock_timeout_seconds: 5,
+            ..Config::default()
+        };
+        let sd = StateDir::new(&cfg.state_dir);
+        sd.ensure().unwrap();
+        let u = uuid(0);
+        assert_eq!(
+            lock_path(&sd, &u),
+            sd.root().join(format!("reapers/{u}.lock"))
+        );
+        // Killed when dropped, so that a failing check cannot leave the reaper waiting on them.
+        struct Kid(std::process::Child);
+        impl Drop for Kid {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let a = Kid(Command::new("sleep").arg("60").spawn().unwrap());
+        let b = Kid(Command::new("sleep").arg("60").spawn().unwrap());
+        let proc_of = |c: &Kid| ProcId::of(c.0.id() as i32).unwrap();
+        let mut rec = Record::new(&u, 0);
+        rec.clients.insert("ca".into(), client(Some(proc_of(&a))));
+        rec.clients.insert("cb".into(), client(Some(proc_of(&b))));
+        rec.clients.insert("cn".into(), client(None));
+        assert_eq!(watched(&rec), [proc_of(&a), proc_of(&b)]);
+        sd.save(&rec).unwrap();
+        let clients = || -> Vec<String> {
+            sd.load(&u)
+                .unwrap()
+                .map(|r| r.clients.into_keys().collect())
+                .unwrap_or_default()
+        };
+        assert!(!running(&sd, &u));
+        assert!(
+            !sd.reaper_alive(&u),
+            "asking whether one runs stamps nothing"
+        );
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (cfg, u) = (&cfg, &u);
+            let reaper = s.spawn(move || {
+                tx.send(nix::unistd::gettid().as_raw()).unwrap();
+                run(cfg, u, &|| {
+                    Box::new(FakeInventory::new(&[(0, ComputeMode::Default)]))
+                })
+            });
+            let tid = rx.recv().unwrap();
+            // Its lock, then the stamp that says this live process holds it.
+            until("the reaper stamps its lock", || {
+                running(&sd, u) && sd.reaper_alive(u)
+            });
+            // A second reaper for the GPU returns at once.
+            run(cfg, u, &|| unreachable!("the second reaper opened NVML")).unwrap();
+            // While its clients live it sleeps: almost no CPU over a while.
+            let before = cpu_ticks(tid);
+            std::thread::sleep(Duration::from_millis(300));
+            assert!(cpu_ticks(tid) - before <= 5, "the reaper spins");
+            drop(a);
+            until("ca released", || clients() == ["cb", "cn"]);
+            assert!(!reaper.is_finished(), "cb still lives");
+            drop(b);
+            reaper.join().unwrap().unwrap();
+        });
+        assert_eq!(
+            clients(),
+            ["cn"],
+            "a client without a process is left to poststop"
+        );
+        assert!(!running(&sd, &u));
+        assert!(!sd.reaper_alive(&u), "its stamp cleared");
+        let events = std::fs::read_to_string(cfg.events_file()).unwrap();
+        for c in ["ca", "cb"] {
+            assert!(
+                events
+                    .lines()
+                    .any(|l| l.contains(r#""kind":"drop_client""#) && l.contains(c)),
+                "{c}: {events}"
+            );
+        }
+    }
 }
