@@ -436,10 +436,11 @@ mod tests {
                 })
             });
             let tid = rx.recv().unwrap();
-            // Its lock, then the stamp that says this live process holds it.
-            until("the reaper stamps its lock", || {
-                running(&sd, u) && sd.reaper_alive(u)
-            });
+            // The stamp that says this live process holds the lock (written once it has it;
+            // asking `running` meanwhile could take the free lock from under a starting
+            // reaper, which then leaves it to the asker, as a hook's check does).
+            until("the reaper stamps its lock", || sd.reaper_alive(u));
+            assert!(running(&sd, u));
             // A second reaper for the GPU returns at once.
             run(cfg, u, &|| unreachable!("the second reaper opened NVML")).unwrap();
             // While its clients live it sleeps: almost no CPU over a while.
@@ -449,6 +450,14 @@ mod tests {
             drop(a);
             until("ca released", || clients() == ["cb", "cn"]);
             assert!(!reaper.is_finished(), "cb still lives");
+            // A client added meanwhile (the record changes) is watched too.
+            let c = Kid(Command::new("sleep").arg("60").spawn().unwrap());
+            let mut rec = sd.load(u).unwrap().unwrap();
+            rec.clients.insert("cc".into(), client(Some(proc_of(&c))));
+            sd.save(&rec).unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            drop(c);
+            until("cc released", || clients() == ["cb", "cn"]);
             drop(b);
             reaper.join().unwrap().unwrap();
         });
@@ -468,5 +477,82 @@ mod tests {
                 "{c}: {events}"
             );
         }
+    }
+
+    /// A config whose state dir (made) is under `dir`, with a GPU lock timeout of 1 s.
+    fn cfg_in(dir: &std::path::Path) -> Config {
+        let cfg = Config {
+            state_dir: dir.join("state"),
+            log_file: dir.join("gpushare.log"),
+            lock_timeout_seconds: 1,
+            ..Config::default()
+        };
+        StateDir::new(&cfg.state_dir).ensure().unwrap();
+        cfg
+    }
+
+    fn fake_nvml() -> Box<dyn Inventory> {
+        Box::new(FakeInventory::new(&[(0, ComputeMode::Default)]))
+    }
+
+    /// A reaper with nothing left to watch ends under the GPU's lock: while another holds that
+    /// lock it waits (and keeps its stamp), and it ends once the lock is free.
+    #[test]
+    fn a_reaper_ends_only_under_the_gpu_s_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = cfg_in(dir.path());
+        let sd = StateDir::new(&cfg.state_dir);
+        let u = uuid(0);
+        let mut rec = Record::new(&u, 0);
+        rec.clients.insert("cn".into(), client(None));
+        sd.save(&rec).unwrap();
+        let held = sd.lock(&u, Duration::from_secs(1), "the test").unwrap();
+        std::thread::scope(|s| {
+            let (cfg, u) = (&cfg, &u);
+            let reaper = s.spawn(move || run(cfg, u, &fake_nvml));
+            until("the reaper stamps its lock", || sd.reaper_alive(u));
+            std::thread::sleep(Duration::from_millis(1500));
+            assert!(!reaper.is_finished(), "ended without the GPU's lock");
+            assert!(sd.reaper_alive(u));
+            drop(held);
+            until("the reaper ends", || reaper.is_finished());
+            reaper.join().unwrap().unwrap();
+        });
+        assert!(!sd.reaper_alive(&u));
+    }
+
+    /// The state directory removed under a waiting reaper (its watch goes with it): it ends.
+    #[test]
+    fn a_reaper_whose_state_dir_is_removed_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = cfg_in(dir.path());
+        let sd = StateDir::new(&cfg.state_dir);
+        let u = uuid(0);
+        let mut kid = Command::new("sleep").arg("60").spawn().unwrap();
+        let mut rec = Record::new(&u, 0);
+        rec.clients
+            .insert("c1".into(), client(ProcId::of(kid.id() as i32)));
+        sd.save(&rec).unwrap();
+        let ended = std::thread::scope(|s| {
+            let (cfg, u) = (&cfg, &u);
+            let reaper = s.spawn(move || run(cfg, u, &fake_nvml));
+            until("the reaper stamps its lock", || sd.reaper_alive(u));
+            // (What the reaper writes as it wakes may race one removal: removed again.)
+            let mut tries = 0;
+            while let Err(e) = std::fs::remove_dir_all(sd.root()) {
+                tries += 1;
+                assert!(tries < 100, "cannot remove the state dir: {e}");
+            }
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while !reaper.is_finished() && std::time::Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let ended = reaper.is_finished();
+            // Let a reaper that did not end go, so that the scope can.
+            let _ = kid.kill();
+            let _ = kid.wait();
+            ended
+        });
+        assert!(ended, "the reaper went on without its state dir");
     }
 }
