@@ -253,6 +253,53 @@ mod tests {
         );
     }
 
+    /// A file system mounted inside the directory is not crossed into: what it holds stays.
+    #[test]
+    fn empty_dir_never_crosses_into_a_mount_inside() {
+        if !crate::host::tests::can_mount("the empty_dir mount-crossing test") {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let inner = t.path().join("pipe/m");
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::write(t.path().join("pipe/f"), "x").unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &inner,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=64k"),
+        )
+        .unwrap();
+        std::fs::write(inner.join("keep"), "keep").unwrap();
+        let res = empty_dir(&t.path().join("pipe"));
+        let kept = inner.join("keep").exists();
+        nix::mount::umount2(&inner, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        assert!(kept, "emptied across a mount ({res:?})");
+        assert_eq!(res.map_err(|e| e.raw_os_error()), Err(Some(libc::EXDEV)));
+    }
+
+    #[test]
+    fn a_daemon_under_tmp_has_its_program_s_directory_shown_again() {
+        let m = |binary: &str| {
+            daemon_mounts(
+                Path::new("/run/g/pipe"),
+                Path::new("/run/g/log"),
+                Path::new("/run/g/shm"),
+                Path::new(binary),
+            )
+            .unwrap()
+            .binary_dir
+            .map(|c| c.into_string().unwrap())
+        };
+        assert_eq!(
+            m("/tmp/stand-in/nvidia-cuda-mps-control").as_deref(),
+            Some("/tmp/stand-in")
+        );
+        assert_eq!(m("/tmp/nvidia-cuda-mps-control"), None, "not /tmp itself");
+        assert_eq!(m("/usr/bin/nvidia-cuda-mps-control"), None);
+    }
+
     #[test]
     fn empty_dir_leaves_absurd_nesting_and_says_so() {
         let t = tempfile::tempdir().unwrap();

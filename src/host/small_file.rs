@@ -68,6 +68,11 @@ mod tests {
             read(t.path().join("none"), 10).unwrap_err().kind(),
             std::io::ErrorKind::NotFound
         );
+        // A read that fails (a directory opens, and cannot be read) is an error, not retried.
+        assert_eq!(
+            read(t.path(), 10).unwrap_err().raw_os_error(),
+            Some(libc::EISDIR)
+        );
     }
 
     #[test]
