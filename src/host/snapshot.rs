@@ -275,8 +275,26 @@ mod tests {
         fn set_compute_mode(&self, _index: u32, _mode: ComputeMode) -> Result<(), InventoryError> {
             Ok(())
         }
-        fn memory_total(&self, _index: u32) -> Result<u64, InventoryError> {
-            Ok(80 << 30)
+        /// 80 GiB, and 1 GiB more for each index above 0.
+        fn memory_total(&self, index: u32) -> Result<u64, InventoryError> {
+            Ok(u64::from(80 + index) << 30)
+        }
+        /// GPU 0 only.
+        fn has_memory_limits(&self, index: u32) -> bool {
+            index == 0
+        }
+        fn set_memory_limits(
+            &self,
+            index: u32,
+            _namespace: &str,
+            _soft: u64,
+            _hard: u64,
+        ) -> Result<(), InventoryError> {
+            if index == 0 {
+                Ok(())
+            } else {
+                Err(InventoryError::Unavailable("no limits on this GPU".into()))
+            }
         }
     }
 
@@ -355,7 +373,12 @@ mod tests {
         let second = w.inv("libnvidia-ml.so.1");
         assert!(second.from_snapshot());
         assert_eq!(second.gpus().unwrap(), gpus(&["GPU-a", "GPU-b"]));
-        assert_eq!(second.memory_total(1).unwrap(), 80 << 30);
+        assert_eq!(second.memory_total(0).unwrap(), 80 << 30);
+        assert_eq!(
+            second.memory_total(1).unwrap(),
+            81 << 30,
+            "each GPU its own"
+        );
         assert_eq!(w.opens.get(), 1, "answered without opening NVML");
         // Compute modes always come from NVML.
         second.compute_mode(0).unwrap();
@@ -369,6 +392,33 @@ mod tests {
         assert!(w.inv("libnvidia-ml.so.1").from_snapshot(), "written again");
         std::fs::create_dir(w.proc.join("gpus/0000:02:00.0")).unwrap();
         assert!(!w.inv("libnvidia-ml.so.1").from_snapshot());
+    }
+
+    #[test]
+    fn sixteen_gpus_fit_a_snapshot() {
+        let uuids: Vec<String> = (0..16)
+            .map(|i| format!("GPU-5a1e{i:04x}-0000-4000-8000-000000000000"))
+            .collect();
+        let refs: Vec<&str> = uuids.iter().map(String::as_str).collect();
+        let w = World::new(&refs);
+        assert_eq!(w.remembered("libnvidia-ml.so.1").len(), 16);
+        let again = w.inv("libnvidia-ml.so.1");
+        assert!(again.from_snapshot(), "the snapshot of 16 GPUs read back");
+        assert_eq!(again.gpus().unwrap().len(), 16);
+        assert_eq!(w.opens.get(), 1);
+    }
+
+    #[test]
+    fn driver_limits_are_always_nvml_s() {
+        let w = World::new(&["GPU-a", "GPU-b"]);
+        w.remembered("libnvidia-ml.so.1");
+        let inv = w.inv("libnvidia-ml.so.1");
+        assert!(inv.from_snapshot());
+        assert!(inv.has_memory_limits(0));
+        assert!(!inv.has_memory_limits(1));
+        inv.set_memory_limits(0, "/sys/fs/cgroup/x", 0, 1).unwrap();
+        assert!(inv.set_memory_limits(1, "/sys/fs/cgroup/x", 0, 1).is_err());
+        assert!(w.opens.get() >= 2, "asked of NVML");
     }
 
     #[test]

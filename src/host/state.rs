@@ -333,6 +333,31 @@ mod tests {
     }
 
     #[test]
+    fn saving_an_empty_record_removes_the_file_and_says_when_it_cannot() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        let empty = Record::new("G", 0);
+        sd.save(&empty).expect("nothing to remove is fine");
+        // Something that is not a file where the record goes: the removal's error is said.
+        std::fs::create_dir_all(sd.record_path("G").join("x")).unwrap();
+        assert!(matches!(sd.save(&empty), Err(StateError::Write { .. })));
+    }
+
+    #[test]
+    fn a_record_that_cannot_be_opened_is_an_error_not_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        assert!(matches!(sd.load("G"), Ok(None)), "absent");
+        std::os::unix::fs::symlink("G.json", sd.record_path("G")).unwrap();
+        assert!(
+            matches!(sd.load("G"), Err(StateError::Read { .. })),
+            "a link to itself"
+        );
+    }
+
+    #[test]
     fn corrupt_and_wrong_version_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let sd = StateDir::new(dir.path());
