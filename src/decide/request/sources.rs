@@ -149,6 +149,39 @@ mod tests {
     }
 
     #[test]
+    fn a_value_may_be_as_long_as_the_limit_and_no_longer() {
+        let field = Field {
+            annotation: "gpu.share.group",
+            env: "GPU_SHARE_GROUP",
+        };
+        for (len, ok) in [(MAX_VALUE_LEN, true), (MAX_VALUE_LEN + 1, false)] {
+            let v = "g".repeat(len);
+            let annotations: HashMap<String, String> =
+                [("gpu.share.group".to_owned(), v.clone())].into();
+            let env = vec![format!("GPU_SHARE_GROUP={v}")];
+            for src in [
+                Sources {
+                    annotations: &annotations,
+                    env: &[],
+                },
+                Sources {
+                    annotations: &HashMap::new(),
+                    env: &env,
+                },
+            ] {
+                match src.get(&field, true) {
+                    Ok(Some((_, got))) => assert!(ok && got == v, "{len} bytes taken"),
+                    Err(RequestError::TooLong { key }) => {
+                        assert!(!ok, "{len} bytes refused");
+                        assert!(key.to_lowercase().contains("group"), "{key}");
+                    }
+                    other => panic!("{len} bytes: {other:?}"),
+                }
+            }
+        }
+    }
+
+    #[test]
     fn pod_sandbox_containers_are_never_share_requests() {
         let cfg = Config::default();
         // (description, annotations, env, asks)
