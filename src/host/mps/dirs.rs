@@ -194,3 +194,107 @@ pub fn is_mount_point(path: &Path) -> bool {
     let found = crate::host::mounts::entries(&text).any(|e| e.mount_point == path);
     found
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The mountinfo lines of the mounts at `at`.
+    fn mounts_at(at: &Path) -> Vec<String> {
+        let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        text.lines()
+            .filter(|l| {
+                crate::host::mounts::entries(l)
+                    .next()
+                    .is_some_and(|e| e.mount_point == at)
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn the_shm_cap_comes_with_an_inode_cap() {
+        assert_eq!(
+            shm_tmpfs_options(64 << 20),
+            "mode=1777,size=67108864,nr_inodes=4096"
+        );
+        assert_eq!(
+            shm_tmpfs_options(1 << 20),
+            "mode=1777,size=1048576,nr_inodes=256",
+            "at least 256"
+        );
+    }
+
+    #[test]
+    fn a_domain_is_made_with_its_owner_three_capped_tmpfs_once_and_removed_quietly() {
+        if !crate::host::tests::can_mount("the MPS directory tests") {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let d = MpsDirs::owned(t.path().join("mps/abc"), "GPU-1", "g-x");
+        // Whatever happens, nothing stays mounted.
+        struct Detach<'a>(&'a MpsDirs);
+        impl Drop for Detach<'_> {
+            fn drop(&mut self) {
+                self.0.remove();
+            }
+        }
+        let _detach = Detach(&d);
+        d.prepare(64 << 20).unwrap();
+        assert_eq!(
+            MpsDirs::read_owner(&d.dir),
+            Some(("GPU-1".to_owned(), "g-x".to_owned()))
+        );
+        for (path, size) in [
+            (&d.pipe, "size=1024k"),
+            (&d.log, "size=4096k"),
+            (&d.shm, "size=65536k"),
+        ] {
+            let lines = mounts_at(path);
+            assert_eq!(lines.len(), 1, "{}: {lines:#?}", path.display());
+            let (pre, post) = lines[0].split_once(" - ").unwrap();
+            let opts: Vec<&str> = pre.split(' ').nth(5).unwrap().split(',').collect();
+            for want in ["nosuid", "nodev", "noexec"] {
+                assert!(opts.contains(&want), "{want}: {}", lines[0]);
+            }
+            assert!(
+                post.starts_with("tmpfs ") && post.contains(size),
+                "{}",
+                lines[0]
+            );
+        }
+        assert!(mounts_at(&d.shm)[0].contains("nr_inodes=4096"));
+        // Again: nothing more is mounted, and the owner stays.
+        d.prepare(64 << 20).unwrap();
+        for path in [&d.pipe, &d.log, &d.shm] {
+            assert_eq!(mounts_at(path).len(), 1, "{}", path.display());
+        }
+        let log = crate::host::tests::logged(|| {
+            d.remove();
+            d.remove();
+        });
+        assert!(!d.dir.exists());
+        assert!(mounts_at(&d.shm).is_empty());
+        assert!(log.is_empty(), "a second removal is quiet: {log}");
+    }
+
+    #[test]
+    fn a_domain_directory_that_cannot_be_made_is_named_in_the_error() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("mps/abc");
+        std::fs::create_dir_all(dir.parent().unwrap()).unwrap();
+        // A file where the domain's directory goes: the rename of the made one fails.
+        std::fs::write(&dir, b"").unwrap();
+        let d = MpsDirs::owned(dir.clone(), "GPU-1", "gpu");
+        match d.prepare(1 << 20) {
+            Err(MpsError::Dirs { path, .. }) => assert_eq!(path, dir),
+            other => panic!("{other:?}"),
+        }
+        let left: Vec<_> = std::fs::read_dir(t.path().join("mps"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, ["abc"], "the half-made directory is gone");
+    }
+}

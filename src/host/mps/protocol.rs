@@ -322,3 +322,91 @@ impl Conversation {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::mps::scripted::{Held, Scripted};
+
+    fn me() -> ProcId {
+        ProcId::of(std::process::id() as i32).unwrap()
+    }
+
+    /// A domain directory with its pipe directory, and a scripted daemon listening there.
+    fn daemon(held: Held) -> (tempfile::TempDir, PathBuf, Scripted) {
+        let t = tempfile::tempdir().unwrap();
+        let pipe = t.path().join("pipe");
+        std::fs::create_dir_all(&pipe).unwrap();
+        let d = Scripted::start(&pipe, held);
+        (t, pipe, d)
+    }
+
+    #[test]
+    fn a_long_answer_comes_back_whole() {
+        let (_t, pipe, _d) = daemon(Held::default());
+        let long = "x".repeat(4000);
+        let a = converse(&pipe, me(), &[&long], Duration::from_secs(5)).unwrap();
+        assert_eq!(a.lines, [format!("unknown command {long}")]);
+        assert_eq!(a.status, 0);
+    }
+
+    #[test]
+    fn a_conversation_the_daemon_resets_is_tried_again_within_the_deadline() {
+        let (_t, pipe, d) = daemon(Held {
+            resets: 3,
+            ..Held::default()
+        });
+        let a = converse(&pipe, me(), &["get_server_list"], Duration::from_secs(5)).unwrap();
+        assert_eq!(a.lines, Vec::<String>::new());
+        let h = d.held.lock().unwrap();
+        assert_eq!(h.resets, 0, "every reset was met");
+        assert_eq!(h.conversations, [vec!["get_server_list".to_owned()]]);
+    }
+
+    #[test]
+    fn a_daemon_that_keeps_resetting_is_no_answer_by_the_deadline() {
+        let (_t, pipe, _d) = daemon(Held {
+            resets: usize::MAX,
+            ..Held::default()
+        });
+        let t0 = Instant::now();
+        let e = converse(
+            &pipe,
+            me(),
+            &["get_server_list"],
+            Duration::from_millis(300),
+        )
+        .unwrap_err();
+        assert!(matches!(e, MpsError::NoAnswer { .. }), "{e:?}");
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn nothing_listening_is_unreachable_at_once() {
+        let t = tempfile::tempdir().unwrap();
+        let pipe = t.path().join("pipe");
+        std::fs::create_dir_all(&pipe).unwrap();
+        // A socket nobody listens on any more (a dead daemon's).
+        let s = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::empty(),
+            None,
+        )
+        .unwrap();
+        nix::sys::socket::bind(
+            s.as_raw_fd(),
+            &UnixAddr::new(&pipe.join(PRIVILEGED_SOCKET)).unwrap(),
+        )
+        .unwrap();
+        drop(s);
+        let t0 = Instant::now();
+        let e = converse(&pipe, me(), &["get_server_list"], Duration::from_secs(4)).unwrap_err();
+        assert!(matches!(e, MpsError::Unreachable { .. }), "{e:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(2),
+            "tried again: {:?}",
+            t0.elapsed()
+        );
+    }
+}

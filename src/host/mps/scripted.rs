@@ -32,6 +32,9 @@ pub struct Held {
     pub stuck: Vec<u32>,
     /// The commands of each conversation, in order.
     pub conversations: Vec<Vec<String>>,
+    /// How many connections, from the next, to reset right after the greeting (as the daemon
+    /// does to a session while it serves another).
+    pub resets: usize,
 }
 
 /// A running scripted daemon; stopped when dropped.
@@ -109,6 +112,13 @@ fn packet(fd: &Accepted) -> nix::Result<Vec<u8>> {
 
 fn converse(fd: &Accepted, held: &Mutex<Held>) -> nix::Result<()> {
     send(fd.0, b"OUTBHELL\0", MsgFlags::MSG_NOSIGNAL)?;
+    {
+        let mut h = held.lock().unwrap();
+        if h.resets > 0 {
+            h.resets -= 1;
+            return Ok(());
+        }
+    }
     packet(fd)?; // OUTBCRED
     packet(fd)?; // the client's word
     let mut commands = Vec::new();
