@@ -382,6 +382,18 @@ mod tests {
     }
 
     #[test]
+    fn a_pipe_directory_swapped_for_a_link_is_not_followed() {
+        let (t, real, d) = daemon(Held::default());
+        let pipe = t.path().join("link");
+        std::os::unix::fs::symlink(&real, &pipe).unwrap();
+        let e = converse(&pipe, me(), &["get_server_list"], Duration::from_secs(2)).unwrap_err();
+        assert!(matches!(e, MpsError::Unreachable { .. }), "{e:?}");
+        assert!(d.held.lock().unwrap().conversations.is_empty());
+        // Positive control: through the directory itself it answers.
+        converse(&real, me(), &["get_server_list"], Duration::from_secs(2)).unwrap();
+    }
+
+    #[test]
     fn nothing_listening_is_unreachable_at_once() {
         let t = tempfile::tempdir().unwrap();
         let pipe = t.path().join("pipe");
