@@ -394,6 +394,72 @@ mod tests {
     }
 
     #[test]
+    fn a_listener_is_believed_only_as_the_recorded_process() {
+        let (_t, pipe, d) = daemon(Held::default());
+        let reused = ProcId {
+            start_time: me().start_time + 1,
+            ..me()
+        };
+        let e = converse(&pipe, reused, &["get_server_list"], Duration::from_secs(2)).unwrap_err();
+        assert!(matches!(e, MpsError::Tampered { .. }), "{e:?}");
+        assert!(
+            d.held.lock().unwrap().conversations.is_empty(),
+            "nothing sent"
+        );
+    }
+
+    #[test]
+    fn what_lies_in_place_of_the_socket_is_named_and_never_opened() {
+        let t = tempfile::tempdir().unwrap();
+        let pipe = t.path().join("pipe");
+        std::fs::create_dir_all(&pipe).unwrap();
+        let at = pipe.join(PRIVILEGED_SOCKET);
+        let fifo = |p: &Path| {
+            nix::unistd::mkfifo(p, Mode::from_bits_truncate(0o600)).unwrap();
+        };
+        let file = |p: &Path| std::fs::write(p, b"").unwrap();
+        let dir = |p: &Path| std::fs::create_dir(p).unwrap();
+        let link = |p: &Path| std::os::unix::fs::symlink("/dev/null", p).unwrap();
+        let rows: [(&str, &dyn Fn(&Path)); 4] = [
+            ("a fifo", &fifo),
+            ("a file", &file),
+            ("a directory", &dir),
+            ("a symlink", &link),
+        ];
+        for (what, plant) in rows {
+            let _ = std::fs::remove_dir(&at);
+            let _ = std::fs::remove_file(&at);
+            plant(&at);
+            match converse(&pipe, me(), &["get_server_list"], Duration::from_secs(2)) {
+                Err(MpsError::Tampered { found, .. }) => {
+                    assert_eq!(found, format!("{what} instead of a socket"));
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+    }
+
+    /// A FIFO in place of the pipe directory is refused at once (an open for reading would
+    /// wait for a writer).
+    #[test]
+    fn a_fifo_in_place_of_the_pipe_directory_is_refused_at_once() {
+        let t = tempfile::tempdir().unwrap();
+        let pipe = t.path().join("pipe");
+        nix::unistd::mkfifo(&pipe, Mode::from_bits_truncate(0o600)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = pipe.clone();
+        std::thread::spawn(move || {
+            let r = converse(&p, me(), &["get_server_list"], Duration::from_secs(2));
+            tx.send(matches!(r, Err(MpsError::Unreachable { .. })))
+        });
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        if got.is_err() {
+            let _ = std::fs::OpenOptions::new().write(true).open(&pipe);
+        }
+        assert_eq!(got, Ok(true));
+    }
+
+    #[test]
     fn nothing_listening_is_unreachable_at_once() {
         let t = tempfile::tempdir().unwrap();
         let pipe = t.path().join("pipe");
