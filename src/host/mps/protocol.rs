@@ -420,7 +420,8 @@ mod tests {
         let file = |p: &Path| std::fs::write(p, b"").unwrap();
         let dir = |p: &Path| std::fs::create_dir(p).unwrap();
         let link = |p: &Path| std::os::unix::fs::symlink("/dev/null", p).unwrap();
-        let rows: [(&str, &dyn Fn(&Path)); 4] = [
+        type Plant<'a> = &'a dyn Fn(&Path);
+        let rows: [(&str, Plant); 4] = [
             ("a fifo", &fifo),
             ("a file", &file),
             ("a directory", &dir),
