@@ -338,6 +338,20 @@ mod log_tests {
     }
 
     #[test]
+    fn a_log_of_exactly_the_size_it_keeps_is_left_as_it_is() {
+        let t = tempfile::tempdir().unwrap();
+        let log = t.path().join("control.log");
+        std::fs::write(&log, vec![b'x'; LOG_KEEP_BYTES as usize]).unwrap();
+        assert!(!trim_log(t.path()), "trimmed at its size");
+        drop(open_log(&log).unwrap());
+        assert!(
+            !t.path().join("control.log.1").exists(),
+            "moved aside at its size"
+        );
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), LOG_KEEP_BYTES);
+    }
+
+    #[test]
     fn a_grown_log_is_moved_aside_once_and_links_are_refused() {
         let t = tempfile::tempdir().unwrap();
         let log = t.path().join("control.log");
@@ -358,5 +372,114 @@ mod log_tests {
         std::os::unix::fs::symlink(&target, &log).unwrap();
         assert!(open_log(&log).is_err(), "a link is not followed");
         assert!(!target.exists());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::mps::scripted::{Held, Scripted};
+
+    fn me() -> ProcId {
+        ProcId::of(std::process::id() as i32).unwrap()
+    }
+
+    #[test]
+    fn a_daemon_keeps_no_capability_and_a_multi_user_one_only_setuid_and_setgid() {
+        assert_eq!(daemon_capabilities(false), 0);
+        // linux/capability.h: CAP_SETGID 6, CAP_SETUID 7.
+        assert_eq!(daemon_capabilities(true), (1 << 6) | (1 << 7));
+    }
+
+    #[test]
+    fn a_daemon_is_ready_once_it_answers() {
+        let t = tempfile::tempdir().unwrap();
+        let pipe = t.path().join("pipe");
+        std::fs::create_dir_all(&pipe).unwrap();
+        assert!(!daemon_answers(&pipe, me()), "nothing listens");
+        let _d = Scripted::start(&pipe, Held::default());
+        assert!(daemon_answers(&pipe, me()));
+    }
+
+    /// A process of this test's own: `sleep`, which SIGTERM ends, or a shell that ignores it.
+    fn child(ignores_term: bool) -> (std::process::Child, ProcId) {
+        let c = if ignores_term {
+            Command::new("sh")
+                .args(["-c", "trap '' TERM; echo ready; while :; do sleep 1; done"])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        } else {
+            Command::new("sleep").arg("60").spawn().unwrap()
+        };
+        let mut c = c;
+        if ignores_term {
+            use std::io::BufRead;
+            let mut line = String::new();
+            std::io::BufReader::new(c.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+        }
+        let p = ProcId::of(c.id() as i32).unwrap();
+        (c, p)
+    }
+
+    #[test]
+    fn stop_sends_term_after_the_grace_then_kill() {
+        let grace = Duration::from_millis(200);
+        let (mut c, p) = child(false);
+        let t0 = Instant::now();
+        stop_process(p, grace);
+        let took = t0.elapsed();
+        let _ = c.wait();
+        assert!(!p.is_alive());
+        assert!(
+            took >= grace && took < grace + KILL_AFTER_TERM,
+            "SIGTERM at the grace: {took:?}"
+        );
+        let (mut c, p) = child(true);
+        let t0 = Instant::now();
+        stop_process(p, grace);
+        let took = t0.elapsed();
+        let _ = c.kill();
+        let _ = c.wait();
+        assert!(
+            took >= grace + KILL_AFTER_TERM,
+            "SIGKILL only after the TERM's time: {took:?}"
+        );
+        assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+
+    /// A control program that exits at once is started again, afresh, five times in all.
+    #[test]
+    fn a_daemon_that_exits_at_once_is_started_five_times_then_given_up() {
+        if !crate::host::tests::can_mount("the daemon start tests (a sandbox)") {
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let bin = t.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let ctl = bin.join("nvidia-cuda-mps-control");
+        std::fs::write(
+            &ctl,
+            "#!/bin/sh\necho started >> \"$CUDA_MPS_LOG_DIRECTORY/attempts\"\nexit 3\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dirs = MpsDirs::owned(t.path().join("mps/d"), "GPU-1", "gpu");
+        struct Remove<'a>(&'a MpsDirs);
+        impl Drop for Remove<'_> {
+            fn drop(&mut self) {
+                self.0.remove();
+            }
+        }
+        let _remove = Remove(&dirs);
+        dirs.prepare(1 << 20).unwrap();
+        let e = start(&ctl, "GPU-1", &dirs, None, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, MpsError::Exited { .. }), "{e:?}");
+        let attempts = std::fs::read_to_string(dirs.log.join("attempts")).unwrap_or_default();
+        assert_eq!(attempts.lines().count(), START_ATTEMPTS, "{attempts:?}");
+        assert_eq!(find::recorded(&dirs.dir), None, "no daemon left recorded");
     }
 }
