@@ -450,6 +450,48 @@ mod tests {
         assert!(took < Duration::from_secs(5), "{took:?}");
     }
 
+    /// A daemon leaves the cgroup it was started in (a container's scope) for the root one.
+    #[test]
+    fn a_daemon_leaves_the_cgroup_it_was_started_in() {
+        if !crate::host::tests::can_mount("the cgroup move test") {
+            return;
+        }
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let Some(root) = crate::host::mounts::entries(&mountinfo)
+            .find(|e| e.fstype == "cgroup2" && e.root == Path::new("/"))
+            .map(|e| e.mount_point)
+        else {
+            assert!(std::env::var_os("CI").is_none(), "no cgroup2 mount here");
+            eprintln!("SKIPPED: the cgroup move test: no cgroup2 mount here");
+            return;
+        };
+        let name = format!("gpushare-leave-test-{}", std::process::id());
+        let cg = root.join(&name);
+        std::fs::create_dir(&cg).unwrap();
+        let mut kid = Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = kid.id() as i32;
+        let unified = || {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        };
+        let moved = std::fs::write(cg.join("cgroup.procs"), pid.to_string());
+        let before = unified();
+        leave_cgroups(pid);
+        let after = unified();
+        let _ = kid.kill();
+        let _ = kid.wait();
+        let _ = std::fs::remove_dir(&cg);
+        moved.unwrap();
+        assert_eq!(
+            before,
+            Some(format!("/{name}")),
+            "positive control: it was in the test's cgroup"
+        );
+        assert_eq!(after.as_deref(), Some("/"));
+    }
+
     /// A control program that exits at once is started again, afresh, five times in all.
     #[test]
     fn a_daemon_that_exits_at_once_is_started_five_times_then_given_up() {

@@ -63,6 +63,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_link_at_the_temp_name_is_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"keep").unwrap();
+        let tmp = dir
+            .path()
+            .join(format!(".G.json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&target, &tmp).unwrap();
+        assert!(write_atomic(&dir.path().join("G.json"), b"new", 0o600).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        assert!(!dir.path().join("G.json").exists());
+        // Positive control: without the link it is written.
+        write_atomic(&dir.path().join("G.json"), b"new", 0o600).unwrap();
+        assert_eq!(std::fs::read(dir.path().join("G.json")).unwrap(), b"new");
+    }
+
+    #[test]
     fn temp_files_of_dead_writers_are_swept() {
         let dir = tempfile::tempdir().unwrap();
         let mut child = std::process::Command::new("true").spawn().unwrap();
