@@ -118,6 +118,13 @@ pub struct GpuLock {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_holder_that_wrote_nothing_is_an_unknown_process() {
+        assert_eq!(written_or_unknown(""), "an unknown process");
+        assert_eq!(written_or_unknown("pid 5 (hook)"), "pid 5 (hook)");
+    }
+
     use super::*;
 
     #[test]

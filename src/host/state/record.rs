@@ -253,6 +253,36 @@ mod tests {
     }
 
     #[test]
+    fn a_reservation_is_fresh_for_its_seconds_and_not_from_the_future() {
+        let now = 1_000_000;
+        assert!(fresh(now - RESERVATION_SECONDS + 1, now));
+        assert!(
+            !fresh(now - RESERVATION_SECONDS, now),
+            "exactly its seconds old"
+        );
+        assert!(fresh(now + 60, now), "a clock a minute ahead");
+        assert!(!fresh(now + 61, now), "from the future");
+    }
+
+    #[test]
+    fn a_gpu_with_a_daemon_serves_mps_even_without_clients() {
+        let mut r = Record::new("G", 0);
+        assert_eq!(r.serving(), None);
+        let mut d = Domain::new(Limits {
+            cores: 100,
+            memory_mib: None,
+        });
+        d.daemon = Some(Daemon {
+            process: ProcId {
+                pid: 1,
+                start_time: 1,
+            },
+        });
+        r.domains.insert("gpu".into(), d);
+        assert_eq!(r.serving(), Some(Mode::Mps));
+    }
+
+    #[test]
     fn domain_dir_names_are_short_distinct_and_stable() {
         let a = domain_dir_name("GPU-1", "gpu");
         assert_eq!(a.len(), 16);
