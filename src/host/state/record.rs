@@ -290,6 +290,13 @@ mod tests {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b)));
         assert_eq!(a, domain_dir_name("GPU-1", "gpu"), "stable");
+        // RFC 4648 base32, lower case, of the first 80 bits of SHA-256 (as Python's
+        // `base64.b32encode(hashlib.sha256(b"GPU-1/gpu").digest()[:10]).lower()` says).
+        assert_eq!(a, "w3nvoyz3s2pkw4fe");
+        assert_eq!(
+            domain_dir_name("GPU-5a1e0000-0000-4000-8000-000000000000", "g-team"),
+            "7e2suuth5gdxdnbh"
+        );
         assert_ne!(a, domain_dir_name("GPU-2", "gpu"), "per GPU");
         assert_ne!(a, domain_dir_name("GPU-1", "g-gpu"), "per domain");
         // The longest domain key (a 128-byte container id) keeps the deepest socket path of the
