@@ -362,18 +362,6 @@ mod tests {
         (out.status.success(), text)
     }
 
-    fn is_root() -> bool {
-        if nix::unistd::geteuid().is_root() {
-            return true;
-        }
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "mount namespace tests need root (CI requires them)"
-        );
-        eprintln!("\n******** SKIPPED: mount namespace tests need root ********\n");
-        false
-    }
-
     /// A temporary directory outside `/tmp` (which the daemon's sandbox covers); not under the
     /// repo's `target/`, which a `CARGO_TARGET_DIR` elsewhere leaves absent.
     fn tempdir_off_tmp() -> tempfile::TempDir {
@@ -394,7 +382,7 @@ mod tests {
     }
 
     fn daemon_sandbox_case(t: &tempfile::TempDir) {
-        if !is_root() {
+        if !crate::host::tests::can_mount("mount namespace tests") {
             return;
         }
         let host = tempdir_off_tmp();

@@ -233,13 +233,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = MpsDirs::owned(t.path().join("mps/abc"), "GPU-1", "g-x");
         // Whatever happens, nothing stays mounted.
-        struct Detach<'a>(&'a MpsDirs);
-        impl Drop for Detach<'_> {
-            fn drop(&mut self) {
-                self.0.remove();
-            }
-        }
-        let _detach = Detach(&d);
+        let _remove = crate::host::tests::RemoveOnDrop(&d);
         d.prepare(64 << 20).unwrap();
         assert_eq!(
             MpsDirs::read_owner(&d.dir),

@@ -510,13 +510,7 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&ctl, std::fs::Permissions::from_mode(0o755)).unwrap();
         let dirs = MpsDirs::owned(t.path().join("mps/d"), "GPU-1", "gpu");
-        struct Remove<'a>(&'a MpsDirs);
-        impl Drop for Remove<'_> {
-            fn drop(&mut self) {
-                self.0.remove();
-            }
-        }
-        let _remove = Remove(&dirs);
+        let _remove = crate::host::tests::RemoveOnDrop(&dirs);
         dirs.prepare(1 << 20).unwrap();
         let e = start(&ctl, "GPU-1", &dirs, None, Duration::from_secs(5)).unwrap_err();
         assert!(matches!(e, MpsError::Exited { .. }), "{e:?}");

@@ -51,6 +51,16 @@ pub(crate) fn can_mount(what: &str) -> bool {
     false
 }
 
+/// Removes an MPS domain's directories (and detaches their tmpfs) when dropped, so that a
+/// failing check leaves nothing mounted.
+pub(crate) struct RemoveOnDrop<'a>(pub(crate) &'a crate::host::mps::MpsDirs);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.remove();
+    }
+}
+
 /// A process (this test's own child) in a mount namespace of its own, with `dir` bound
 /// at `at` in it; killed and reaped when dropped.
 pub(crate) struct Binder(pub(crate) std::process::Child);
