@@ -361,11 +361,18 @@ mod tests {
         let cfg = cfg_in(dir.path());
         StateDir::new(&cfg.state_dir).ensure().unwrap();
         let e = unique_gc("flush");
-        let before = now();
+        // The clock read here, not through `now`: seconds since the epoch, to the millisecond.
+        let clock = || {
+            let d = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            d.as_millis() as f64 / 1000.0
+        };
+        let before = clock();
         note(e.clone());
         assert!(logged(&cfg).is_empty(), "noting writes nothing");
         flush(&cfg, |c| c.requests += 1);
-        let after = now();
+        let after = clock();
         let lines = logged(&cfg);
         let mine: Vec<&Line> = lines.iter().filter(|l| l.event == e).collect();
         assert_eq!(mine.len(), 1, "{lines:?}");
