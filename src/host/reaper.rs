@@ -459,6 +459,8 @@ mod tests {
             drop(c);
             until("cc released", || clients() == ["cb", "cn"]);
             drop(b);
+            // The last watched client's exit wakes it at once (not at its next rescan).
+            until("the reaper ends", || reaper.is_finished());
             reaper.join().unwrap().unwrap();
         });
         assert_eq!(
@@ -554,5 +556,58 @@ mod tests {
             ended
         });
         assert!(ended, "the reaper went on without its state dir");
+    }
+
+    /// A client released by someone else (poststop) while its process lives: the record goes,
+    /// and the reaper, woken by that, ends.
+    #[test]
+    fn a_reaper_whose_record_is_removed_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = cfg_in(dir.path());
+        let sd = StateDir::new(&cfg.state_dir);
+        let u = uuid(0);
+        let mut kid = Command::new("sleep").arg("60").spawn().unwrap();
+        let mut rec = Record::new(&u, 0);
+        rec.clients
+            .insert("c1".into(), client(ProcId::of(kid.id() as i32)));
+        sd.save(&rec).unwrap();
+        let ended = std::thread::scope(|s| {
+            let (cfg, u) = (&cfg, &u);
+            let reaper = s.spawn(move || run(cfg, u, &fake_nvml));
+            until("the reaper stamps its lock", || sd.reaper_alive(u));
+            // What a release of the last client saves: an empty record, which removes the file.
+            sd.save(&Record::new(u, 0)).unwrap();
+            assert!(!sd.record_path(u).exists());
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while !reaper.is_finished() && std::time::Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let ended = reaper.is_finished();
+            let _ = kid.kill();
+            let _ = kid.wait();
+            ended
+        });
+        assert!(ended, "the reaper went on after its record was removed");
+    }
+
+    /// A client whose pid now belongs to another process (its start time differs) has exited:
+    /// it is released, and the other process is not waited on.
+    #[test]
+    fn a_client_whose_pid_was_reused_is_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = cfg_in(dir.path());
+        let sd = StateDir::new(&cfg.state_dir);
+        let u = uuid(0);
+        let mut other = Command::new("sleep").arg("60").spawn().unwrap();
+        let mut gone = ProcId::of(other.id() as i32).unwrap();
+        gone.start_time += 1;
+        let mut rec = Record::new(&u, 0);
+        rec.clients.insert("c1".into(), client(Some(gone)));
+        sd.save(&rec).unwrap();
+        let r = run(&cfg, &u, &fake_nvml);
+        let _ = other.kill();
+        let _ = other.wait();
+        r.unwrap();
+        assert_eq!(sd.load(&u).unwrap(), None, "released, and the record gone");
     }
 }
