@@ -265,12 +265,17 @@ pub fn leave_cgroups(pid: i32) {
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return;
     };
-    for e in crate::host::mounts::entries(&mountinfo) {
-        // Only the root of each hierarchy.
-        if (e.fstype == "cgroup" || e.fstype == "cgroup2") && e.root == Path::new("/") {
-            let _ = std::fs::write(e.mount_point.join("cgroup.procs"), pid.to_string());
-        }
+    for root in hierarchy_roots(&mountinfo) {
+        let _ = std::fs::write(root.join("cgroup.procs"), pid.to_string());
     }
+}
+
+/// The mount points of the root of each cgroup hierarchy (v1 and v2) in `mountinfo`.
+fn hierarchy_roots(mountinfo: &str) -> Vec<std::path::PathBuf> {
+    crate::host::mounts::entries(mountinfo)
+        .filter(|e| (e.fstype == "cgroup" || e.fstype == "cgroup2") && e.root == Path::new("/"))
+        .map(|e| e.mount_point)
+        .collect()
 }
 
 /// A spawn error that names the sandbox where the kernel is the likely cause: `EINVAL` or
@@ -448,6 +453,25 @@ mod tests {
             "SIGKILL only after the TERM's time: {took:?}"
         );
         assert!(took < Duration::from_secs(5), "{took:?}");
+    }
+
+    #[test]
+    fn only_the_roots_of_cgroup_hierarchies_are_written() {
+        let mountinfo = "\
+22 1 8:1 / / rw - ext4 /dev/sda1 rw
+25 22 0:5 / /dev rw - devtmpfs udev rw
+31 22 0:26 / /sys/fs/cgroup ro - tmpfs tmpfs ro
+32 31 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+33 31 0:28 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+40 22 0:27 /docker/abc /run/inner rw - cgroup2 cgroup2 rw
+";
+        assert_eq!(
+            hierarchy_roots(mountinfo),
+            [
+                Path::new("/sys/fs/cgroup/unified"),
+                Path::new("/sys/fs/cgroup/memory")
+            ]
+        );
     }
 
     /// A daemon leaves the cgroup it was started in (a container's scope) for the root one.
