@@ -178,9 +178,10 @@ fn a_reaper_ends_only_under_the_gpu_s_lock() {
     assert!(!sd.reaper_alive(&u));
 }
 
-/// The state directory removed under a waiting reaper (its watch goes with it): it ends.
-#[test]
-fn a_reaper_whose_state_dir_is_removed_ends() {
+/// Whether a reaper watching one live client (a process of this test's own) ends within 10 s
+/// of `act` (given the state dir and the GPU), done once it has stamped its lock. The client
+/// is killed afterwards either way, so that a reaper that did not end goes too.
+fn ends_after(act: impl FnOnce(&StateDir, &str)) -> bool {
     let dir = tempfile::tempdir().unwrap();
     let cfg = cfg_in(dir.path());
     let sd = StateDir::new(&cfg.state_dir);
@@ -190,25 +191,32 @@ fn a_reaper_whose_state_dir_is_removed_ends() {
     rec.clients
         .insert("c1".into(), client(ProcId::of(kid.id() as i32)));
     sd.save(&rec).unwrap();
-    let ended = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let (cfg, u) = (&cfg, &u);
         let reaper = s.spawn(move || run(cfg, u, &fake_nvml));
         until("the reaper stamps its lock", || sd.reaper_alive(u));
+        act(&sd, u);
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while !reaper.is_finished() && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let ended = reaper.is_finished();
+        let _ = kid.kill();
+        let _ = kid.wait();
+        ended
+    })
+}
+
+/// The state directory removed under a waiting reaper (its watch goes with it): it ends.
+#[test]
+fn a_reaper_whose_state_dir_is_removed_ends() {
+    let ended = ends_after(|sd, _| {
         // (What the reaper writes as it wakes may race one removal: removed again.)
         let mut tries = 0;
         while let Err(e) = std::fs::remove_dir_all(sd.root()) {
             tries += 1;
             assert!(tries < 100, "cannot remove the state dir: {e}");
         }
-        let end = std::time::Instant::now() + Duration::from_secs(10);
-        while !reaper.is_finished() && std::time::Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let ended = reaper.is_finished();
-        // Let a reaper that did not end go, so that the scope can.
-        let _ = kid.kill();
-        let _ = kid.wait();
-        ended
     });
     assert!(ended, "the reaper went on without its state dir");
 }
@@ -217,30 +225,10 @@ fn a_reaper_whose_state_dir_is_removed_ends() {
 /// and the reaper, woken by that, ends.
 #[test]
 fn a_reaper_whose_record_is_removed_ends() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = cfg_in(dir.path());
-    let sd = StateDir::new(&cfg.state_dir);
-    let u = uuid(0);
-    let mut kid = Command::new("sleep").arg("60").spawn().unwrap();
-    let mut rec = Record::new(&u, 0);
-    rec.clients
-        .insert("c1".into(), client(ProcId::of(kid.id() as i32)));
-    sd.save(&rec).unwrap();
-    let ended = std::thread::scope(|s| {
-        let (cfg, u) = (&cfg, &u);
-        let reaper = s.spawn(move || run(cfg, u, &fake_nvml));
-        until("the reaper stamps its lock", || sd.reaper_alive(u));
+    let ended = ends_after(|sd, u| {
         // What a release of the last client saves: an empty record, which removes the file.
         sd.save(&Record::new(u, 0)).unwrap();
         assert!(!sd.record_path(u).exists());
-        let end = std::time::Instant::now() + Duration::from_secs(10);
-        while !reaper.is_finished() && std::time::Instant::now() < end {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let ended = reaper.is_finished();
-        let _ = kid.kill();
-        let _ = kid.wait();
-        ended
     });
     assert!(ended, "the reaper went on after its record was removed");
 }
