@@ -238,15 +238,10 @@ mod tests {
     fn empty_dir_refuses_a_fifo_at_once() {
         let t = tempfile::tempdir().unwrap();
         let fifo = t.path().join("pipe");
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
         let f = fifo.clone();
-        std::thread::spawn(move || tx.send(empty_dir(&f).map_err(|e| e.raw_os_error())));
-        let got = rx.recv_timeout(std::time::Duration::from_secs(5));
-        if got.is_err() {
-            // Let the blocked open go before failing.
-            let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
-        }
+        let got = crate::host::tests::beside_a_fifo(&fifo, move || {
+            empty_dir(&f).map_err(|e| e.raw_os_error())
+        });
         assert_eq!(
             got.expect("empty_dir waited on the FIFO"),
             Err(Some(libc::ENOTDIR))

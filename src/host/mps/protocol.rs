@@ -446,18 +446,12 @@ mod tests {
     fn a_fifo_in_place_of_the_pipe_directory_is_refused_at_once() {
         let t = tempfile::tempdir().unwrap();
         let pipe = t.path().join("pipe");
-        nix::unistd::mkfifo(&pipe, Mode::from_bits_truncate(0o600)).unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
         let p = pipe.clone();
-        std::thread::spawn(move || {
-            let r = converse(&p, me(), &["get_server_list"], Duration::from_secs(2));
-            tx.send(matches!(r, Err(MpsError::Unreachable { .. })))
+        let got = crate::host::tests::beside_a_fifo(&pipe, move || {
+            converse(&p, me(), &["get_server_list"], Duration::from_secs(2))
         });
-        let got = rx.recv_timeout(Duration::from_secs(5));
-        if got.is_err() {
-            let _ = std::fs::OpenOptions::new().write(true).open(&pipe);
-        }
-        assert_eq!(got, Ok(true));
+        let got = got.expect("converse waited on the FIFO");
+        assert!(matches!(got, Err(MpsError::Unreachable { .. })), "{got:?}");
     }
 
     #[test]

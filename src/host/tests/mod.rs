@@ -61,6 +61,23 @@ impl Drop for RemoveOnDrop<'_> {
     }
 }
 
+/// Plants a FIFO at `path` and calls `f` on another thread: its answer if it returns within
+/// 5 s, else `None` (a call that opened the FIFO for reading waits for a writer; one is then
+/// opened, so that the call and its thread go).
+pub(crate) fn beside_a_fifo<T: Send + 'static>(
+    path: &std::path::Path,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(f()));
+    let got = rx.recv_timeout(std::time::Duration::from_secs(5)).ok();
+    if got.is_none() {
+        let _ = std::fs::OpenOptions::new().write(true).open(path);
+    }
+    got
+}
+
 /// A process (this test's own child) in a mount namespace of its own, with `dir` bound
 /// at `at` in it; killed and reaped when dropped.
 pub(crate) struct Binder(pub(crate) std::process::Child);
