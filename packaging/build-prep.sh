@@ -2,11 +2,26 @@
 # Shared first steps of the .deb and .rpm builds: the release build of the workspace (binaries
 # and the limiter), then man pages and shell completions generated from the CLI definition
 # (`xtask docs`) into $TARGET/release/gen. Sourced; sets REPO and TARGET.
+#
+# GPUSHARE_PREBUILT=DIR packs binaries already built instead (DIR holds gpushare-hook,
+# gpushare-runtime, gpushare-dra, the two libraries and xtask, as `cargo build --workspace`
+# leaves them in target/debug): they are copied into $TARGET/release and nothing is compiled.
+# The test suite packs the one build it tests this way (scripts/test.sh).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 cd "$REPO"
-cargo build --release --workspace --exclude xtask
+if [ -n "${GPUSHARE_PREBUILT:-}" ]; then
+    mkdir -p "$TARGET/release"
+    for f in gpushare-hook gpushare-runtime gpushare-dra libgpushare_limiter.so libgpushare_simdriver.so xtask; do
+        [ -f "$GPUSHARE_PREBUILT/$f" ] || { echo "GPUSHARE_PREBUILT: no $f in $GPUSHARE_PREBUILT (cargo build --workspace first)" >&2; exit 1; }
+        cp "$GPUSHARE_PREBUILT/$f" "$TARGET/release/$f.tmp" && mv "$TARGET/release/$f.tmp" "$TARGET/release/$f"
+    done
+    xtask=("$TARGET/release/xtask")
+else
+    cargo build --release --workspace --exclude xtask
+    xtask=(cargo run --release -q -p xtask --)
+fi
 rm -rf "$TARGET/release/gen"
-cargo run --release -q -p xtask -- docs "$TARGET/release/gen" >/dev/null
+"${xtask[@]}" docs "$TARGET/release/gen" >/dev/null
 gzip -9n "$TARGET"/release/gen/man/*.1 "$TARGET"/release/gen/man/*.5

@@ -7,9 +7,11 @@
 #
 # The workspace is built once (`cargo build --workspace`: the binaries and the limiter's and the
 # simulated driver's cdylibs, which the limiter tests take from there instead of building their
-# own); the tests then run with cargo-nextest, each in its own process and the test binaries side
-# by side (.config/nextest.toml; the engine scripts, which share one host-wide lock, one at a
-# time). Without cargo-nextest they run with `cargo test`, one binary after another.
+# own, and which the package test packs instead of a release build); the tests then run with
+# cargo-nextest, each in its own process and the test binaries side by side
+# (.config/nextest.toml; the engine scripts two at a time, holding one host-wide lock shared, or
+# alone where they change what every engine sees). Without cargo-nextest they run with
+# `cargo test`, one binary after another.
 # TEST_THREADS (default 4) is how many tests run at once. Afterwards no mount the tests made may
 # be left under the temp dir.
 set -euo pipefail
@@ -30,6 +32,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo build --workspace"
 cargo build --workspace
 export GPUSHARE_TEST_CDYLIBS=${CARGO_TARGET_DIR:-$PWD/target}/debug
+# The package test packs this same build (packaging/build-prep.sh) instead of compiling the
+# workspace a second time in the release profile.
+export GPUSHARE_PREBUILT=$GPUSHARE_TEST_CDYLIBS
 
 # Mounts under the temp dir before the tests: every one the tests add must be gone after them
 # (a leaked mount keeps a test's temp dir, and makes every later read of the mount table slower).

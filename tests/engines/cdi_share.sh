@@ -8,9 +8,10 @@
 #
 # Both read specs from /etc/cdi and /var/run/cdi only (podman 4.3 has no setting for it), so
 # the two specs go to /var/run/cdi under test-only names, removed on exit; the engine tests run
-# one at a time (lib.sh's lock).
+# one at a time (lib.sh's cdi_lock).
 source "$(dirname "$0")/lib.sh"
 need runc jq
+cdi_lock
 CDI_DIR=/var/run/cdi
 mkdir -p "$CDI_DIR"
 GPU_SPEC=$CDI_DIR/gpushare-test-nvidia-gpu.yaml

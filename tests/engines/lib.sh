@@ -51,12 +51,26 @@ need() {
     for c in "$@"; do command -v "$c" >/dev/null 2>&1 || skip "$c not installed (scripts/install-deps.sh)"; done
 }
 
-# Engine tests share host-wide things (cgroups, MPS binaries, engines): run one at a time. A
-# script that first builds what it tests (GS_LOCK_LATER=1: the package test) takes the lock with
-# host_lock once it has, before it touches anything of the host's.
+# Each script's engines, storage, sockets, state dir and MPS daemons are its own (under $T), so
+# scripts run side by side, holding the host-wide lock shared. A script that changes or checks
+# what every engine of the host sees holds it alone (GS_LOCK=exclusive): the package test installs
+# into the host's /etc and /usr; the README examples check that no engine cgroup is left on the
+# host. An exclusive holder waits for the shared ones to finish and makes new ones wait (the
+# turnstile), so it is not starved. A script that first builds what it tests (GS_LOCK_LATER=1:
+# the package test) takes the lock with host_lock once it has, before it touches anything of the
+# host's.
 host_lock() {
-    exec 9>/tmp/gpushare-engine-tests.lock
-    flock 9
+    exec 7>/tmp/gpushare-engine-tests.turnstile 9>/tmp/gpushare-engine-tests.lock
+    flock -x 7
+    if [ "${GS_LOCK:-shared}" = exclusive ]; then flock -x 9; else flock -s 9; fi
+    exec 7>&-
+}
+# podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi, and the scripts that put
+# specs there use fixed names (gpushare.io-share.json) and refuse a second spec of a kind: they
+# take this lock too, one at a time, before they write there.
+cdi_lock() {
+    exec 8>/tmp/gpushare-engine-tests.cdi.lock
+    flock -x 8
 }
 [ -n "${GS_LOCK_LATER:-}" ] || host_lock
 

@@ -54,6 +54,7 @@ run_podman "$T/out4" --hooks-dir "$T/hooks/oci" --hooks-dir "$T/hooks/podman-pre
 check_noexec "$T/out4" "podman precreate"
 
 echo "== a CDI device refined by an annotation (podman, the package's hooks installed)"
+cdi_lock
 CDI_DIR=/var/run/cdi
 SHARE_SPEC=$CDI_DIR/gpushare.io-share.json
 [ -e "$SHARE_SPEC" ] && skip "$SHARE_SPEC exists (a real gpushare install on this machine): not overwritten"

@@ -9,17 +9,23 @@
 # stays working), then purge (which undoes `configure docker`) and check that the file list is
 # the one before the install. The rpm's file list is checked.
 # Always purges the package and restores the files it touched, even when it fails.
-# Both packages are built before the host-wide lock is taken (building them touches nothing of
-# the host's), so that the other engine tests run meanwhile; the lock is taken before the checks
-# and the install.
-GS_LOCK_LATER=1
+# It installs into the host, so it holds the host-wide lock alone (lib.sh). Both packages are
+# built before it takes that lock (building them touches nothing of the host's), so that the
+# other engine tests run meanwhile; the lock is taken before the checks and the install.
+GS_LOCK_LATER=1 GS_LOCK=exclusive
 source "$(dirname "$0")/lib.sh"
 need dpkg dpkg-deb podman dockerd docker runc jq readelf rpm cargo-deb cargo-generate-rpm
 unset GPUSHARE_CONFIG
 PT=${GS_PACKAGE_TARGET:-$GS_REPO/target/package}
-echo "== build the .deb (release build, man pages and completions from the CLI)"
+# GPUSHARE_PREBUILT (scripts/test.sh sets it to the workspace build the suite tests): both
+# packages pack those binaries instead of a release build of their own (packaging/build-prep.sh).
+if [ -n "${GPUSHARE_PREBUILT:-}" ]; then
+    echo "== build the .deb (the suite's build from $GPUSHARE_PREBUILT, man pages and completions from the CLI)"
+else
+    echo "== build the .deb (release build, man pages and completions from the CLI)"
+fi
 DEB=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/deb/build.sh" 2>"$T/deb-build.log" | tail -1) || { cat "$T/deb-build.log"; fail "deb build"; }
-echo "== build the .rpm (the same release build)"
+echo "== build the .rpm (the same build)"
 RPM=$(CARGO_TARGET_DIR=$PT bash "$GS_REPO/packaging/rpm/build.sh" 2>"$T/rpm-build.log" | tail -1) || { cat "$T/rpm-build.log"; fail "rpm build"; }
 host_lock
 if dpkg -s gpushare >/dev/null 2>&1; then

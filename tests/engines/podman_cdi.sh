@@ -9,6 +9,7 @@ make_rootfs "$T/rootfs"
 make_hooks_dirs "$T/hooks"
 on_exit "podman_ rm -af -t 0"
 # podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi.
+cdi_lock
 SPEC=/var/run/cdi/nvidia-gpushare-test-$$.yaml
 mkdir -p /var/run/cdi
 on_exit "rm -f $SPEC"

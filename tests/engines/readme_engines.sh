@@ -22,6 +22,10 @@
 # (tests/fixtures/nvidia-container-runtime/config.toml), and dockerd is Debian 13's Docker 26
 # (its CDI examples need Docker 25+) with `"features": {"cdi": true}` in /etc/docker/daemon.json,
 # as the guide says Docker 25 to 28.1 need.
+#
+# It checks the host's engine cgroups, /etc/cdi and /var/run/cdi unchanged afterwards: it holds
+# the host-wide lock alone (lib.sh).
+GS_LOCK=exclusive
 source "$(dirname "$0")/lib.sh"
 DOC=${GS_DOC:-README.md}
 need podman docker dockerd containerd ctr runc jq python3 unshare ip gzip
