@@ -58,17 +58,21 @@ fn main() {
     }
     let hook = bin.join(hook.file_name().unwrap());
     let sim = bin.join("libgpushare_simdriver.so");
-    // The state dir on tmpfs, as the default /run/gpushare is on a real node.
-    std::fs::create_dir_all(d.join("state")).unwrap();
-    let tmpfs = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "mode=0700", "gpushare-bench"])
-        .arg(d.join("state"))
-        .status()
-        .is_ok_and(|s| s.success());
+    // The state dir on tmpfs, as the default /run/gpushare is on a real node; the TEST-ONLY
+    // simulated driver's state too: it writes (and fsyncs) a file where a real driver keeps the
+    // limit in kernel memory behind an ioctl, and its disk writes are not gpushare's cost.
+    let tmpfs = ["state", "sim"].iter().all(|dir| {
+        std::fs::create_dir_all(d.join(dir)).unwrap();
+        Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=0700", "gpushare-bench"])
+            .arg(d.join(dir))
+            .status()
+            .is_ok_and(|s| s.success())
+    });
     println!(
         "state dir on {}",
         if tmpfs {
-            "tmpfs (as /run/gpushare)"
+            "tmpfs (as /run/gpushare), the simulated driver's state too"
         } else {
             "the temp dir's file system (tmpfs mount failed)"
         }
@@ -446,10 +450,10 @@ fn main() {
     let _ = client.kill();
     let _ = holder.wait();
     let _ = client.wait();
-    if tmpfs {
+    for dir in ["state", "sim"] {
         let _ = Command::new("umount")
-            .args(["-l"])
-            .arg(d.join("state"))
+            .args(["-l", "-q"])
+            .arg(d.join(dir))
             .status();
     }
 }

@@ -305,3 +305,124 @@ fn a_reaper_whose_directory_is_removed_exits_instead_of_spinning() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A cgroup hierarchy a test may make a child cgroup in: v1's `pids` where the node has it, else
+/// the cgroup v2 root.
+fn a_hierarchy() -> Option<(PathBuf, &'static str)> {
+    let pids = Path::new("/sys/fs/cgroup/pids");
+    if pids.join("cgroup.procs").exists() {
+        return Some((pids.to_owned(), "pids"));
+    }
+    let v2 = Path::new("/sys/fs/cgroup");
+    v2.join("cgroup.controllers")
+        .exists()
+        .then(|| (v2.to_owned(), ""))
+}
+
+/// Process `pid`'s cgroup in the hierarchy whose controller list is `controllers` ("" for v2).
+fn cgroup_of(pid: i32, controllers: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, c, path) = (f.next()?, f.next()?, f.next()?);
+        (c.split(',').any(|x| x == controllers) || (controllers.is_empty() && c.is_empty()))
+            .then(|| path.to_owned())
+    })
+}
+
+/// A child cgroup made for a test; on drop its processes go back to the root and it is removed.
+struct TestCgroup(PathBuf, PathBuf);
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.1.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write(self.0.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&self.1);
+    }
+}
+
+/// A reaper does not stay in the cgroup of the hook that started it (a scope that ends with one
+/// container must not take the reaper of a GPU others use): it moves itself to the root of
+/// every hierarchy as it starts, so that the hook does not wait on the migrations.
+#[test]
+fn a_reaper_leaves_the_cgroup_of_the_hook_that_started_it() {
+    if !common::require("reaper leaving cgroups", &["sh", "cat"]) {
+        return;
+    }
+    let (root, controllers) =
+        a_hierarchy().expect("no cgroup v1 pids hierarchy nor cgroup v2 under /sys/fs/cgroup");
+    let sb = Sandbox::new(1);
+    let _k = KillReapers(&sb);
+    let name = format!("gpushare-test-reaper-{}", std::process::id());
+    let cg = TestCgroup(root.clone(), root.join(&name));
+    std::fs::create_dir(&cg.1).unwrap();
+    let b = sb.bundle(
+        "cg",
+        &common::spec(
+            json!({"gpu.share": "timeslice"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
+    let c = common::FakeContainer::start();
+    // The hook runs in the test's cgroup, as a runtime's hook runs in the runtime's scope.
+    let seen = sb.path().join("hook-cgroup");
+    let mut child = std::process::Command::new("sh")
+        .args([
+            "-c",
+            r#"echo $$ >"$1/cgroup.procs" && cat /proc/$$/cgroup >"$2" && exec "$3" createRuntime"#,
+            "sh",
+        ])
+        .arg(&cg.1)
+        .arg(&seen)
+        .arg(common::hook_bin())
+        .env_clear()
+        .envs(sb.env())
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(Sandbox::state_json("cg", c.pid(), &b).as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Positive control: the hook (and so the reaper it forked) was in the test's cgroup.
+    let hook_cgroup = std::fs::read_to_string(&seen).unwrap();
+    assert!(
+        hook_cgroup.contains(&format!("/{name}\n")),
+        "the hook did not run in {name}: {hook_cgroup}"
+    );
+    let t0 = Instant::now();
+    let reaper = loop {
+        if let [p] = reapers(&sb)[..] {
+            break p;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no reaper started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    while cgroup_of(reaper, controllers).as_deref() != Some("/") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "reaper {reaper} still in {:?}",
+            cgroup_of(reaper, controllers)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        std::fs::read_to_string(cg.1.join("cgroup.procs")).unwrap(),
+        "",
+        "a process of gpushare's left in the hook's cgroup"
+    );
+    let out = sb.hook(&["poststop"], &Sandbox::state_json("cg", 0, &b));
+    assert!(out.status.success());
+}
