@@ -79,16 +79,13 @@ fn main() {
     );
     let limiter = sim.with_file_name("libgpushare_limiter.so");
     let policy = format!("[limit]\nlibrary = {limiter:?}\n");
-    std::fs::write(
-        d.join("config.toml"),
-        format!(
-            "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n{policy}",
-            d.join("state"),
-            d.join("log"),
-            sim
-        ),
-    )
-    .unwrap();
+    let base_config = format!(
+        "state_dir = {:?}\nlog_file = {:?}\n[nvml]\nlibrary = {:?}\n{policy}",
+        d.join("state"),
+        d.join("log"),
+        sim
+    );
+    std::fs::write(d.join("config.toml"), &base_config).unwrap();
     let env = [
         (
             "GPUSHARE_CONFIG",
@@ -323,8 +320,11 @@ fn main() {
     }
 
     // Memory caps: createRuntime + poststop rounds per backend, alternating, against the same
-    // mode uncapped. The driver case puts the container process in a cgroup v2 of its own
+    // mode uncapped, under the shipped isolation again (the section above set `group`, under
+    // which a container naming no group gets a domain, and a cold daemon, of its own).
+    // The driver case puts the container process in a cgroup v2 of its own
     // (`linux.cgroupsPath`), on a private cgroup2 mount.
+    std::fs::write(d.join("config.toml"), &base_config).unwrap();
     let cg = cgroup2::Cgroup2::new(&d.join("cg2"), "gpushare-bench");
     let with_ann = |base: &str, edit: &dyn Fn(&mut serde_json::Value)| -> String {
         let mut v: serde_json::Value = serde_json::from_str(base).unwrap();
