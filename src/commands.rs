@@ -289,7 +289,6 @@ pub fn reap(ctx: &Ctx, uuid: &str) -> Result<Reply, crate::host::reaper::ReaperE
     if !crate::vocab::is_safe_name(uuid) {
         return Err(crate::host::reaper::ReaperError::BadGpu(uuid.to_owned()));
     }
-    crate::host::reaper::leave_own_cgroups();
     let open = || -> Box<dyn crate::vocab::Inventory> {
         match inventory::open(&ctx.cfg) {
             Ok(i) => i,

@@ -115,15 +115,6 @@ pub fn ensure(state: &StateDir, source: &Source, uuids: &[&str]) {
     }
 }
 
-/// Moves the calling reaper process into the root cgroup of every hierarchy, so that a scope
-/// that ends with the container whose hook started it (or with its runtime) does not take the
-/// reaper of a GPU others use. The reaper does it at its start, not the hook that spawned it:
-/// a cgroup v1 migration can wait for an RCU grace period (10 ms here), which would count
-/// against the container's start.
-pub fn leave_own_cgroups() {
-    crate::host::mps::leave_cgroups(std::process::id() as i32);
-}
-
 fn spawn(source: &Source, uuid: &str) -> std::io::Result<i32> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
@@ -143,9 +134,10 @@ fn spawn(source: &Source, uuid: &str) -> std::io::Result<i32> {
         .stderr(Stdio::null());
     crate::sys::detached(&mut cmd);
     let child = cmd.spawn()?;
-    // Not waited for: it outlives the hook and is reparented. It leaves the hook's cgroups
-    // itself ([`leave_own_cgroups`]), so the hook does not wait on the cgroup migrations.
-    Ok(child.id() as i32)
+    let pid = child.id() as i32;
+    crate::host::mps::leave_cgroups(pid);
+    // Not waited for: it outlives the hook and is reparented.
+    Ok(pid)
 }
 
 /// What one look at the clients found.
