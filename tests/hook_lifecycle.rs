@@ -233,6 +233,85 @@ fn unrecorded_daemon_is_adopted_not_duplicated() {
     assert!(daemons_under(&sb.state_dir()).is_empty());
 }
 
+/// Every MPS control daemon process whose pipe directory lies under `root`, found by its
+/// environment: the test's own view, independent of the `daemon` files gpushare writes (which
+/// `daemons_under` reads).
+fn mps_processes_under(root: &std::path::Path) -> Vec<i32> {
+    let want = format!("CUDA_MPS_PIPE_DIRECTORY={}/", root.display());
+    let mut out: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            comm.starts_with("nvidia-cuda-mps")
+                && env
+                    .split(|b| *b == 0)
+                    .any(|v| v.starts_with(want.as_bytes()))
+        })
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+/// Kills, on drop, the daemons `mps_processes_under` finds (a failing test's orphans).
+struct KillOrphans(std::path::PathBuf);
+
+impl Drop for KillOrphans {
+    fn drop(&mut self) {
+        for pid in mps_processes_under(&self.0) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// A hook SIGKILLed right after it spawned the daemon, before it could write anything: the
+/// daemon recorded itself between fork and exec, so the next acquire adopts it and the last
+/// release stops it; none is left running that nobody knows.
+#[test]
+fn a_daemon_whose_hook_is_killed_right_after_the_spawn_is_adopted_then_stopped() {
+    if !common::require("daemon adoption", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _k = KillOrphans(sb.path().to_owned());
+    let b = sb.bundle("b", &mps_spec());
+    let (a, c) = (FakeContainer::start(), FakeContainer::start());
+    let out = sb.hook_env(
+        &["createRuntime"],
+        &Sandbox::state_json("ca", a.pid(), &b),
+        &[("GPUSHARE_FAILPOINT", "mps-spawned")],
+    );
+    common::assert_killed_at(&out, "mps-spawned");
+    let running = mps_processes_under(sb.path());
+    assert_eq!(running.len(), 1, "positive control: the daemon was spawned");
+    assert_eq!(
+        daemons_under(&sb.state_dir()),
+        running,
+        "recorded by itself"
+    );
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("cb", c.pid(), &b)));
+    let st = sb.status();
+    assert_eq!(
+        st["gpus"][0]["domains"][0]["daemon"]["pid"], running[0],
+        "adopted: {st}"
+    );
+    assert_eq!(mps_processes_under(sb.path()), running, "not duplicated");
+    ok(&sb.hook(&["poststop"], &Sandbox::state_json("cb", 0, &b)));
+    let t0 = std::time::Instant::now();
+    while !mps_processes_under(sb.path()).is_empty() {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "a daemon left running after the last release: {:?}",
+            mps_processes_under(sb.path())
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn timeslice_length_goes_through_nvidia_smi() {
     let sb = Sandbox::new(2);

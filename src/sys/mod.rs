@@ -1,7 +1,7 @@
 //! The only module with `unsafe`, one file per concern: the mount API's system calls
 //! ([`mount_api`]), the MPS daemon's sandbox set up between fork and exec ([`mount_namespace`]),
 //! detached children ([`detach`]), process descriptors ([`pidfd`]), dropping privileges before
-//! exec ([`privileges`]), a process entry without Rust's runtime set-up ([`entry`]), inspecting a library by loading it ([`dlopen`]) and NVML's cgroup
+//! exec ([`privileges`]), a child that records itself before exec ([`self_record`]), a process entry without Rust's runtime set-up ([`entry`]), inspecting a library by loading it ([`dlopen`]) and NVML's cgroup
 //! memory limits ([`nvml_limits`]). Every `unsafe` block says, in its SAFETY comment, what makes
 //! that call safe. Callers use the re-exports below (`crate::sys::name`).
 #![allow(unsafe_code)]
@@ -14,6 +14,7 @@ pub mod mount_namespace;
 pub mod nvml_limits;
 pub mod pidfd;
 pub mod privileges;
+pub mod self_record;
 
 pub use detach::detached;
 pub use dlopen::missing_symbols;
@@ -25,3 +26,4 @@ pub use mount_namespace::{daemon_in_sandbox, DaemonMounts};
 pub use nvml_limits::NvmlMemoryLimits;
 pub use pidfd::{pidfd_open, pidfd_send_signal};
 pub use privileges::drop_privileges_on_exec;
+pub use self_record::record_self_on_exec;

@@ -1,5 +1,5 @@
-//! The one way to know a domain's daemon: the pid and start time gpushare wrote into
-//! `<state>/mps/<id>/daemon` the moment it spawned it. That file lies in the state directory
+//! The one way to know a domain's daemon: the pid and start time written into
+//! `<state>/mps/<id>/daemon` by the spawned child itself, before exec ([`record_on_exec`]). That file lies in the state directory
 //! (mode 0700), which no container sees and the daemon's own sandbox shows read-only, so only
 //! gpushare writes it. A process is never taken for a daemon by its name, arguments or
 //! environment: anything a tenant can imitate.
@@ -17,12 +17,30 @@ pub const DAEMON_FILE: &str = "daemon";
 /// # Errors
 /// The file cannot be written.
 pub fn record(dirs: &MpsDirs, proc: ProcId) -> std::io::Result<()> {
-    let path = dirs.dir.join(DAEMON_FILE);
-    let tmp = dirs
-        .dir
-        .join(format!(".{DAEMON_FILE}.{}", std::process::id()));
+    let tmp = temp_path(dirs, std::process::id());
     std::fs::write(&tmp, format!("{} {}\n", proc.pid, proc.start_time))?;
-    std::fs::rename(&tmp, &path)
+    std::fs::rename(&tmp, dirs.dir.join(DAEMON_FILE))
+}
+
+/// Arranges for the daemon `cmd` starts in `dirs` to record itself, between fork and exec
+/// ([`crate::sys::record_self_on_exec`]): a hook SIGKILLed right after the spawn leaves a daemon
+/// that the next acquire adopts and a release stops, not one nobody knows. Call it before the
+/// sandbox makes the host read-only for the child.
+///
+/// # Errors
+/// A path with a NUL byte.
+pub fn record_on_exec(cmd: &mut std::process::Command, dirs: &MpsDirs) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c =
+        |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::from);
+    // The launcher's pid names the temp file, as in `record`.
+    let tmp = c(&temp_path(dirs, std::process::id()))?;
+    crate::sys::record_self_on_exec(cmd, tmp, c(&dirs.dir.join(DAEMON_FILE))?);
+    Ok(())
+}
+
+fn temp_path(dirs: &MpsDirs, pid: u32) -> std::path::PathBuf {
+    dirs.dir.join(format!(".{DAEMON_FILE}.{pid}"))
 }
 
 /// Forgets `proc` as the daemon of `dirs` (if it is the one recorded).

@@ -172,6 +172,12 @@ fn start_once(
         .stdin(Stdio::null())
         .stdout(Stdio::from(log_file))
         .stderr(Stdio::null());
+    // First of all in the child, while the host is still writable there: the daemon is known
+    // as gpushare's, by pid and start time, before it runs, wherever this process stops.
+    find::record_on_exec(&mut cmd, dirs).map_err(|source| MpsError::Dirs {
+        path: dirs.dir.clone(),
+        source,
+    })?;
     crate::sys::daemon_in_sandbox(&mut cmd, mounts);
     // After the sandbox's mounts (which need CAP_SYS_ADMIN): the daemon keeps only what it
     // needs and can never gain more.
@@ -180,11 +186,17 @@ fn start_once(
         binary: binary.to_owned(),
         source: sandbox_spawn_error(e),
     })?;
+    crate::failpoint::hit("mps-spawned");
     let pid = child.id() as i32;
     let proc = ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 });
-    // Recorded before anything else: from here on this daemon is known as gpushare's, by pid
-    // and start time, wherever the acquire that started it stops.
-    if let Err(source) = find::record(dirs, proc) {
+    // The child recorded itself before exec; should that record not name it (a start time
+    // read differently), this process records it.
+    let recorded = if find::recorded(&dirs.dir) == Some(proc) {
+        Ok(())
+    } else {
+        find::record(dirs, proc)
+    };
+    if let Err(source) = recorded {
         let _ = child.kill();
         let _ = child.wait();
         return Err(MpsError::Dirs {
