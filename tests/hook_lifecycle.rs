@@ -405,21 +405,7 @@ fn daemon_leaves_the_callers_cgroup() {
     let scope = pids.join(format!("gpushare-test-{}", std::process::id()));
     std::fs::create_dir_all(&scope).unwrap();
     let state = Sandbox::state_json("ca", a.pid(), &b);
-    let mut cmd = std::process::Command::new("sh");
-    cmd.args([
-        "-c",
-        "echo $$ > \"$1/cgroup.procs\" && exec \"$2\" createRuntime",
-        "sh",
-    ])
-    .arg(&scope)
-    .arg(common::hook_bin())
-    .env_clear()
-    .envs(sb.env())
-    .stdin(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    std::io::Write::write_all(&mut child.stdin.take().unwrap(), state.as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let (out, _) = sb.hook_in_cgroup(&scope, &["createRuntime"], &state);
     ok(&out);
     let d = daemons_under(&sb.state_dir());
     assert_eq!(d.len(), 1);

@@ -367,37 +367,17 @@ fn a_reaper_leaves_the_cgroup_of_the_hook_that_started_it() {
     );
     let c = common::FakeContainer::start();
     // The hook runs in the test's cgroup, as a runtime's hook runs in the runtime's scope.
-    let seen = sb.path().join("hook-cgroup");
-    let mut child = std::process::Command::new("sh")
-        .args([
-            "-c",
-            r#"echo $$ >"$1/cgroup.procs" && cat /proc/$$/cgroup >"$2" && exec "$3" createRuntime"#,
-            "sh",
-        ])
-        .arg(&cg.1)
-        .arg(&seen)
-        .arg(common::hook_bin())
-        .env_clear()
-        .envs(sb.env())
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(Sandbox::state_json("cg", c.pid(), &b).as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let (out, hook_cgroup) = sb.hook_in_cgroup(
+        &cg.1,
+        &["createRuntime"],
+        &Sandbox::state_json("cg", c.pid(), &b),
+    );
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     // Positive control: the hook (and so the reaper it forked) was in the test's cgroup.
-    let hook_cgroup = std::fs::read_to_string(&seen).unwrap();
     assert!(
         hook_cgroup.contains(&format!("/{name}\n")),
         "the hook did not run in {name}: {hook_cgroup}"

@@ -195,20 +195,30 @@ impl Sandbox {
         for (k, v) in extra_env {
             cmd.env(k, v);
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn gpushare-hook");
-        let mut si = child.stdin.take().unwrap();
-        let input = stdin.as_bytes().to_vec();
-        let writer = std::thread::spawn(move || {
-            let _ = si.write_all(&input);
-        });
-        let out = child.wait_with_output().unwrap();
-        let _ = writer.join();
-        out
+        run_with_stdin(cmd, stdin)
+    }
+
+    /// Runs `gpushare-hook ARGS` with `stdin`, in this sandbox's env, from inside the cgroup
+    /// directory `cgroup`, as a runtime's hook runs in its scope. Returns its output and
+    /// `/proc/<pid>/cgroup` as its process read it just before exec (the proof it ran there).
+    pub fn hook_in_cgroup(&self, cgroup: &Path, args: &[&str], stdin: &str) -> (Output, String) {
+        let seen = self
+            .path()
+            .join(format!("cgroup-of-hook-{}", args.join("-")));
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            r#"echo $$ >"$1/cgroup.procs" && cat /proc/$$/cgroup >"$2" && shift 2 && exec "$@""#,
+            "sh",
+        ])
+        .arg(cgroup)
+        .arg(&seen)
+        .arg(hook_bin())
+        .args(args)
+        .env_clear()
+        .envs(self.env());
+        let out = run_with_stdin(cmd, stdin);
+        (out, std::fs::read_to_string(&seen).unwrap_or_default())
     }
 
     /// `status --json` as a value.
@@ -612,4 +622,23 @@ pub fn build_probe(dir: &Path) -> Option<(PathBuf, PathBuf)> {
         String::from_utf8_lossy(&out.stderr)
     );
     Some((probe, simlib))
+}
+
+/// Runs `cmd` with `stdin` written from a thread (so that a large input cannot block), stdout
+/// and stderr captured.
+fn run_with_stdin(mut cmd: Command, stdin: &str) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gpushare-hook");
+    let mut si = child.stdin.take().unwrap();
+    let input = stdin.as_bytes().to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = si.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = writer.join();
+    out
 }
