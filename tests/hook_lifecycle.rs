@@ -389,33 +389,32 @@ fn container_that_asks_for_nothing_touches_nothing() {
 
 #[test]
 fn daemon_leaves_the_callers_cgroup() {
-    // cgroup v1 (pids hierarchy) or v2 (unified hierarchy at the mount's root).
-    let (pids, root_line) = if std::path::Path::new("/sys/fs/cgroup/pids/cgroup.procs").exists() {
-        (std::path::Path::new("/sys/fs/cgroup/pids"), ":pids:/")
-    } else {
-        (std::path::Path::new("/sys/fs/cgroup"), "0::/")
-    };
     if !common::require("cgroup escape", &["nvidia-cuda-mps-control"]) {
         return;
     }
     let sb = Sandbox::new(1);
     let b = sb.bundle("b", &mps_spec());
     let a = FakeContainer::start();
-    // The hook runs inside a scope of its own, as under a runtime's per-container cgroup.
-    let scope = pids.join(format!("gpushare-test-{}", std::process::id()));
-    std::fs::create_dir_all(&scope).unwrap();
+    // The hook runs inside a scope of its own, as under a runtime's per-container cgroup
+    // (cgroup v1's pids hierarchy, or v2's root).
+    let scope = common::TestCgroup::new(&format!("gpushare-test-{}", std::process::id()));
+    let root_line = if scope.controllers.is_empty() {
+        "0::/".to_owned()
+    } else {
+        format!(":{}:/", scope.controllers)
+    };
     let state = Sandbox::state_json("ca", a.pid(), &b);
-    let (out, _) = sb.hook_in_cgroup(&scope, &["createRuntime"], &state);
+    let (out, _) = sb.hook_in_cgroup(&scope.dir, &["createRuntime"], &state);
     ok(&out);
     let d = daemons_under(&sb.state_dir());
     assert_eq!(d.len(), 1);
     let cg = std::fs::read_to_string(format!("/proc/{}/cgroup", d[0])).unwrap();
     assert!(
-        cg.lines().any(|l| l.ends_with(root_line)),
+        cg.lines().any(|l| l.ends_with(root_line.as_str())),
         "daemon still in a scope: {cg}"
     );
     // The scope can end (it is empty) while the daemon goes on.
-    std::fs::remove_dir(&scope).expect("scope empty after the hook exits");
+    std::fs::remove_dir(&scope.dir).expect("scope empty after the hook exits");
     assert_eq!(
         sb.status()["gpus"][0]["domains"][0]["daemon"]["answers"],
         true

@@ -306,19 +306,6 @@ fn a_reaper_whose_directory_is_removed_exits_instead_of_spinning() {
     }
 }
 
-/// A cgroup hierarchy a test may make a child cgroup in: v1's `pids` where the node has it, else
-/// the cgroup v2 root.
-fn a_hierarchy() -> Option<(PathBuf, &'static str)> {
-    let pids = Path::new("/sys/fs/cgroup/pids");
-    if pids.join("cgroup.procs").exists() {
-        return Some((pids.to_owned(), "pids"));
-    }
-    let v2 = Path::new("/sys/fs/cgroup");
-    v2.join("cgroup.controllers")
-        .exists()
-        .then(|| (v2.to_owned(), ""))
-}
-
 /// Process `pid`'s cgroup in the hierarchy whose controller list is `controllers` ("" for v2).
 fn cgroup_of(pid: i32, controllers: &str) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
@@ -330,19 +317,6 @@ fn cgroup_of(pid: i32, controllers: &str) -> Option<String> {
     })
 }
 
-/// A child cgroup made for a test; on drop its processes go back to the root and it is removed.
-struct TestCgroup(PathBuf, PathBuf);
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        let procs = std::fs::read_to_string(self.1.join("cgroup.procs")).unwrap_or_default();
-        for pid in procs.lines() {
-            let _ = std::fs::write(self.0.join("cgroup.procs"), pid);
-        }
-        let _ = std::fs::remove_dir(&self.1);
-    }
-}
-
 /// A reaper does not stay in the cgroup of the hook that started it (a scope that ends with one
 /// container must not take the reaper of a GPU others use): the hook moves it to the root of
 /// every hierarchy before it exits, so the scope is empty as soon as the hook is done.
@@ -351,13 +325,10 @@ fn a_reaper_leaves_the_cgroup_of_the_hook_that_started_it() {
     if !common::require("reaper leaving cgroups", &["sh", "cat"]) {
         return;
     }
-    let (root, controllers) =
-        a_hierarchy().expect("no cgroup v1 pids hierarchy nor cgroup v2 under /sys/fs/cgroup");
     let sb = Sandbox::new(1);
     let _k = KillReapers(&sb);
     let name = format!("gpushare-test-reaper-{}", std::process::id());
-    let cg = TestCgroup(root.clone(), root.join(&name));
-    std::fs::create_dir(&cg.1).unwrap();
+    let cg = common::TestCgroup::new(&name);
     let b = sb.bundle(
         "cg",
         &common::spec(
@@ -368,7 +339,7 @@ fn a_reaper_leaves_the_cgroup_of_the_hook_that_started_it() {
     let c = common::FakeContainer::start();
     // The hook runs in the test's cgroup, as a runtime's hook runs in the runtime's scope.
     let (out, hook_cgroup) = sb.hook_in_cgroup(
-        &cg.1,
+        &cg.dir,
         &["createRuntime"],
         &Sandbox::state_json("cg", c.pid(), &b),
     );
@@ -384,14 +355,14 @@ fn a_reaper_leaves_the_cgroup_of_the_hook_that_started_it() {
     );
     // The scope is empty the moment the hook is done (a scope may end then).
     assert_eq!(
-        std::fs::read_to_string(cg.1.join("cgroup.procs")).unwrap(),
+        std::fs::read_to_string(cg.dir.join("cgroup.procs")).unwrap(),
         "",
         "a process of gpushare's left in the hook's cgroup"
     );
     let [reaper] = reapers(&sb)[..] else {
         panic!("not one reaper: {:?}", reapers(&sb));
     };
-    assert_eq!(cgroup_of(reaper, controllers).as_deref(), Some("/"));
+    assert_eq!(cgroup_of(reaper, cg.controllers).as_deref(), Some("/"));
     let out = sb.hook(&["poststop"], &Sandbox::state_json("cg", 0, &b));
     assert!(out.status.success());
 }

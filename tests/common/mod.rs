@@ -642,3 +642,45 @@ fn run_with_stdin(mut cmd: Command, stdin: &str) -> Output {
     let _ = writer.join();
     out
 }
+
+/// A child cgroup made for a test in a hierarchy it can write: v1's `pids` where the node has
+/// it, else the cgroup v2 root. On drop its processes go back to the root and it is removed, so
+/// a failing test leaves none behind.
+pub struct TestCgroup {
+    pub root: PathBuf,
+    pub dir: PathBuf,
+    /// The hierarchy's controller list as `/proc/<pid>/cgroup` names it ("" for v2).
+    pub controllers: &'static str,
+}
+
+impl TestCgroup {
+    pub fn new(name: &str) -> Self {
+        let pids = Path::new("/sys/fs/cgroup/pids");
+        let (root, controllers) = if pids.join("cgroup.procs").exists() {
+            (pids.to_owned(), "pids")
+        } else {
+            assert!(
+                Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+                "no cgroup v1 pids hierarchy nor cgroup v2 under /sys/fs/cgroup"
+            );
+            (PathBuf::from("/sys/fs/cgroup"), "")
+        };
+        let dir = root.join(name);
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Self {
+            root,
+            dir,
+            controllers,
+        }
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines() {
+            let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
