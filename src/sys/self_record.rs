@@ -35,11 +35,19 @@ fn own_line(out: &mut [u8; 48]) -> std::io::Result<usize> {
     let start = start_time_in(&stat[..len]).ok_or(std::io::ErrorKind::InvalidData)?;
     // SAFETY: getpid(2) takes no arguments and cannot fail.
     let pid = unsafe { libc::getpid() };
-    let mut n = put_decimal(out, 0, u64::from(pid.unsigned_abs()));
-    out[n] = b' ';
-    n = put_decimal(out, n + 1, start);
-    out[n] = b'\n';
-    Ok(n + 1)
+    // `itoa` formats into a buffer on the stack: nothing is allocated.
+    let (mut a, mut b) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let mut n = 0;
+    for piece in [
+        a.format(pid).as_bytes(),
+        b" ",
+        b.format(start).as_bytes(),
+        b"\n",
+    ] {
+        out[n..n + piece.len()].copy_from_slice(piece);
+        n += piece.len();
+    }
+    Ok(n)
 }
 
 /// Field 22 (start time) of a `/proc/<pid>/stat` line, counted after the last `)` (the command
@@ -58,25 +66,6 @@ fn start_time_in(stat: &[u8]) -> Option<u64> {
         v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
     }
     Some(v)
-}
-
-/// Writes `v` in decimal at `out[at..]`; returns the index after it.
-fn put_decimal(out: &mut [u8], at: usize, v: u64) -> usize {
-    let mut digits = [0u8; 20];
-    let mut n = 0;
-    let mut v = v;
-    loop {
-        digits[n] = b'0' + (v % 10) as u8;
-        n += 1;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    for (i, d) in digits[..n].iter().rev().enumerate() {
-        out[at + i] = *d;
-    }
-    at + n
 }
 
 fn read_file(path: &std::ffi::CStr, buf: &mut [u8]) -> std::io::Result<usize> {
