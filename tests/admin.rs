@@ -259,6 +259,8 @@ fn configure_containerd_v3_and_help() {
 
 #[test]
 fn broken_policy_precreate_passes_plain_containers_and_marks_requests() {
+    // Its gpushare logs to the host's default files (see `common::host_lock_shared`).
+    let _host = common::host_lock_shared();
     let sb = Sandbox::new(1);
     std::fs::write(
         sb.config_path(),

@@ -256,6 +256,8 @@ fn mps_spec() -> Value {
 
 #[test]
 fn a_broken_policy_keeps_status_gc_and_poststop_working_and_doctor_to_the_point() {
+    // Its gpushare logs to the host's default files (see `common::host_lock_shared`).
+    let _host = common::host_lock_shared();
     if !common::require("broken policy", &["nvidia-cuda-mps-control"]) {
         return;
     }

@@ -301,6 +301,8 @@ fn lock_timeout_names_the_holder() {
 
 #[test]
 fn bad_policy_file_is_refused() {
+    // Its gpushare logs to the host's default files (see `common::host_lock_shared`).
+    let _host = common::host_lock_shared();
     let sb = Sandbox::new(1);
     std::fs::write(sb.config_path(), "[policy]\nmax_cores = 500\n").unwrap();
     let b = sb.bundle(
@@ -313,6 +315,8 @@ fn bad_policy_file_is_refused() {
 
 #[test]
 fn a_broken_policy_lets_a_container_that_asks_for_nothing_through() {
+    // Its gpushare logs to the host's default files (see `common::host_lock_shared`).
+    let _host = common::host_lock_shared();
     // As precreate and gpushare-runtime do: a policy that does not load refuses only the
     // containers that ask for a share.
     let sb = Sandbox::new(1);

@@ -304,6 +304,8 @@ fn runtime_wrapper_edits_the_bundle_and_execs_next_with_argv_unchanged() {
 
 #[test]
 fn broken_policy_fails_only_containers_that_ask() {
+    // Its gpushare logs to the host's default files (see `common::host_lock_shared`).
+    let _host = common::host_lock_shared();
     let w = World::new("runc");
     std::fs::write(w.path().join("config.toml"), "state_dir = [not toml").unwrap();
     let bundle = w.path().join("b");

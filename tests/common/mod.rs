@@ -684,3 +684,35 @@ impl Drop for TestCgroup {
         let _ = std::fs::remove_dir(&self.dir);
     }
 }
+
+/// tests/engines/lib.sh's host-wide lock, held shared (as every engine script holds it) while a
+/// test runs gpushare with a policy that does not load: gpushare then logs to the host's default
+/// log and event files, which the package test, holding the lock alone, checks that its purge
+/// removes. Released on drop.
+pub struct HostLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+pub fn host_lock_shared() -> HostLock {
+    use nix::fcntl::{Flock, FlockArg};
+    let open = |p: &str| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(p)
+            .unwrap_or_else(|e| panic!("{p}: {e}"))
+    };
+    // Through the turnstile, as lib.sh does: a test waiting to hold the lock alone makes new
+    // shared holders wait behind it.
+    let turnstile = Flock::lock(
+        open("/tmp/gpushare-engine-tests.turnstile"),
+        FlockArg::LockExclusive,
+    )
+    .unwrap_or_else(|(_, e)| panic!("turnstile: {e}"));
+    let lock = Flock::lock(
+        open("/tmp/gpushare-engine-tests.lock"),
+        FlockArg::LockShared,
+    )
+    .unwrap_or_else(|(_, e)| panic!("host lock: {e}"));
+    drop(turnstile);
+    HostLock(lock)
+}

@@ -93,7 +93,9 @@ snapshot() {
 }
 [ -e "$LOG" ] || echo "a log gpushare did not create" >"$LOG"
 LOG_FIRST=$(head -1 "$LOG")
-snapshot >"$T/files.before"
+# The event log is left out of both lists (other tests beside this one may write it; its own
+# check after the purge goes by inode).
+snapshot | grep -vxF "$EVENTS" >"$T/files.before"
 grep -q . "$T/files.before" || fail "positive control: the file list before the install is empty"
 
 echo "== install"
@@ -204,6 +206,13 @@ grep -q '^created /etc/docker/daemon.json' "$T/cd2" || { cat "$T/cd2"; fail "con
 [ "$(jq -r '.runtimes.gpushare.path' /etc/docker/daemon.json)" = /usr/bin/gpushare-runtime ] || fail "daemon.json has no gpushare runtime"
 
 echo "== purge leaves nothing behind, and removes nothing it did not create"
+# The event log is a host-wide default: other tests running beside this one (gpushare binaries of
+# the build, with a policy that does not load) append to it too, and may create it again after the
+# purge. Which file the package's gpushare wrote is known by its inode and birth time (an inode
+# number alone may be reused by a new file) and its first line.
+events_id() { [ -e "$EVENTS" ] && echo "$(stat -c '%i %w' "$EVENTS") $(head -1 "$EVENTS" | sha256sum)" || echo none; }
+EV_ID=$(events_id)
+[ "$EV_ID" != none ] || fail "positive control: no event log before the purge (the installed gpushare logged no event)"
 dpkg --purge gpushare >"$T/purge.out" 2>&1 || { cat "$T/purge.out"; fail "dpkg --purge"; }
 dpkg -s gpushare >/dev/null 2>&1 && fail "package still known to dpkg"
 grep -q "^removed /etc/docker/daemon.json" "$T/purge.out" || { cat "$T/purge.out"; fail "purge does not say it undid configure docker"; }
@@ -215,12 +224,26 @@ while read -r p; do
     [ -d "$T/deb$p" ] && continue
     [ -e "$p" ] && fail "$p left after purge"
 done < <(awk '{print $NF}' "$T/contents" | sed 's#^\./#/#')
-for p in /etc/gpushare /run/gpushare /var/log/gpushare-events.jsonl /usr/lib/gpushare /etc/containers/oci/hooks.d-podman; do
+for p in /etc/gpushare /run/gpushare /usr/lib/gpushare /etc/containers/oci/hooks.d-podman; do
     [ -e "$p" ] && fail "$p left after purge"
 done
+# No process of the package's binaries runs on (a GPU's reaper exits once /run/gpushare is gone).
+package_processes() {
+    local e
+    for e in /proc/[0-9]*/exe; do
+        case $(readlink "$e" 2>/dev/null) in /usr/bin/gpushare-*) echo "${e%/exe}" ;; esac
+    done
+}
+no_package_process() { [ -z "$(package_processes)" ]; }
+wait_until 10 no_package_process || fail "processes of the package run on after purge: $(package_processes)"
+[ "$(events_id)" = "$EV_ID" ] && fail "$EVENTS left after purge"
+if [ -e "$EVENTS" ]; then
+    # Made after the purge (another file) while no process of the package ran: another test's.
+    echo "note: $EVENTS was made again after the purge by another test beside this one: $(tail -1 "$EVENTS" | cut -c1-160)"
+fi
 [ -f "$LOG" ] && [ "$(head -1 "$LOG")" = "$LOG_FIRST" ] || fail "purge removed $LOG, which was there before the install"
 restore_daemon_json
-snapshot >"$T/files.after"
+snapshot | grep -vxF "$EVENTS" >"$T/files.after"
 diff -u "$T/files.before" "$T/files.after" || fail "the files after the purge differ from those before the install (above)"
 ok "purged: the file list is the one before the install ($(wc -l <"$T/files.before") paths); the log that was there stays"
 
