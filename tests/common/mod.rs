@@ -418,6 +418,28 @@ fn collect_daemon_files(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
 }
 
 /// Stops every daemon under `root` (test clean-up).
+/// Stops the reapers stamped in `<root>/reapers` or `<root>/state/reapers` ("pid start-time", the
+/// lock file each reaper holds), by that proof only.
+pub fn kill_reapers_under(root: &Path) {
+    for dir in [root.join("reapers"), root.join("state/reapers")] {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let Some((pid, start)) = text.trim().split_once(' ') else {
+                continue;
+            };
+            let (Ok(pid), Ok(start_time)) = (pid.parse(), start.parse()) else {
+                continue;
+            };
+            if (gpushare::host::procinfo::ProcId { pid, start_time }).is_alive() {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
 pub fn kill_daemons_under(root: &Path) {
     for pid in daemons_under(root) {
         let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
@@ -441,9 +463,12 @@ pub fn mounts_under(root: &Path) -> Vec<String> {
     out
 }
 
-/// Kills the daemons gpushare left under `root` and detaches every mount there, deepest first:
-/// what a test that stops half-way (or never releases) leaves in the host's mount table.
+/// Kills the GPUs' reapers and the daemons gpushare left under `root` and detaches every mount
+/// there, deepest first: what a test that stops half-way (or never releases) leaves in the host's
+/// mount table. The reapers go first: one still running after its sandbox is removed wrote its
+/// last event and the simulated driver's state into a directory of that name made anew.
 pub fn clean_up_under(root: &Path) {
+    kill_reapers_under(root);
     kill_daemons_under(root);
     for m in mounts_under(root) {
         let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
