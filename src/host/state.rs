@@ -117,19 +117,22 @@ impl StateDir {
     /// lock. A running reaper releases every client whose process exits (it waits on their
     /// pidfds), so an acquire need not check each client's liveness itself.
     pub fn reaper_alive(&self, uuid: &str) -> bool {
+        self.reaper(uuid).is_some()
+    }
+
+    /// The GPU's running reaper, by the pid and start time it wrote into its lock file (see
+    /// [`StateDir::reaper_alive`]).
+    pub fn reaper(&self, uuid: &str) -> Option<ProcId> {
         let stamp =
             File::open(self.reaper_lock_path(uuid)).and_then(|f| crate::vocab::read_capped(f, 64));
         let Ok(Some(bytes)) = stamp else {
-            return false;
+            return None;
         };
         let text = String::from_utf8_lossy(&bytes);
         let mut parts = text.split_ascii_whitespace();
-        let pid = parts.next().and_then(|p| p.parse::<i32>().ok());
-        let start_time = parts.next().and_then(|t| t.parse::<u64>().ok());
-        match (pid, start_time) {
-            (Some(pid), Some(start_time)) => ProcId { pid, start_time }.is_alive(),
-            _ => false,
-        }
+        let pid = parts.next().and_then(|p| p.parse::<i32>().ok())?;
+        let start_time = parts.next().and_then(|t| t.parse::<u64>().ok())?;
+        Some(ProcId { pid, start_time }).filter(ProcId::is_alive)
     }
 
     pub fn record_path(&self, uuid: &str) -> PathBuf {

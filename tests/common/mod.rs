@@ -418,23 +418,23 @@ fn collect_daemon_files(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
 }
 
 /// Stops every daemon under `root` (test clean-up).
-/// Stops the reapers stamped in `<root>/reapers` or `<root>/state/reapers` ("pid start-time", the
-/// lock file each reaper holds), by that proof only.
+/// Stops the reapers of a state dir at `root` or `root/state`, as gpushare knows them: by the pid
+/// and start time each stamped into its lock file (`StateDir::reaper`), by that proof only.
 pub fn kill_reapers_under(root: &Path) {
-    for dir in [root.join("reapers"), root.join("state/reapers")] {
-        let Ok(rd) = std::fs::read_dir(&dir) else {
+    for state in [root.to_owned(), root.join("state")] {
+        let sd = gpushare::host::state::StateDir::new(&state);
+        let Ok(rd) = std::fs::read_dir(state.join("reapers")) else {
             continue;
         };
         for e in rd.flatten() {
-            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-            let Some((pid, start)) = text.trim().split_once(' ') else {
+            let name = e.file_name();
+            let Some(uuid) = name.to_str().and_then(|n| n.strip_suffix(".lock")) else {
                 continue;
             };
-            let (Ok(pid), Ok(start_time)) = (pid.parse(), start.parse()) else {
-                continue;
-            };
-            if (gpushare::host::procinfo::ProcId { pid, start_time }).is_alive() {
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            if let Some(p) = sd.reaper(uuid) {
+                let _ = Command::new("kill")
+                    .args(["-9", &p.pid.to_string()])
+                    .status();
             }
         }
     }
