@@ -128,10 +128,13 @@ mod tests {
         let mut child = cmd.spawn().unwrap();
         // Written before exec, so present as soon as spawn returns.
         let text = std::fs::read_to_string(&path).unwrap();
-        let stat = std::fs::read(format!("/proc/{}/stat", child.id())).unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
         let _ = child.kill();
         let _ = child.wait();
-        let start = start_time_in(&stat).unwrap();
+        // Read here with proc(5)'s own description, not the code's parser: field 22, the
+        // fields counted after the command name's closing parenthesis.
+        let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+        let start = after_comm.split_whitespace().nth(22 - 3).unwrap();
         assert_eq!(text, format!("{} {start}\n", child.id()));
         assert!(!tmp.exists(), "renamed into place");
     }
