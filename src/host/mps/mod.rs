@@ -151,8 +151,9 @@ impl Control {
 /// percentage and pinned device memory of device 0, the only one it sees; `None` memory clears
 /// that limit) and its default client priority ([`CLIENT_PRIORITY`]), and reads them back in
 /// the same conversation: the read-back is the proof they took. All are always sent, so that a
-/// value a tenant changed is put back. Then the servers already running get the same limits
-/// ([`restore_servers`]).
+/// value a tenant changed is put back. The same conversation lists the servers already
+/// running, last (a server started after that takes the defaults just set); they get the same
+/// limits ([`restore_servers`]), each in a conversation of its own.
 ///
 /// # Errors
 /// [`MpsError`]: not proven, no answer in time, or read back different.
@@ -165,29 +166,36 @@ pub fn set_defaults(pipe: &Path, daemon: ProcId, limits: &Limits) -> Result<(), 
         GET_THREADS,
         GET_PINNED,
         GET_PRIORITY,
+        GET_SERVERS,
     ];
     let answer = protocol::converse(pipe, daemon, &cmds, ANSWER_TIMEOUT)?;
-    // `set_default_active_thread_percentage` echoes the value, the other two say nothing:
-    // the last three lines (two, with no memory limit) are the read-back.
-    let read_back = match limits.memory_mib {
-        Some(_) => answer.lines.len().checked_sub(3),
-        None => answer.lines.len().checked_sub(2),
-    }
-    .and_then(|from| parse_settings(&answer.lines[from..]));
-    if read_back
-        == Some(Settings {
-            limits: *limits,
-            priority: CLIENT_PRIORITY,
-        })
-    {
-        restore_servers(pipe, daemon, limits);
-        Ok(())
-    } else {
-        Err(MpsError::Command {
+    match set_answer(&answer.lines, limits) {
+        Some(servers) => {
+            restore(pipe, daemon, limits, server_pids(servers));
+            Ok(())
+        }
+        None => Err(MpsError::Command {
             command: cmds.join("; "),
             output: answer.lines.join("; "),
-        })
+        }),
     }
+}
+
+/// Checks the answer to [`set_defaults`]'s conversation and returns its server list: the echo
+/// of the set percentage (NVIDIA's daemon echoes it; an answer without it is taken too), the
+/// read-back of the defaults (no pinned line when none is set), then one server pid a line.
+/// `None` when the read-back is not `limits` with [`CLIENT_PRIORITY`].
+fn set_answer<'a>(lines: &'a [String], limits: &Limits) -> Option<&'a [String]> {
+    let read_back = if limits.memory_mib.is_some() { 3 } else { 2 };
+    let want = Settings {
+        limits: *limits,
+        priority: CLIENT_PRIORITY,
+    };
+    [1, 0].into_iter().find_map(|from| {
+        let end = from + read_back;
+        let back = parse_settings(lines.get(from..end)?)?;
+        (back == want).then(|| &lines[end..])
+    })
 }
 
 const GET_THREADS: &str = "get_default_active_thread_percentage";
@@ -252,7 +260,12 @@ pub fn settings(pipe: &Path, daemon: ProcId) -> Result<Settings, MpsError> {
 /// `get_server_list`, the set thread percentage echoed, a pinned limit read back as `1G` and
 /// nothing once `0M` cleared it.
 pub fn restore_servers(pipe: &Path, daemon: ProcId, limits: &Limits) {
-    for pid in servers(pipe, daemon) {
+    restore(pipe, daemon, limits, servers(pipe, daemon));
+}
+
+/// [`restore_servers`] for the servers `pids`.
+fn restore(pipe: &Path, daemon: ProcId, limits: &Limits, pids: Vec<u32>) {
+    for pid in pids {
         let cmds = server_commands(pid, limits);
         let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
         let res = protocol::converse(pipe, daemon, &refs, ANSWER_TIMEOUT);

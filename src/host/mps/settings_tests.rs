@@ -136,8 +136,78 @@ fn defaults_are_set_read_back_and_passed_to_running_servers() {
     assert_eq!(h.defaults, (50, Some(1024)));
     assert_eq!(h.priority, CLIENT_PRIORITY);
     assert_eq!(h.servers[&101], (50, Some(1024)));
+    // One conversation sets, reads back and lists the servers (last); one more per server.
+    let firsts: Vec<&str> = h.conversations.iter().map(|c| c[0].as_str()).collect();
+    assert_eq!(
+        firsts,
+        [
+            "set_default_active_thread_percentage 50",
+            "set_active_thread_percentage 101 50"
+        ]
+    );
+    assert_eq!(
+        h.conversations[0].last().map(String::as_str),
+        Some(GET_SERVERS)
+    );
     drop(h);
     assert_eq!(defaults(&dirs.pipe, me).unwrap(), LIMITS);
+}
+
+#[test]
+fn the_set_answer_is_read_back_then_the_server_list() {
+    let none = Limits {
+        cores: 50,
+        memory_mib: None,
+    };
+    // (answer to set_defaults' conversation, limits set, the server lines; `None`: refused)
+    type Row<'a> = (&'a str, &'a [&'a str], Limits, Option<&'a [&'a str]>);
+    let rows: &[Row] = &[
+        (
+            "echo, no servers",
+            &["50.0", "50.0", "1G", "0"],
+            LIMITS,
+            Some(&[]),
+        ),
+        (
+            "echo, two servers",
+            &["50.0", "50.0", "1G", "0", "101", "102"],
+            LIMITS,
+            Some(&["101", "102"]),
+        ),
+        (
+            "no memory limit",
+            &["50.0", "50.0", "0", "7"],
+            none,
+            Some(&["7"]),
+        ),
+        (
+            "no echo",
+            &["50.0", "1G", "0", "101"],
+            LIMITS,
+            Some(&["101"]),
+        ),
+        (
+            "other percentage",
+            &["50.0", "60.0", "1G", "0"],
+            LIMITS,
+            None,
+        ),
+        ("pinned left", &["50.0", "50.0", "2G", "0"], LIMITS, None),
+        (
+            "pinned not cleared",
+            &["50.0", "50.0", "1G", "0"],
+            none,
+            None,
+        ),
+        ("other priority", &["50.0", "50.0", "1G", "2"], LIMITS, None),
+        ("cut short", &["50.0", "50.0"], LIMITS, None),
+        ("nothing", &[], none, None),
+    ];
+    for (what, answer, limits, want) in rows {
+        let answer = lines(answer);
+        let got = set_answer(&answer, limits);
+        assert_eq!(got, want.map(lines).as_deref(), "{what}");
+    }
 }
 
 #[test]
