@@ -160,7 +160,14 @@ fn main() {
             .spawn()
             .unwrap();
         let own = std::fs::read_link("/proc/self/ns/mnt").ok();
-        while std::fs::read_link(format!("/proc/{}/ns/mnt", c.id())).ok() == own {
+        // Its own namespace, and `sleep` running (not `unshare` still starting it beside the
+        // measured run).
+        while std::fs::read_link(format!("/proc/{}/ns/mnt", c.id())).ok() == own
+            || std::fs::read_to_string(format!("/proc/{}/comm", c.id()))
+                .ok()
+                .as_deref()
+                != Some("sleep\n")
+        {
             std::thread::sleep(Duration::from_millis(1));
         }
         c
@@ -178,19 +185,33 @@ fn main() {
     let mut cat = Vec::new();
     let mut fast = Vec::new();
     let mut acquire = Vec::new();
-    let mut client = sleeper();
+    // Each measured create gets a container process of its own, started before the clock, as
+    // on a node: one process reused for every round collects each round's bind mounts in its
+    // mount namespace (over a thousand by the end of the cap section), and every later bind
+    // and read of its mount table pays for them.
+    let created = |id: &str, bundle: &Path, cgroup: Option<&cgroup2::Cgroup2>| -> Duration {
+        let mut c = sleeper();
+        if let Some(cg) = cgroup {
+            assert!(
+                cg.enter(c.id()),
+                "cannot move the container into the bench cgroup"
+            );
+        }
+        let took = run(&hook, &["createRuntime"], &state(id, c.id(), bundle));
+        // The container exits, then its poststop runs, as on a node; the GPU's reaper wakes on
+        // the exit: it is given time to be done before the next measured run.
+        let _ = c.kill();
+        let _ = c.wait();
+        run(&hook, &["poststop"], &state(id, 0, bundle));
+        std::thread::sleep(Duration::from_millis(5));
+        took
+    };
     let plain_state = state("plain", 1, &plain);
     for i in 0..rounds {
         floor.push(run(&floor_exe, &["--floor"], &plain_state));
         cat.push(run(Path::new("/bin/cat"), &[], &plain_state));
         fast.push(run(&hook, &["createRuntime"], &plain_state));
-        let id = format!("c{i}");
-        acquire.push(run(
-            &hook,
-            &["createRuntime"],
-            &state(&id, client.id(), &mps),
-        ));
-        run(&hook, &["poststop"], &state(&id, 0, &mps));
+        acquire.push(created(&format!("c{i}"), &mps, None));
     }
     let med = |v: &mut Vec<Duration>| {
         v.sort();
@@ -282,13 +303,7 @@ fn main() {
     }
     let mut in_domain = Vec::new();
     for i in 0..rounds {
-        let id = format!("d{i}");
-        in_domain.push(run(
-            &hook,
-            &["createRuntime"],
-            &state(&id, client.id(), &groups[i % 4]),
-        ));
-        run(&hook, &["poststop"], &state(&id, 0, &groups[i % 4]));
+        in_domain.push(created(&format!("d{i}"), &groups[i % 4], None));
     }
     println!(
         "  mps acquire, 4 domains running  {:>8.3} ms   ratio to the no-share fast path {:.2}x",
@@ -397,8 +412,10 @@ fn main() {
             true,
         ),
     ];
-    let mut in_cgroup = sleeper();
-    let have_cgroup = cg.as_ref().is_some_and(|c| c.enter(in_cgroup.id()));
+    let mut probe = sleeper();
+    let have_cgroup = cg.as_ref().is_some_and(|c| c.enter(probe.id()));
+    let _ = probe.kill();
+    let _ = probe.wait();
     // timeslice and mps cannot share a GPU: the three timeslice cases first, then the three
     // mps ones with a holder keeping the daemon warm.
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); cases.len()];
@@ -415,10 +432,8 @@ fn main() {
                 if *driver && !have_cgroup {
                     continue;
                 }
-                let pid = if *driver { in_cgroup.id() } else { client.id() };
-                let id = format!("m{k}-{i}");
-                times[k].push(run(&hook, &["createRuntime"], &state(&id, pid, b)));
-                run(&hook, &["poststop"], &state(&id, 0, b));
+                let cgroup = if *driver { cg.as_ref() } else { None };
+                times[k].push(created(&format!("m{k}-{i}"), b, cgroup));
             }
         }
     }
@@ -443,13 +458,9 @@ fn main() {
         let _ = h.kill();
         let _ = h.wait();
     }
-    let _ = in_cgroup.kill();
-    let _ = in_cgroup.wait();
     drop(cg);
     let _ = holder.kill();
-    let _ = client.kill();
     let _ = holder.wait();
-    let _ = client.wait();
     for dir in ["state", "sim"] {
         let _ = Command::new("umount")
             .args(["-l", "-q"])
