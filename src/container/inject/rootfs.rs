@@ -100,6 +100,14 @@ fn kind_ok(fd: &OwnedFd, want: Kind) -> nix::Result<bool> {
 /// The failed step and its errno.
 pub fn ensure_target(root: &OwnedFd, target: &Target) -> Result<OwnedFd, (Step, Errno)> {
     let last = target.prefixes.len() - 1;
+    // Most targets exist already (the image's, or made by an earlier bind): resolved whole,
+    // as the walk below would resolve them, in one call. Anything else takes the walk, which
+    // makes what is missing and names the step that failed.
+    if let Ok(fd) = open_in_root(root, &target.prefixes[last], OFlag::empty()) {
+        if kind_ok(&fd, target.kind) == Ok(true) {
+            return Ok(fd);
+        }
+    }
     let mut parent: Option<OwnedFd> = None;
     for (i, prefix) in target.prefixes.iter().enumerate() {
         let want = if i < last { Kind::Dir } else { target.kind };
@@ -249,6 +257,28 @@ mod tests {
         assert!(root.join("etc/ld.so.preload").is_file());
         // Idempotent.
         ensure_target(&r, &Target::new("/tmp/nvidia-mps", Kind::Dir)).unwrap();
+    }
+
+    #[test]
+    fn an_existing_target_is_the_file_the_root_resolves_it_to() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("rootfs");
+        std::fs::create_dir_all(root.join("opt/usr/local/gpushare")).unwrap();
+        std::fs::write(root.join("opt/usr/local/gpushare/limits"), b"").unwrap();
+        // An absolute link in the image: resolved inside the root, not on the host.
+        symlink("/opt/usr", root.join("usr")).unwrap();
+        let r = root_of(&root);
+        let fd = ensure_target(&r, &Target::new("/usr/local/gpushare/limits", Kind::File)).unwrap();
+        let want = std::fs::metadata(root.join("opt/usr/local/gpushare/limits")).unwrap();
+        let got = fstat(&fd).unwrap();
+        assert_eq!((got.st_dev, got.st_ino), (want.dev(), want.ino()));
+        // The same directory asked as a file, or the file as a directory: refused, not made.
+        let dir = Target::new("/usr/local/gpushare", Kind::File);
+        assert_eq!(ensure_target(&r, &dir).unwrap_err().0, Step::Kind);
+        let file = Target::new("/usr/local/gpushare/limits", Kind::Dir);
+        assert_eq!(ensure_target(&r, &file).unwrap_err().0, Step::Kind);
+        assert!(!root.join("usr/local/gpushare/limits").is_dir());
     }
 
     #[test]
