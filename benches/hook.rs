@@ -125,12 +125,14 @@ fn main() {
     let mps = bundle("mps", &mps_cfg);
     let floor_exe = std::env::current_exe().unwrap();
 
-    let run = |exe: &Path, args: &[&str], stdin: &str| -> Duration {
+    // A run of `exe`, timed; with `steps`, under `GPUSHARE_LOG=debug`, returning its stderr.
+    let run_with = |exe: &Path, args: &[&str], stdin: &str, steps: bool| -> (Duration, String) {
         let t = Instant::now();
         let mut c = Command::new(exe)
             .args(args)
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
+            .envs(steps.then_some(("GPUSHARE_LOG", "debug")))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -145,8 +147,9 @@ fn main() {
             args,
             String::from_utf8_lossy(&out.stderr)
         );
-        el
+        (el, String::from_utf8_lossy(&out.stderr).into_owned())
     };
+    let run = |exe: &Path, args: &[&str], stdin: &str| run_with(exe, args, stdin, false).0;
     let state = |id: &str, pid: u32, b: &Path| {
         format!(
             r#"{{"ociVersion":"1.0.2","id":"{id}","status":"creating","pid":{pid},"bundle":"{}"}}"#,
@@ -189,7 +192,11 @@ fn main() {
     // on a node: one process reused for every round collects each round's bind mounts in its
     // mount namespace (over a thousand by the end of the cap section), and every later bind
     // and read of its mount table pays for them.
-    let created = |id: &str, bundle: &Path, cgroup: Option<&cgroup2::Cgroup2>| -> Duration {
+    let created_with = |id: &str,
+                        bundle: &Path,
+                        cgroup: Option<&cgroup2::Cgroup2>,
+                        steps: bool|
+     -> (Duration, String) {
         let mut c = sleeper();
         if let Some(cg) = cgroup {
             assert!(
@@ -197,7 +204,7 @@ fn main() {
                 "cannot move the container into the bench cgroup"
             );
         }
-        let took = run(&hook, &["createRuntime"], &state(id, c.id(), bundle));
+        let took = run_with(&hook, &["createRuntime"], &state(id, c.id(), bundle), steps);
         // The container exits, then its poststop runs, as on a node; the GPU's reaper wakes on
         // the exit: it is given time to be done before the next measured run.
         let _ = c.kill();
@@ -205,6 +212,9 @@ fn main() {
         run(&hook, &["poststop"], &state(id, 0, bundle));
         std::thread::sleep(Duration::from_millis(5));
         took
+    };
+    let created = |id: &str, bundle: &Path, cgroup: Option<&cgroup2::Cgroup2>| {
+        created_with(id, bundle, cgroup, false).0
     };
     let plain_state = state("plain", 1, &plain);
     for i in 0..rounds {
@@ -419,6 +429,7 @@ fn main() {
     // timeslice and mps cannot share a GPU: the three timeslice cases first, then the three
     // mps ones with a holder keeping the daemon warm.
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); cases.len()];
+    let mut steps: Vec<Vec<Vec<(String, f64)>>> = vec![Vec::new(); cases.len()];
     let mut mps_holder = None;
     for half in [0..3, 3..6] {
         if half.start == 3 {
@@ -435,6 +446,17 @@ fn main() {
                 let cgroup = if *driver { cg.as_ref() } else { None };
                 times[k].push(created(&format!("m{k}-{i}"), b, cgroup));
             }
+        }
+        // Where the time goes: the hook's own step lines, in runs apart from the timed ones.
+        for k in half.clone() {
+            let (_, b, driver) = &cases[k];
+            if *driver && !have_cgroup {
+                continue;
+            }
+            let cgroup = if *driver { cg.as_ref() } else { None };
+            steps[k] = (0..STEP_ROUNDS)
+                .map(|i| step_times(&created_with(&format!("s{k}-{i}"), b, cgroup, true).1))
+                .collect();
         }
     }
     println!("createRuntime with a memory cap, medians over {rounds} alternating rounds:");
@@ -453,6 +475,14 @@ fn main() {
             if k % 3 == 0 { "" } else { " (target <= 1.3x)" }
         );
     }
+    println!(
+        "where the time goes (GPUSHARE_LOG=debug step lines of {STEP_ROUNDS} creates per case; medians, ms from the hook's main, +ms from the step before):"
+    );
+    for (k, (label, _, _)) in cases.iter().enumerate() {
+        if !steps[k].is_empty() {
+            println!("  {label:<30} {}", step_medians(&steps[k]));
+        }
+    }
     run(&hook, &["poststop"], &state("mh", 0, &mps));
     if let Some(mut h) = mps_holder {
         let _ = h.kill();
@@ -467,6 +497,39 @@ fn main() {
             .arg(d.join(dir))
             .status();
     }
+}
+
+/// Creates per case whose step lines are read.
+const STEP_ROUNDS: usize = 21;
+
+/// The `step="…" ms=…` lines of a hook's stderr (`gpushare::logging::step`), in order.
+fn step_times(stderr: &str) -> Vec<(String, f64)> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once("step=\"")?;
+            let (name, rest) = rest.split_once('"')?;
+            let ms = rest.split_once("ms=")?.1.split_whitespace().next()?;
+            Some((name.to_owned(), ms.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Each step's median time over runs (those that logged it), in the order of the first run.
+fn step_medians(runs: &[Vec<(String, f64)>]) -> String {
+    let mut out = Vec::new();
+    let mut before = 0.0;
+    for (name, _) in runs.first().into_iter().flatten() {
+        let mut at: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r.iter().find(|(n, _)| n == name).map(|(_, ms)| *ms))
+            .collect();
+        at.sort_by(f64::total_cmp);
+        let m = at[at.len() / 2];
+        out.push(format!("{name} {m:.2} (+{:.2})", m - before));
+        before = m;
+    }
+    out.join(", ")
 }
 
 /// Bursts of 32 concurrent acquires measured per case (each burst's total is one sample).

@@ -90,6 +90,7 @@ pub fn create_runtime(
         ))),
         Outcome::Done(plan) => {
             count_request(ctx, started);
+            crate::logging::step("events written");
             let gpus: Vec<String> = plan.gpus.iter().map(|g| g.index.to_string()).collect();
             let memory = plan
                 .memory
@@ -108,6 +109,7 @@ pub fn create_runtime(
             let uuids: Vec<&str> = plan.gpus.iter().map(|g| g.uuid.as_str()).collect();
             let state = crate::host::state::StateDir::new(&ctx.cfg.state_dir);
             crate::host::reaper::ensure(&state, &ctx.source, &uuids);
+            crate::logging::step("reaper checked");
             Ok(Reply::default())
         }
     }

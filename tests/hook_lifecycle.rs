@@ -695,3 +695,63 @@ fn a_join_of_a_running_daemon_loads_no_nvml_and_a_start_still_does() {
     ok(&sb.hook(&["poststop"], &Sandbox::state_json("ce", 0, &b0)));
     assert!(daemons_under(&sb.state_dir()).is_empty());
 }
+
+#[test]
+fn a_create_under_debug_logging_says_when_each_step_was_done() {
+    let sb = Sandbox::new(1);
+    let b = sb.bundle(
+        "b",
+        &spec(
+            json!({"gpu.share": "timeslice"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
+    let c = FakeContainer::start();
+    let steps = |out: &std::process::Output| -> Vec<(String, f64)> {
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter_map(|l| {
+                let (_, rest) = l.split_once("step=\"")?;
+                let (name, rest) = rest.split_once('"')?;
+                let ms = rest.split_once("ms=")?.1.trim().parse().ok()?;
+                Some((name.to_owned(), ms))
+            })
+            .collect()
+    };
+    let state = Sandbox::state_json("cs", c.pid(), &b);
+    let out = sb.hook_env(&["createRuntime"], &state, &[("GPUSHARE_LOG", "debug")]);
+    ok(&out);
+    let got = steps(&out);
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "spec parsed",
+            "planned",
+            "record loaded",
+            "GPU set up",
+            "record saved",
+            "acquired",
+            "mounts made",
+            "events written",
+            "reaper checked"
+        ],
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        got.windows(2).all(|w| w[0].1 <= w[1].1) && got[0].1 > 0.0,
+        "times from the hook's start, in order: {got:?}"
+    );
+    ok(&sb.hook(&["poststop"], &state));
+    // Without debug logging, no step line.
+    let state = Sandbox::state_json("cq", c.pid(), &b);
+    let out = sb.hook(&["createRuntime"], &state);
+    ok(&out);
+    assert!(
+        steps(&out).is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ok(&sb.hook(&["poststop"], &state));
+}

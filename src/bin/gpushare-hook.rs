@@ -29,6 +29,7 @@ extern "C" fn main(
     _argv: *const *const std::ffi::c_char,
 ) -> std::ffi::c_int {
     gpushare::prepare_process();
+    logging::start_clock();
     let code = std::panic::catch_unwind(run).unwrap_or(101);
     // Nothing flushes Rust's stdout after a C `main` returns.
     let _ = std::io::stdout().flush();

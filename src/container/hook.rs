@@ -153,6 +153,7 @@ fn decide_and_acquire(
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
 ) -> Result<Outcome, Error> {
     let mut c = container_from(state, bytes)?;
+    crate::logging::step("spec parsed");
     if let Some(name) = profile {
         let p = crate::decide::profile::find(cfg, name)?;
         crate::decide::profile::given(&c.spec.hooks.create_runtime, &c.spec.process.env, name)?;
@@ -173,6 +174,7 @@ fn decide_and_acquire(
     if dry_run {
         return Ok(Outcome::Done(Box::new(plan)));
     }
+    crate::logging::step("planned");
     require_sys_admin(&plan)?;
     let process = match c.pid {
         Some(pid) if pid > 0 => Some(ProcId::of(pid).ok_or(input::InputError::BadPid(pid.into()))?),
@@ -182,6 +184,7 @@ fn decide_and_acquire(
     let kube = crate::decide::kube::KubeLabels::from_annotations(&c.spec.annotations);
     let host = Host::new(cfg, inventory.as_ref()).with_labels(kube.clone());
     host.acquire(&plan, process, reservation)?;
+    crate::logging::step("acquired");
     // Make the share usable inside the container (mounts into its rootfs), unless a spec edit
     // already added them; undo the acquire if that fails.
     if let Err(e) =
@@ -191,6 +194,7 @@ fn decide_and_acquire(
         crate::container::inject::remove_container_files(cfg, &plan.container);
         return Err(e.into());
     }
+    crate::logging::step("mounts made");
     host.flush();
     inventory.remember();
     crate::host::events::note(crate::host::events::acquired(&plan, &kube));

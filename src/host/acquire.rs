@@ -88,6 +88,7 @@ impl Host<'_> {
         reservation: Option<&str>,
     ) -> Result<Done, AcquireError> {
         let before = self.state.load(&gpu.uuid)?;
+        crate::logging::step("record loaded");
         let mut rec = before
             .clone()
             .unwrap_or_else(|| Record::new(&gpu.uuid, gpu.index));
@@ -177,12 +178,14 @@ impl Host<'_> {
                 }),
             },
         );
+        crate::logging::step("GPU set up");
         rec.tidy();
         if let Err(e) = self.state.save(&rec) {
             self.rollback(vec![done]);
             return Err(e.into());
         }
         crate::failpoint::hit("acquire-saved");
+        crate::logging::step("record saved");
         Ok(done)
     }
 
