@@ -60,7 +60,7 @@ map 'packaging/deb/build.sh' '-' \
     "the .deb is built, its contents checked, installed, used and purged by tests/engines/package.sh; here this build's files are installed as the package's"
 map 'dpkg -i target/debian/' '-' \
     "the .deb is installed (and purged) by tests/engines/package.sh; here this build's files are installed as the package's"
-map 'cargo build --release --workspace' '-' \
+map 'cargo build --release' '-' \
     "the binaries under test are the ones cargo test built; the lines below install those"
 map 'target/release/' '$BUILT/' \
     "the binaries under test, where cargo test built them (\$BUILT)"
