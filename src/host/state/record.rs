@@ -34,11 +34,60 @@ pub struct Client {
 }
 
 /// A container's memory cap on one GPU (all its processes together) and what enforces it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Stored flat (`{"bytes":…,"backend":…,"cgroup":…,"why":…}`), written and read field by field:
+/// serde's `flatten` buffered every client's cap through a generic map, in every record load
+/// and save.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(from = "CapFields")]
 pub struct Cap {
     pub bytes: u64,
-    #[serde(flatten)]
     pub enforcement: crate::vocab::memcap::Enforcement,
+}
+
+/// [`Cap`] as stored.
+#[derive(Deserialize)]
+struct CapFields {
+    bytes: u64,
+    backend: crate::vocab::memcap::Backend,
+    #[serde(default)]
+    cgroup: Option<String>,
+    #[serde(default)]
+    why: Option<String>,
+}
+
+impl From<CapFields> for Cap {
+    fn from(f: CapFields) -> Self {
+        Self {
+            bytes: f.bytes,
+            enforcement: crate::vocab::memcap::Enforcement {
+                backend: f.backend,
+                cgroup: f.cgroup,
+                why: f.why,
+            },
+        }
+    }
+}
+
+impl Serialize for Cap {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Fields<'a> {
+            bytes: u64,
+            backend: &'a crate::vocab::memcap::Backend,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            cgroup: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            why: Option<&'a str>,
+        }
+        let e = &self.enforcement;
+        Fields {
+            bytes: self.bytes,
+            backend: &e.backend,
+            cgroup: e.cgroup.as_deref(),
+            why: e.why.as_deref(),
+        }
+        .serialize(s)
+    }
 }
 
 /// An MPS control daemon.
@@ -226,6 +275,44 @@ mod tests {
     use super::*;
     use crate::host::state::StateDir;
     use crate::vocab::is_safe_name;
+
+    #[test]
+    fn a_cap_is_stored_flat_as_before() {
+        use crate::vocab::memcap::{Backend, Enforcement};
+        // (cap, its stored form: the bytes the flattened form wrote)
+        let rows = [
+            (
+                Cap {
+                    bytes: 1 << 30,
+                    enforcement: Enforcement {
+                        backend: Backend::Driver,
+                        cgroup: Some("/sys/fs/cgroup/a.scope".into()),
+                        why: None,
+                    },
+                },
+                r#"{"bytes":1073741824,"backend":"driver","cgroup":"/sys/fs/cgroup/a.scope"}"#,
+            ),
+            (
+                Cap {
+                    bytes: 512,
+                    enforcement: Enforcement {
+                        backend: Backend::Limiter,
+                        cgroup: None,
+                        why: Some("no cgroup v2".into()),
+                    },
+                },
+                r#"{"bytes":512,"backend":"limiter","why":"no cgroup v2"}"#,
+            ),
+        ];
+        for (cap, stored) in rows {
+            assert_eq!(serde_json::to_string(&cap).unwrap(), stored);
+            assert_eq!(serde_json::from_str::<Cap>(stored).unwrap(), cap);
+        }
+        // A member it does not know is passed over, as before; a missing one is an error.
+        let extra = r#"{"bytes":1,"backend":"limiter","later":true}"#;
+        assert_eq!(serde_json::from_str::<Cap>(extra).unwrap().bytes, 1);
+        assert!(serde_json::from_str::<Cap>(r#"{"bytes":1}"#).is_err());
+    }
 
     #[test]
     fn safe_names() {
