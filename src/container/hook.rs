@@ -162,10 +162,11 @@ fn decide_and_acquire(
     let cgroup = || intake::cgroup_of(c.pid, c.spec.linux.cgroups_path.as_deref(), &c.id);
     // An image without glibc: served where the driver enforces the cap, refused where only the
     // limiter could.
+    let seen = crate::container::inject::libc_cache::Seen::default();
     let image = || {
         let rootfs = crate::decide::input::rootfs_of(&c.spec, Some(state.bundle()))
             .unwrap_or_else(|| state.bundle().join("rootfs"));
-        crate::container::inject::libc_cache::image_fact(cfg, Some(&rootfs))
+        crate::container::inject::libc_cache::image_fact(cfg, Some(&rootfs), Some(&seen))
     };
     let Some((plan, inventory)) = plan_for(&c.id, &c.spec, cfg, open_inventory, &cgroup, &image)?
     else {
@@ -187,9 +188,14 @@ fn decide_and_acquire(
     crate::logging::step("acquired");
     // Make the share usable inside the container (mounts into its rootfs), unless a spec edit
     // already added them; undo the acquire if that fails.
-    if let Err(e) =
-        crate::container::inject::created::inject(&plan, cfg, &c.spec, state.bundle(), c.pid)
-    {
+    if let Err(e) = crate::container::inject::created::inject(
+        &plan,
+        cfg,
+        &c.spec,
+        state.bundle(),
+        c.pid,
+        Some(&seen),
+    ) {
         let _ = host.release(&plan.container);
         crate::container::inject::remove_container_files(cfg, &plan.container);
         return Err(e.into());

@@ -106,7 +106,9 @@ pub fn edit_config(
     // A capped mps or timeslice share in an image without glibc gets no limiter in the spec;
     // the hook, which knows what enforces the cap, serves or refuses it.
     let rootfs = rootfs_of(&spec, ctx.bundle);
-    let image = || crate::container::inject::libc_cache::image_fact(cfg, rootfs.as_deref());
+    let seen = crate::container::inject::libc_cache::Seen::default();
+    let image =
+        || crate::container::inject::libc_cache::image_fact(cfg, rootfs.as_deref(), Some(&seen));
     let Some((mut plan, inventory)) = crate::decide::front::plan_for(
         &key,
         &spec,
@@ -146,7 +148,7 @@ pub fn edit_config(
             Ok((value != before)
                 .then(|| serde_json::to_vec(&value).expect("JSON value serialises")))
         })?;
-        inject::prepare_host(&plan, cfg, &key, rootfs.as_deref())?;
+        inject::prepare_host(&plan, cfg, &key, rootfs.as_deref(), Some(&seen))?;
         Ok(edited)
     })();
     if result.is_err() {

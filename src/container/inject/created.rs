@@ -64,6 +64,7 @@ pub fn inject(
     spec: &SpecView,
     bundle: &Path,
     pid: Option<i32>,
+    seen: Option<&super::libc_cache::Seen>,
 ) -> Result<(), InjectError> {
     if plan.mode == Mode::Timeslice && !plan.uses_limiter() {
         return Ok(());
@@ -98,7 +99,7 @@ pub fn inject(
         });
     };
     let wanted = bindings(plan, cfg, &plan.container);
-    prepare_host(plan, cfg, &plan.container, Some(&rootfs))?;
+    prepare_host(plan, cfg, &plan.container, Some(&rootfs), seen)?;
     into_container(pid, &rootfs, &wanted)?;
     if key != plan.container && key.starts_with(crate::host::pending::PENDING_PREFIX) {
         // Bound anew from the container's own files: the spec edit's (and its tmpfs) go.

@@ -31,6 +31,7 @@ pub fn preload_text(image: Option<&[u8]>, limiter: &str) -> Vec<u8> {
 /// Creates the host side of the bindings: the MPS directories and shm tmpfs, or the
 /// per-container directory with the limits file, the generated preload list (the image's
 /// `/etc/ld.so.preload` read safely from `rootfs`) and the writable `shared/`. Idempotent.
+/// `seen`: what deciding found of the image's C library (checked again when it holds nothing).
 ///
 /// # Errors
 /// [`InjectError`]; a half-made per-container directory is removed.
@@ -39,6 +40,7 @@ pub fn prepare_host(
     cfg: &Config,
     key: &str,
     rootfs: Option<&Path>,
+    seen: Option<&super::libc_cache::Seen>,
 ) -> Result<(), InjectError> {
     let sd = StateDir::new(&cfg.state_dir);
     if plan.mode == Mode::Mps {
@@ -55,7 +57,7 @@ pub fn prepare_host(
     }
     // An image the limiter cannot load into is refused before anything is written.
     if let Some(r) = rootfs {
-        super::libc_cache::check(&sd, r).map_err(|e| match e {
+        super::libc_cache::check_seen(&sd, r, seen).map_err(|e| match e {
             e @ super::libc::LibcError::Read { .. } => InjectError::Libc(e),
             e => super::libc::refuse(e, cfg, plan.mode).into(),
         })?;

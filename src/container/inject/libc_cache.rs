@@ -34,14 +34,23 @@ pub fn check(sd: &StateDir, rootfs_dir: &Path) -> Result<GlibcVersion, LibcError
     judge(&inspect(sd, rootfs_dir)?)
 }
 
+/// What deciding found of an image's C library, kept for the injection that follows in the
+/// same process: when every answer came from the cache (nothing read that is not stored), the
+/// injection judges what was found instead of looking again ([`check_seen`]), one lookup per
+/// create instead of two. A first look at an image, which reads `libc.so.6`, is not kept: the
+/// injection's own look stores it.
+#[derive(Debug, Default)]
+pub struct Seen(std::cell::RefCell<Option<(PathBuf, Found)>>);
+
 /// What `rootfs`'s C library is for the limiter, as deciding asks it of a capped `mps` or
 /// `timeslice` share ([`crate::decide::enforce::without_limiter`] serves it without the
 /// limiter where the driver enforces the cap, and refuses it where only the limiter could):
 /// unknown without a root filesystem to look at (a dry run on a bundle without its rootfs; the
-/// limiter's own check refuses it later if it cannot load).
+/// limiter's own check refuses it later if it cannot load). What it found is kept in `seen`.
 pub fn image_fact(
     cfg: &crate::config::Config,
     rootfs: Option<&Path>,
+    seen: Option<&Seen>,
 ) -> crate::decide::enforce::ImageFact {
     use crate::decide::enforce::ImageFact;
     let Some(rootfs) = rootfs.filter(|r| r.is_dir()) else {
@@ -51,7 +60,15 @@ pub fn image_fact(
     // serves every create. Only looked up, never written here: deciding writes nothing (a dry
     // run leaves no state); the injection stores what it reads.
     let sd = crate::host::state::StateDir::new(&cfg.state_dir);
-    match inspect_as(&sd, rootfs, false).and_then(|found| judge(&found)) {
+    let mut read = false;
+    let judged = inspect_as(&sd, rootfs, false, &mut read).and_then(|found| {
+        let v = judge(&found);
+        if let Some(s) = seen.filter(|_| !read) {
+            *s.0.borrow_mut() = Some((rootfs.to_owned(), found));
+        }
+        v
+    });
+    match judged {
         Ok(_) => ImageFact::Loads,
         Err(e) => ImageFact::Cannot {
             libc: e.to_string(),
@@ -60,19 +77,44 @@ pub fn image_fact(
     }
 }
 
+/// [`check`], or the judgement of what [`image_fact`] kept in `seen` of this very root.
+///
+/// # Errors
+/// [`LibcError`], as [`check`].
+pub fn check_seen(
+    sd: &StateDir,
+    rootfs_dir: &Path,
+    seen: Option<&Seen>,
+) -> Result<GlibcVersion, LibcError> {
+    if let Some((_, found)) = seen
+        .and_then(|s| s.0.borrow().clone())
+        .filter(|(dir, _)| dir == rootfs_dir)
+    {
+        return judge(&found);
+    }
+    check(sd, rootfs_dir)
+}
+
 /// What [`super::libc::inspect`] finds, with `libc.so.6`'s release taken from the cache when
 /// the file is the one cached.
 ///
 /// # Errors
 /// [`LibcError::Read`] for a file that exists but cannot be read.
 pub fn inspect(sd: &StateDir, rootfs_dir: &Path) -> Result<Found, LibcError> {
-    inspect_as(sd, rootfs_dir, true)
+    inspect_as(sd, rootfs_dir, true, &mut false)
 }
 
-/// [`inspect`]; with `store` false, a release read from the file is not cached.
-fn inspect_as(sd: &StateDir, rootfs_dir: &Path, store: bool) -> Result<Found, LibcError> {
+/// [`inspect`]; with `store` false, a release read from the file is not cached. `read` is set
+/// when a file was read (not answered from the cache).
+fn inspect_as(
+    sd: &StateDir,
+    rootfs_dir: &Path,
+    store: bool,
+    read: &mut bool,
+) -> Result<Found, LibcError> {
     super::libc::inspect_with(rootfs_dir, |path| {
-        release_of(sd, rootfs_dir, path, store).map_err(|source| LibcError::Read { path, source })
+        release_of(sd, rootfs_dir, path, store, read)
+            .map_err(|source| LibcError::Read { path, source })
     })
 }
 
@@ -83,6 +125,7 @@ fn release_of(
     rootfs_dir: &Path,
     path: &str,
     keep: bool,
+    read: &mut bool,
 ) -> std::io::Result<Option<Option<GlibcVersion>>> {
     let root = rootfs::open_root(&CString::new(rootfs_dir.as_os_str().as_bytes())?)?;
     let rel = CString::new(path.trim_start_matches('/'))?;
@@ -113,6 +156,7 @@ fn release_of(
         )
     })?;
     let release = glibc_release(&bytes);
+    *read = true;
     if keep {
         store(&entry, &key, release);
     }
@@ -252,6 +296,41 @@ mod tests {
             check(&sd, &root).unwrap(),
             super::super::libc::check(&root).unwrap()
         );
+    }
+
+    #[test]
+    fn what_deciding_found_in_the_cache_serves_the_injection() {
+        use crate::decide::enforce::ImageFact;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::config::Config {
+            state_dir: dir.path().join("state"),
+            ..crate::config::Config::default()
+        };
+        let sd = StateDir::new(&cfg.state_dir);
+        let root = image(dir.path());
+        // A first look reads libc.so.6: not kept, so that the injection's look stores it.
+        let seen = Seen::default();
+        assert_eq!(image_fact(&cfg, Some(&root), Some(&seen)), ImageFact::Loads);
+        assert!(seen.0.borrow().is_none());
+        check_seen(&sd, &root, Some(&seen)).unwrap();
+        assert_eq!(entries(&sd).len(), 1, "the injection stored it");
+        // From the cache: kept, and judged by the injection without a second look (a look
+        // would see the companion removed after deciding).
+        let seen = Seen::default();
+        assert_eq!(image_fact(&cfg, Some(&root), Some(&seen)), ImageFact::Loads);
+        std::fs::remove_file(root.join("lib/x86_64-linux-gnu/libdl.so.2")).unwrap();
+        check_seen(&sd, &root, Some(&seen)).unwrap();
+        // Positive control: a look sees it; and what was seen of one root serves no other.
+        assert!(matches!(
+            check_seen(&sd, &root, None),
+            Err(LibcError::Incomplete { .. })
+        ));
+        let other = image(&dir.path().join("other"));
+        std::fs::remove_file(other.join("lib/x86_64-linux-gnu/libdl.so.2")).unwrap();
+        assert!(matches!(
+            check_seen(&sd, &other, Some(&seen)),
+            Err(LibcError::Incomplete { .. })
+        ));
     }
 
     #[test]
