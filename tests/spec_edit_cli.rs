@@ -504,7 +504,7 @@ fn a_failed_create_leaves_no_per_container_directory() {
     std::fs::write(
         &next,
         format!(
-            "#!/bin/sh\ngrep SigBlk /proc/self/status > {log}\ntrap 'echo TERM >> {log}; exit 143' TERM\ntouch {log}.trap\n\
+            "#!/bin/sh\ngrep SigBlk /proc/self/status > {log}\ntrap 'echo TERM >> {log}; kill $! 2>/dev/null; exit 143' TERM\ntouch {log}.trap\n\
              [ -n \"$NEXT_SLEEP\" ] && {{ sleep \"$NEXT_SLEEP\" & wait $!; }}\necho 'next says no' >&2\nexit $(cat {rc})\n",
             log = log.display(),
             rc = t.path().join("rc").display()
@@ -562,6 +562,7 @@ fn a_failed_create_leaves_no_per_container_directory() {
         .env("GPUSHARE_SIM_DEVICES", "81920,81920")
         .env("NEXT_SLEEP", "30")
         .stdin(Stdio::null())
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();

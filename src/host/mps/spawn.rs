@@ -424,6 +424,9 @@ mod tests {
             Command::new("sh")
                 .args(["-c", "trap '' TERM; echo ready; while :; do sleep 1; done"])
                 .stdout(Stdio::piped())
+                // Its last `sleep 1` outlives the KILL by up to a second: not on the test's
+                // own stderr.
+                .stderr(Stdio::null())
                 .spawn()
                 .unwrap()
         } else {
