@@ -421,6 +421,11 @@ fn collect_daemon_files(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
 /// Stops the reapers of a state dir at `root` or `root/state`, as gpushare knows them: by the pid
 /// and start time each stamped into its lock file (`StateDir::reaper`), by that proof only.
 pub fn kill_reapers_under(root: &Path) {
+    // A reaper the last create started may not have taken its lock yet (the hook does not wait
+    // for it): found by its command line, `gpushare-hook --config <root>/… reap <GPU>`.
+    for pid in reapers_started_under(root) {
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    }
     for state in [root.to_owned(), root.join("state")] {
         let sd = gpushare::host::state::StateDir::new(&state);
         let Ok(rd) = std::fs::read_dir(state.join("reapers")) else {
@@ -438,6 +443,27 @@ pub fn kill_reapers_under(root: &Path) {
             }
         }
     }
+}
+
+/// Running `gpushare-hook … reap …` processes whose policy file is under `root`.
+fn reapers_started_under(root: &Path) -> Vec<u32> {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            args.windows(2).any(|w| {
+                w[0] == b"--config" && Path::new(OsStr::from_bytes(w[1])).starts_with(root)
+            }) && args.iter().any(|a| *a == b"reap")
+        })
+        .collect()
 }
 
 pub fn kill_daemons_under(root: &Path) {
