@@ -3,7 +3,9 @@
 # gpushare's per-server restore (src/host/mps/mod.rs `restore_servers`) relies on:
 #   get_server_list with a server up; get/set_active_thread_percentage <pid>;
 #   get/set_device_pinned_mem_limit <pid> 0; whether a per-server pinned limit holds a new
-#   client's allocation; get/set_default_client_priority.
+#   client's allocation; get/set_default_client_priority; and the answer to the one session in
+#   which an acquire sets the defaults, reads them back and lists the servers (`set_answer`
+#   reads it as: the echo of the set percentage, the read-back, then one server pid a line).
 # NOT run in CI (no GPU there); run by hand, as root: tests/gpu/mps-server-settings.sh
 # Needs: nvidia-smi, nvidia-cuda-mps-control, python3 (a ctypes CUDA driver client).
 # Leaves the GPU's compute mode as it was. Prints what it saw; exits 2 when it cannot run.
@@ -37,6 +39,11 @@ sleep 8
 ask get_server_list
 srv=$(echo get_server_list | nvidia-cuda-mps-control | head -n1 | tr -dc 0-9)
 echo "server pid: $srv"
+echo "an acquire's defaults session, with that server up:"
+printf '%s\n' "set_default_active_thread_percentage 60" "set_default_device_pinned_mem_limit 0 4096M" \
+    "set_default_client_priority 0" get_default_active_thread_percentage \
+    "get_default_device_pinned_mem_limit 0" get_default_client_priority get_server_list |
+    timeout 10 nvidia-cuda-mps-control | sed 's/^/< /'
 ask "get_active_thread_percentage $srv"
 ask "get_device_pinned_mem_limit $srv 0"
 ask "set_active_thread_percentage $srv 100"
