@@ -418,8 +418,9 @@ fn collect_daemon_files(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
 }
 
 /// Stops every daemon under `root` (test clean-up).
-/// Stops the reapers of a state dir at `root` or `root/state`, as gpushare knows them: by the pid
-/// and start time each stamped into its lock file (`StateDir::reaper`), by that proof only.
+/// Stops the reapers of a state dir at `root` or `root/state`: as gpushare knows them, by the pid
+/// and start time each stamped into its lock file (`StateDir::reaper`), and one still starting
+/// (no stamp yet) by its command line naming a policy file under `root`.
 pub fn kill_reapers_under(root: &Path) {
     // A reaper the last create started may not have taken its lock yet (the hook does not wait
     // for it): found by its command line, `gpushare-hook --config <root>/… reap <GPU>`.
