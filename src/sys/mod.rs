@@ -3,8 +3,9 @@
 //! detached children ([`detach`]), process descriptors ([`pidfd`]), dropping privileges before
 //! exec ([`privileges`]), a child that records itself before exec ([`self_record`]), a process
 //! entry without Rust's runtime set-up ([`entry`]), inspecting a library by loading it
-//! ([`dlopen`]) and NVML's cgroup memory limits ([`nvml_limits`]). Every `unsafe` block says, in its SAFETY comment, what makes
-//! that call safe. Callers use the re-exports below (`crate::sys::name`).
+//! ([`dlopen`]) and NVML's cgroup memory limits ([`nvml_limits`]). Every `unsafe` block says,
+//! in its SAFETY comment, what makes that call safe. Callers use the re-exports below
+//! (`crate::sys::name`).
 #![allow(unsafe_code)]
 
 pub mod detach;

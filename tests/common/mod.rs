@@ -417,7 +417,6 @@ fn collect_daemon_files(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Stops every daemon under `root` (test clean-up).
 /// Stops the reapers of a state dir at `root` or `root/state`: as gpushare knows them, by the pid
 /// and start time each stamped into its lock file (`StateDir::reaper`), and one still starting
 /// (no stamp yet) by its command line naming a policy file under `root`.
@@ -467,6 +466,7 @@ fn reapers_started_under(root: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// Stops every daemon under `root` (test clean-up).
 pub fn kill_daemons_under(root: &Path) {
     for pid in daemons_under(root) {
         let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();

@@ -1,8 +1,8 @@
 //! The one way to know a domain's daemon: the pid and start time written into
 //! `<state>/mps/<id>/daemon` by the spawned child itself, before exec ([`record_on_exec`]).
 //! That file lies in the state directory (mode 0700), which no container sees and the daemon's
-//! own sandbox shows read-only, so only gpushare writes it. A process is never taken for a daemon by its name, arguments or
-//! environment: anything a tenant can imitate.
+//! own sandbox shows read-only, so only gpushare writes it. A process is never taken for a
+//! daemon by its name, arguments or environment: anything a tenant can imitate.
 
 use std::path::Path;
 
