@@ -238,21 +238,14 @@ fn unrecorded_daemon_is_adopted_not_duplicated() {
 /// `daemons_under` reads).
 fn mps_processes_under(root: &std::path::Path) -> Vec<i32> {
     let want = format!("CUDA_MPS_PIPE_DIRECTORY={}/", root.display());
-    let mut out: Vec<i32> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-            comm.starts_with("nvidia-cuda-mps")
-                && env
-                    .split(|b| *b == 0)
-                    .any(|v| v.starts_with(want.as_bytes()))
-        })
-        .collect();
-    out.sort_unstable();
-    out
+    common::pids_where(|pid| {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        comm.starts_with("nvidia-cuda-mps")
+            && env
+                .split(|b| *b == 0)
+                .any(|v| v.starts_with(want.as_bytes()))
+    })
 }
 
 /// Kills, on drop, the daemons `mps_processes_under` finds (a failing test's orphans).

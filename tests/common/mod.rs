@@ -446,24 +446,32 @@ pub fn kill_reapers_under(root: &Path) {
 }
 
 /// Running `gpushare-hook … reap …` processes whose policy file is under `root`.
-fn reapers_started_under(root: &Path) -> Vec<u32> {
+fn reapers_started_under(root: &Path) -> Vec<i32> {
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                return false;
-            };
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            args.windows(2).any(|w| {
-                w[0] == b"--config" && Path::new(OsStr::from_bytes(w[1])).starts_with(root)
-            }) && args.iter().any(|a| *a == b"reap")
+    pids_where(|pid| {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            return false;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        args.windows(2)
+            .any(|w| w[0] == b"--config" && Path::new(OsStr::from_bytes(w[1])).starts_with(root))
+            && args.iter().any(|a| *a == b"reap")
+    })
+}
+
+/// The pids in `/proc` that `keep` holds to, in order (the tests' own view of what runs).
+pub fn pids_where(keep: impl Fn(i32) -> bool) -> Vec<i32> {
+    let mut out: Vec<i32> = std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|pid| keep(*pid))
+                .collect()
         })
-        .collect()
+        .unwrap_or_default();
+    out.sort_unstable();
+    out
 }
 
 /// Stops every daemon under `root` (test clean-up).
