@@ -574,12 +574,7 @@ fn spec_edit_reservation_keeps_mount_sources_across_a_last_release() {
         .find_map(|e| e.strip_prefix("GPUSHARE_RESERVATION="))
         .expect("reservation key in the hook entry's env")
         .to_owned();
-    let rec_path = sb
-        .state_dir()
-        .join("gpus")
-        .join(format!("{}.json", Sandbox::uuid(0)));
-    let rec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+    let rec = sb.record_header(0);
     assert!(rec["domains"]["gpu"]["reserved"][&key].is_u64(), "{rec}");
 
     // A, the last client, leaves before B's hook runs: the daemon stops, its directories stay.
@@ -604,8 +599,7 @@ fn spec_edit_reservation_keeps_mount_sources_across_a_last_release() {
     ));
     let st = sb.status();
     assert_eq!(st["gpus"][0]["domains"][0]["daemon"]["answers"], true);
-    let rec: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
+    let rec = sb.record_header(0);
     // Positive control: the domain is still there (B is its client), so a missing key below
     // means the reservation was consumed, not that the record moved.
     assert!(rec["domains"]["gpu"]["daemon"].is_object(), "{rec}");

@@ -581,15 +581,7 @@ fn sigkilled_hooks_with_domains_then_gc_match_the_live_containers() {
         } else {
             common::assert_killed_at(&out, c.point);
             // Where it died, as seen from outside.
-            let rec = |i: usize| -> Value {
-                let p = sb
-                    .state_dir()
-                    .join("gpus")
-                    .join(format!("{}.json", Sandbox::uuid(i)));
-                let text = std::fs::read(&p)
-                    .unwrap_or_else(|e| panic!("{case}: no record {}: {e}", p.display()));
-                serde_json::from_slice(&text).unwrap()
-            };
+            let rec = |i: usize| -> Value { sb.record_header(i) };
             match c.point {
                 "acquire-mode-recorded" => {
                     assert!(
@@ -657,21 +649,14 @@ fn gc_quarantines_an_unreadable_record_and_rebuilds_it_without_stopping_anything
     ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("c2", p2.pid(), &b)));
     let daemon = daemons_under(&sb.state_dir());
     assert_eq!(daemon.len(), 1);
-    let rec = sb
-        .state_dir()
-        .join("gpus")
-        .join(format!("{}.json", Sandbox::uuid(0)));
+    let rec = sb.record_path(0);
     for damage in ["truncated", "foreign version"] {
         match damage {
             "truncated" => {
                 let text = std::fs::read(&rec).unwrap();
                 std::fs::write(&rec, &text[..text.len() / 2]).unwrap();
             }
-            _ => {
-                let mut v: Value = serde_json::from_slice(&std::fs::read(&rec).unwrap()).unwrap();
-                v["version"] = json!(99);
-                std::fs::write(&rec, serde_json::to_vec(&v).unwrap()).unwrap();
-            }
+            _ => sb.edit_record_header(0, |v| v["version"] = json!(99)),
         }
         let out = sb.hook(&["gc"], "");
         ok(&out);

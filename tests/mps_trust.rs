@@ -576,15 +576,11 @@ fn a_refusal_releases_its_reservation_and_gc_says_what_it_removed() {
     let (_, _) = precreate(&sb, &mps(&[("gpu.share.group", "h")]));
     let h = sb.domain_dir(0, "g-h");
     assert!(h.join("shm").is_dir());
-    let rec_path = sb
-        .state_dir()
-        .join("gpus")
-        .join(format!("{}.json", Sandbox::uuid(0)));
-    let mut rec: Value = serde_json::from_slice(&std::fs::read(&rec_path).unwrap()).unwrap();
-    for (_, at) in rec["domains"]["g-h"]["reserved"].as_object_mut().unwrap() {
-        *at = json!(1);
-    }
-    std::fs::write(&rec_path, serde_json::to_vec(&rec).unwrap()).unwrap();
+    sb.edit_record_header(0, |rec| {
+        for (_, at) in rec["domains"]["g-h"]["reserved"].as_object_mut().unwrap() {
+            *at = json!(1);
+        }
+    });
     let out = sb.hook(&["gc"], "");
     ok(&out);
     let said = text(&out);

@@ -128,10 +128,44 @@ pub fn state_record(data: &[u8]) {
     let sd = gpushare::host::state::StateDir::new(&dir);
     let uuid = "GPU-fuzz";
     std::fs::write(sd.record_path(uuid), data).expect("write scratch record");
-    if let Ok(Some(rec)) = sd.load(uuid) {
+    // Saved where it was read from (a record is saved under the GPU it names).
+    let full = sd.load(uuid).map(|r| {
+        r.map(|mut r| {
+            r.uuid = uuid.to_owned();
+            r
+        })
+    });
+    // As an acquire reads it: a client added by the lines alone, where the record reads at all.
+    if let Ok(Some(mut lazy)) = sd.load_lazy(uuid) {
+        lazy.uuid = uuid.to_owned();
+        let probe = gpushare::host::state::Client {
+            mode: gpushare::vocab::Mode::Limit,
+            process: None,
+            cores: 100,
+            memory: None,
+            domain: None,
+            kube: Default::default(),
+            cap: None,
+        };
+        lazy.clients.insert("fuzz-probe".into(), probe.clone());
+        if sd.save(&lazy).is_ok() {
+            if let Ok(Some(rec)) = &full {
+                // A record that read in full takes the client as a map would.
+                let again = sd
+                    .load(uuid)
+                    .expect("a saved record loads")
+                    .expect("present");
+                let mut rec = rec.clone();
+                rec.clients.insert("fuzz-probe".into(), probe);
+                assert_eq!(again, rec);
+            }
+        }
+        std::fs::write(sd.record_path(uuid), data).expect("write scratch record");
+    }
+    if let Ok(Some(rec)) = full.as_ref().map(|r| r.clone().filter(|r| !r.is_empty())) {
         // What was loaded saves as text that loads back the same.
-        let text = serde_json::to_vec(&rec).expect("a record serialises");
-        std::fs::write(sd.record_path(uuid), text).expect("write scratch record");
+        std::fs::remove_file(sd.record_path(uuid)).expect("scratch record");
+        sd.save(&rec).expect("a record saves");
         let again = sd
             .load(uuid)
             .expect("a saved record loads")

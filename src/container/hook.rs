@@ -244,7 +244,7 @@ pub fn poststop(
     // Pending directories of precreate runs whose create failed before any hook ran.
     crate::host::pending::sweep_pending(&sd, crate::host::pending::PENDING_MAX_AGE);
     // Cheap check first: a container that holds nothing needs no NVML.
-    let holds = sd.list_records().iter().any(|(_, r)| {
+    let holds = sd.list_records_lazy().iter().any(|(_, r)| {
         r.as_ref()
             .map_or(true, |r| r.clients.contains_key(state.id()))
     });

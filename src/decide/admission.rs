@@ -42,6 +42,38 @@ fn counted(cap: Option<u64>, total: u64, uncapped: Uncapped) -> u64 {
     }
 }
 
+/// What a GPU's shares hold: their caps added up, and how many have none.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Bytes (exact: no sum of u64 caps reaches u128's end).
+    pub caps: u128,
+    pub uncapped: u64,
+}
+
+impl Held {
+    /// What shares with caps `caps` (`None`: uncapped) hold.
+    pub fn of(caps: impl IntoIterator<Item = Option<u64>>) -> Self {
+        let mut held = Self::default();
+        for c in caps {
+            match c {
+                Some(b) => held.caps += u128::from(b),
+                None => held.uncapped += 1,
+            }
+        }
+        held
+    }
+
+    /// What they count against a GPU of `total` bytes (an uncapped share counted as
+    /// `uncapped` says), at most `u64::MAX`.
+    pub fn committed(self, total: u64, uncapped: Uncapped) -> u64 {
+        let each = u128::from(counted(None, total, uncapped));
+        let sum = self
+            .caps
+            .saturating_add(each.saturating_mul(u128::from(self.uncapped)));
+        u64::try_from(sum).unwrap_or(u64::MAX)
+    }
+}
+
 /// What the caps of `caps` add up to on a GPU of `total` bytes (an uncapped share counted as
 /// `uncapped` says).
 pub fn committed(
@@ -49,9 +81,7 @@ pub fn committed(
     caps: impl IntoIterator<Item = Option<u64>>,
     uncapped: Uncapped,
 ) -> u64 {
-    caps.into_iter()
-        .map(|c| counted(c, total, uncapped))
-        .fold(0u64, u64::saturating_add)
+    Held::of(caps).committed(total, uncapped)
 }
 
 /// What the caps on a GPU of `total` bytes may add up to under `overcommit`.
@@ -81,13 +111,46 @@ pub fn admit<'a>(
     overcommit: f64,
     uncapped: Uncapped,
 ) -> Result<(), Box<Overcommitted>> {
-    let holders: Vec<(&str, Option<u64>)> = holders.into_iter().collect();
-    let held = committed(total, holders.iter().map(|(_, c)| *c), uncapped);
+    let holders: Vec<(String, Option<u64>)> = holders
+        .into_iter()
+        .map(|(id, c)| (id.to_owned(), c))
+        .collect();
+    let held = Held::of(holders.iter().map(|(_, c)| *c));
+    admit_held(
+        index,
+        uuid,
+        total,
+        held,
+        || holders,
+        asked,
+        overcommit,
+        uncapped,
+    )
+}
+
+/// [`admit`] from what the shares hold; `holders` (container id, cap) is asked for only to
+/// name them in a refusal.
+///
+/// # Errors
+/// As [`admit`].
+#[allow(clippy::too_many_arguments)]
+pub fn admit_held(
+    index: u32,
+    uuid: &str,
+    total: u64,
+    held: Held,
+    holders: impl FnOnce() -> Vec<(String, Option<u64>)>,
+    asked: Option<u64>,
+    overcommit: f64,
+    uncapped: Uncapped,
+) -> Result<(), Box<Overcommitted>> {
     let budget = allowed(total, overcommit);
+    let uncapped_holder = uncapped != Uncapped::Share && held.uncapped > 0;
+    let held = held.committed(total, uncapped);
     if held.saturating_add(counted(asked, total, uncapped)) <= budget {
         return Ok(());
     }
-    let list = holders
+    let list = holders()
         .iter()
         .map(|(id, c)| match (c, uncapped) {
             (Some(b), _) => format!("{id} {}", human(*b)),
@@ -96,7 +159,6 @@ pub fn admit<'a>(
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let uncapped_holder = uncapped != Uncapped::Share && holders.iter().any(|(_, c)| c.is_none());
     let room = budget.saturating_sub(held);
     let advice = match asked {
         // Under `share` an uncapped request always fits: only a strict setting refuses it.

@@ -87,7 +87,9 @@ impl Host<'_> {
         process: Option<ProcId>,
         reservation: Option<&str>,
     ) -> Result<Done, AcquireError> {
-        let before = self.state.load(&gpu.uuid)?;
+        // The other clients are carried as their stored lines: what is asked of them here is
+        // in the header's tally.
+        let before = self.state.load_lazy(&gpu.uuid)?;
         crate::logging::step("record loaded");
         let mut rec = before
             .clone()
@@ -100,9 +102,7 @@ impl Host<'_> {
         }
         let created_by_container = plan.domain.as_ref().filter(|d| !d.from_policy);
         if let Some(key) = created_by_container.map(|d| d.key.as_str()) {
-            if rec.domain_clients(key).is_empty()
-                && rec.domains.get(key).is_some_and(|d| d.daemon.is_some())
-            {
+            if !rec.domain_in_use(key) && rec.domains.get(key).is_some_and(|d| d.daemon.is_some()) {
                 // Left running by clients that are gone: this container creates the domain
                 // anew, with its own limits.
                 self.stop_daemon(&mut rec, key);
@@ -210,14 +210,23 @@ impl Host<'_> {
                 return Ok(());
             }
         };
-        let holders = rec
-            .clients
-            .iter()
-            .map(|(id, c)| (id.as_str(), c.cap.as_ref().map(|k| k.bytes)));
-        crate::decide::admission::admit(
+        let tally = rec.clients.tally();
+        let held = crate::decide::admission::Held {
+            caps: tally.capped_bytes,
+            uncapped: tally.uncapped,
+        };
+        // The holders are named only in a refusal.
+        let holders = || {
+            rec.clients
+                .iter()
+                .map(|(id, c)| (id.clone(), c.cap.as_ref().map(|k| k.bytes)))
+                .collect()
+        };
+        crate::decide::admission::admit_held(
             gpu.index,
             &gpu.uuid,
             total,
+            held,
             holders,
             plan.cap,
             self.cfg.policy.memory_overcommit,
@@ -260,8 +269,8 @@ impl Host<'_> {
         done: &mut Done,
     ) -> Result<(), AcquireError> {
         let key = planned.key.as_str();
-        let occupied = !rec.domain_clients(key).is_empty()
-            || rec.domains.get(key).is_some_and(|d| d.daemon.is_some());
+        let occupied =
+            rec.domain_in_use(key) || rec.domains.get(key).is_some_and(|d| d.daemon.is_some());
         let entry = rec
             .domains
             .entry(key.to_owned())

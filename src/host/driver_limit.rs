@@ -31,11 +31,16 @@ impl Host<'_> {
         else {
             return Ok(());
         };
-        let others = rec.clients.iter().filter_map(|(id, c)| {
-            let k = c.cap.as_ref()?;
-            (k.enforcement.backend == Backend::Driver)
-                .then_some((id.as_str(), k.enforcement.cgroup.as_deref()?))
-        });
+        // The clients are read only when the tally says one has a driver cap.
+        let others = (rec.clients.tally().driver_caps > 0)
+            .then(|| rec.clients.iter())
+            .into_iter()
+            .flatten()
+            .filter_map(|(id, c)| {
+                let k = c.cap.as_ref()?;
+                (k.enforcement.backend == Backend::Driver)
+                    .then_some((id.as_str(), k.enforcement.cgroup.as_deref()?))
+            });
         if let Some(other) = crate::host::cgroup::claimed_by(cgroup, others) {
             return Err(AcquireError::CgroupTaken {
                 index: gpu.index,

@@ -13,7 +13,7 @@ impl Host<'_> {
     /// failure.
     pub fn release(&self, container: &str) -> Vec<String> {
         let mut warnings = Vec::new();
-        for (uuid, rec) in self.state.list_records() {
+        for (uuid, rec) in self.state.list_records_lazy() {
             match rec {
                 Ok(r) if !r.clients.contains_key(container) => continue,
                 Ok(_) => {}

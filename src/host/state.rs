@@ -4,7 +4,8 @@
 //!
 //! Layout under `state_dir` (mode 0700):
 //! - `gpus/<uuid>.lock`: the GPU's lock file; its content names the current holder.
-//! - `gpus/<uuid>.json`: the GPU's [`Record`], written to a temp file, fsynced and renamed.
+//! - `gpus/<uuid>.json`: the GPU's [`Record`] (laid out as [`layout`] says), written to a temp
+//!   file, fsynced and renamed.
 //! - `mps/<id>/{owner,pipe,log,shm}`: the directories of one isolation domain's MPS daemon
 //!   (see [`crate::host::mps`]); `<id>` is a digest of the GPU and the domain key (`gpu`,
 //!   `g-<group>` or `c-<container>`), which `owner` names.
@@ -13,15 +14,17 @@
 //! - `cache/libc/<dev>-<ino>`: what images' C libraries were found to be (see
 //!   [`crate::container::inject::libc_cache`]).
 
+mod clients;
 mod io;
+mod layout;
 mod lock;
 mod record;
 
-pub use io::{sweep_temp_files, write_atomic};
+pub use clients::{Cap, Client, Clients, Tally};
+pub use io::{sweep_temp_files, write_atomic, write_atomic_parts};
 pub use lock::{holder_pid, GpuLock};
 pub use record::{
-    domain_dir_name, now_seconds, Cap, Client, Daemon, Domain, Record, RECORD_VERSION,
-    RESERVATION_SECONDS,
+    domain_dir_name, now_seconds, Daemon, Domain, Record, RECORD_VERSION, RESERVATION_SECONDS,
 };
 
 use std::fs::{self, File};
@@ -200,8 +203,21 @@ impl StateDir {
         Ok(())
     }
 
-    /// All GPU records present (unlocked read, for listing and poststop's first pass).
+    /// All GPU records present (unlocked read, for listing), read in full.
     pub fn list_records(&self) -> Vec<(String, Result<Record, StateError>)> {
+        self.list_with(|uuid| self.load(uuid))
+    }
+
+    /// All GPU records present, their clients parsed only if asked for (unlocked read, for
+    /// finding the GPUs a container is on: poststop's first pass).
+    pub fn list_records_lazy(&self) -> Vec<(String, Result<Record, StateError>)> {
+        self.list_with(|uuid| self.load_lazy(uuid))
+    }
+
+    fn list_with(
+        &self,
+        load: impl Fn(&str) -> Result<Option<Record>, StateError>,
+    ) -> Vec<(String, Result<Record, StateError>)> {
         let mut out = Vec::new();
         let Ok(rd) = fs::read_dir(self.gpus_dir()) else {
             return out;
@@ -212,8 +228,7 @@ impl StateDir {
                 if is_safe_name(uuid) {
                     out.push((
                         uuid.to_owned(),
-                        self.load(uuid)
-                            .map(|r| r.unwrap_or_else(|| Record::new(uuid, 0))),
+                        load(uuid).map(|r| r.unwrap_or_else(|| Record::new(uuid, 0))),
                     ));
                 }
             }
@@ -222,11 +237,31 @@ impl StateDir {
         out
     }
 
-    /// Loads a GPU's record; `None` when there is none.
+    /// Loads a GPU's record; `None` when there is none. Its clients are read and checked
+    /// against the header's tally.
     ///
     /// # Errors
     /// [`StateError`] when it cannot be read or parsed.
     pub fn load(&self, uuid: &str) -> Result<Option<Record>, StateError> {
+        let rec = self.load_lazy(uuid)?;
+        if let Some(r) = &rec {
+            if let Err(e) = r.clients.check() {
+                return Err(StateError::Corrupt {
+                    path: self.record_path(uuid),
+                    source: <serde_json::Error as serde::de::Error>::custom(e),
+                });
+            }
+        }
+        Ok(rec)
+    }
+
+    /// Loads a GPU's record for a change under its lock: its clients are parsed only if the
+    /// change asks for them (see [`Clients`]), the header and the lines' count and size
+    /// checked.
+    ///
+    /// # Errors
+    /// [`StateError`] when it cannot be read or its header parsed.
+    pub fn load_lazy(&self, uuid: &str) -> Result<Option<Record>, StateError> {
         let path = self.record_path(uuid);
         let f = match File::open(&path) {
             Ok(f) => f,
@@ -242,17 +277,11 @@ impl StateDir {
                 path: path.clone(),
                 source,
             })?;
-        let rec: Record = serde_json::from_slice(&buf).map_err(|source| StateError::Corrupt {
-            path: path.clone(),
-            source,
-        })?;
-        if rec.version != RECORD_VERSION {
-            return Err(StateError::Version {
-                path,
-                found: rec.version,
-            });
+        match layout::decode(buf) {
+            Ok(rec) => Ok(Some(rec)),
+            Err(layout::Problem::Json(source)) => Err(StateError::Corrupt { path, source }),
+            Err(layout::Problem::Version(found)) => Err(StateError::Version { path, found }),
         }
-        Ok(Some(rec))
     }
 
     /// Saves a record atomically; a record with no clients and no daemon is removed instead.
@@ -269,8 +298,17 @@ impl StateDir {
                 _ => Ok(()),
             };
         }
-        let bytes = serde_json::to_vec(rec).expect("record serialises");
-        write_atomic(&path, &bytes, 0o600).map_err(|source| StateError::Write { path, source })
+        if let Some(e) = rec.clients.lost() {
+            // Read lazily and found damaged only when changed: writing it would lose the
+            // clients of the lines that cannot be read.
+            return Err(StateError::Corrupt {
+                source: <serde_json::Error as serde::de::Error>::custom(e),
+                path,
+            });
+        }
+        let (head, lines) = layout::encode(rec);
+        write_atomic_parts(&path, &[&head, &lines], 0o600)
+            .map_err(|source| StateError::Write { path, source })
     }
 }
 
@@ -367,9 +405,12 @@ mod tests {
         sd.ensure().unwrap();
         fs::write(sd.record_path("G"), b"{not json").unwrap();
         assert!(matches!(sd.load("G"), Err(StateError::Corrupt { .. })));
-        let mut r = Record::new("G", 0);
-        r.version = 99;
-        fs::write(sd.record_path("G"), serde_json::to_vec(&r).unwrap()).unwrap();
+        // A later layout, whatever else it holds.
+        fs::write(
+            sd.record_path("G"),
+            b"{\"version\":99,\"uuid\":\"G\",\"clients\":[\"a later form\"]}\nmore\n",
+        )
+        .unwrap();
         assert!(matches!(
             sd.load("G"),
             Err(StateError::Version { found: 99, .. })

@@ -239,7 +239,6 @@ impl Sandbox {
             .unwrap_or(0)
     }
 
-    /// The simulated UUID of GPU `i`.
     /// The directory of domain `key` (`gpu` under the default policy) of GPU `gpu`.
     pub fn domain_dir(&self, gpu: usize, key: &str) -> PathBuf {
         self.state_dir()
@@ -250,6 +249,35 @@ impl Sandbox {
             ))
     }
 
+    /// GPU `gpu`'s record file.
+    pub fn record_path(&self, gpu: usize) -> PathBuf {
+        self.state_dir()
+            .join("gpus")
+            .join(format!("{}.json", Self::uuid(gpu)))
+    }
+
+    /// The header of GPU `gpu`'s record: its first line, everything but the clients' lines.
+    pub fn record_header(&self, gpu: usize) -> Value {
+        let p = self.record_path(gpu);
+        let text = std::fs::read(&p).unwrap_or_else(|e| panic!("no record {}: {e}", p.display()));
+        let end = text.iter().position(|b| *b == b'\n').unwrap_or(text.len());
+        serde_json::from_slice(&text[..end])
+            .unwrap_or_else(|e| panic!("record header {}: {e}", p.display()))
+    }
+
+    /// Rewrites the header of GPU `gpu`'s record with `edit`, the clients' lines kept.
+    pub fn edit_record_header(&self, gpu: usize, edit: impl FnOnce(&mut Value)) {
+        let p = self.record_path(gpu);
+        let text = std::fs::read(&p).unwrap();
+        let end = text.iter().position(|b| *b == b'\n').unwrap_or(text.len());
+        let mut head: Value = serde_json::from_slice(&text[..end]).unwrap();
+        edit(&mut head);
+        let mut out = serde_json::to_vec(&head).unwrap();
+        out.extend_from_slice(&text[end..]);
+        std::fs::write(&p, out).unwrap();
+    }
+
+    /// The simulated UUID of GPU `i`.
     pub fn uuid(i: usize) -> String {
         format!("GPU-5a1e0000-0000-4000-8000-{i:012x}")
     }

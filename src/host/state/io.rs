@@ -12,6 +12,14 @@ use std::path::{Path, PathBuf};
 /// # Errors
 /// Any I/O error; the temp file is removed on failure.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write_atomic_parts(path, &[bytes], mode)
+}
+
+/// [`write_atomic`] of `parts` one after the other.
+///
+/// # Errors
+/// Any I/O error; the temp file is removed on failure.
+pub fn write_atomic_parts(path: &Path, parts: &[&[u8]], mode: u32) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
@@ -23,7 +31,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
             .mode(mode)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)?;
-        f.write_all(bytes)?;
+        for p in parts {
+            f.write_all(p)?;
+        }
         f.sync_all()?;
         fs::rename(&tmp, path)?;
         File::open(dir)?.sync_all()

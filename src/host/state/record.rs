@@ -6,89 +6,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::decide::kube::KubeLabels;
+use super::clients::Clients;
 use crate::host::procinfo::ProcId;
 use crate::vocab::{ComputeMode, Limits, Mode};
 
-/// Version of the record layout.
-pub const RECORD_VERSION: u32 = 2;
-
-/// One container using a GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Client {
-    pub mode: Mode,
-    /// The container's init process; `None` when the runtime gave no pid (then the client is
-    /// only dropped by poststop).
-    pub process: Option<ProcId>,
-    pub cores: u8,
-    pub memory: Option<u64>,
-    /// `mps`: the key of the isolation domain it belongs to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub domain: Option<String>,
-    /// The container's Kubernetes names, when a CRI engine gave them (for metrics).
-    #[serde(default, skip_serializing_if = "KubeLabels::is_empty")]
-    pub kube: KubeLabels,
-    /// Its memory cap for the whole container, and what enforces it (`None`: uncapped).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cap: Option<Cap>,
-}
-
-/// A container's memory cap on one GPU (all its processes together) and what enforces it.
-/// Stored flat (`{"bytes":…,"backend":…,"cgroup":…,"why":…}`), written and read field by field:
-/// serde's `flatten` buffered every client's cap through a generic map, in every record load
-/// and save.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(from = "CapFields")]
-pub struct Cap {
-    pub bytes: u64,
-    pub enforcement: crate::vocab::memcap::Enforcement,
-}
-
-/// [`Cap`] as stored.
-#[derive(Deserialize)]
-struct CapFields {
-    bytes: u64,
-    backend: crate::vocab::memcap::Backend,
-    #[serde(default)]
-    cgroup: Option<String>,
-    #[serde(default)]
-    why: Option<String>,
-}
-
-impl From<CapFields> for Cap {
-    fn from(f: CapFields) -> Self {
-        Self {
-            bytes: f.bytes,
-            enforcement: crate::vocab::memcap::Enforcement {
-                backend: f.backend,
-                cgroup: f.cgroup,
-                why: f.why,
-            },
-        }
-    }
-}
-
-impl Serialize for Cap {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        struct Fields<'a> {
-            bytes: u64,
-            backend: &'a crate::vocab::memcap::Backend,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            cgroup: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            why: Option<&'a str>,
-        }
-        let e = &self.enforcement;
-        Fields {
-            bytes: self.bytes,
-            backend: &e.backend,
-            cgroup: e.cgroup.as_deref(),
-            why: e.why.as_deref(),
-        }
-        .serialize(s)
-    }
-}
+/// Version of the record layout (see [`super::layout`]).
+pub const RECORD_VERSION: u32 = 3;
 
 /// An MPS control daemon.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,8 +48,8 @@ impl Domain {
     }
 }
 
-/// Everything recorded about one GPU.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Everything recorded about one GPU (stored as [`super::layout`] says).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     pub version: u32,
     pub uuid: String,
@@ -134,13 +57,11 @@ pub struct Record {
     /// The compute mode to put back once no daemon of gpushare's runs on the GPU. Written
     /// (and saved) before gpushare changes the mode, so a hook killed in between leaves a
     /// record that says what to restore.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_compute_mode: Option<ComputeMode>,
     /// MPS isolation domains by key.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub domains: BTreeMap<String, Domain>,
     /// Clients by container id; a domain's reference count is the number of its clients.
-    pub clients: BTreeMap<String, Client>,
+    pub clients: Clients,
 }
 
 /// How long a spec edit's reservation of a GPU's MPS directories lasts.
@@ -165,7 +86,7 @@ impl Record {
             index,
             restore_compute_mode: None,
             domains: BTreeMap::new(),
-            clients: BTreeMap::new(),
+            clients: Clients::default(),
         }
     }
 
@@ -200,9 +121,18 @@ impl Record {
             .collect()
     }
 
+    /// Whether domain `key` has clients (by the tally: no client is parsed).
+    pub fn domain_in_use(&self, key: &str) -> bool {
+        self.clients
+            .tally()
+            .domains
+            .get(key)
+            .is_some_and(|n| *n > 0)
+    }
+
     /// Whether a container uses, or is about to mount, the directories of domain `key`.
     pub fn dirs_in_use(&self, key: &str, now: u64) -> bool {
-        !self.domain_clients(key).is_empty()
+        self.domain_in_use(key)
             || self
                 .domains
                 .get(key)
@@ -216,10 +146,10 @@ impl Record {
 
     /// The mode the GPU currently serves (that of its clients), if any.
     pub fn serving(&self) -> Option<Mode> {
-        if self.has_daemon() || self.clients.values().any(|c| c.mode == Mode::Mps) {
+        if self.has_daemon() || self.clients.tally().mps > 0 {
             return Some(Mode::Mps);
         }
-        self.clients.values().next().map(|c| c.mode)
+        self.clients.first_mode()
     }
 
     /// Drops clients whose process is gone; returns their ids.
@@ -238,13 +168,10 @@ impl Record {
 
     /// Forgets domains with no client, no daemon and no reservation.
     pub fn tidy(&mut self) {
-        let used: std::collections::BTreeSet<String> = self
-            .clients
-            .values()
-            .filter_map(|c| c.domain.clone())
-            .collect();
-        self.domains
-            .retain(|k, d| used.contains(k) || d.daemon.is_some() || !d.reserved.is_empty());
+        let tally = self.clients.tally();
+        self.domains.retain(|k, d| {
+            tally.domains.contains_key(k) || d.daemon.is_some() || !d.reserved.is_empty()
+        });
     }
 
     /// Whether there is nothing to keep (then the record file is removed).
@@ -275,44 +202,6 @@ mod tests {
     use super::*;
     use crate::host::state::StateDir;
     use crate::vocab::is_safe_name;
-
-    #[test]
-    fn a_cap_is_stored_flat_as_before() {
-        use crate::vocab::memcap::{Backend, Enforcement};
-        // (cap, its stored form: the bytes the flattened form wrote)
-        let rows = [
-            (
-                Cap {
-                    bytes: 1 << 30,
-                    enforcement: Enforcement {
-                        backend: Backend::Driver,
-                        cgroup: Some("/sys/fs/cgroup/a.scope".into()),
-                        why: None,
-                    },
-                },
-                r#"{"bytes":1073741824,"backend":"driver","cgroup":"/sys/fs/cgroup/a.scope"}"#,
-            ),
-            (
-                Cap {
-                    bytes: 512,
-                    enforcement: Enforcement {
-                        backend: Backend::Limiter,
-                        cgroup: None,
-                        why: Some("no cgroup v2".into()),
-                    },
-                },
-                r#"{"bytes":512,"backend":"limiter","why":"no cgroup v2"}"#,
-            ),
-        ];
-        for (cap, stored) in rows {
-            assert_eq!(serde_json::to_string(&cap).unwrap(), stored);
-            assert_eq!(serde_json::from_str::<Cap>(stored).unwrap(), cap);
-        }
-        // A member it does not know is passed over, as before; a missing one is an error.
-        let extra = r#"{"bytes":1,"backend":"limiter","later":true}"#;
-        assert_eq!(serde_json::from_str::<Cap>(extra).unwrap().bytes, 1);
-        assert!(serde_json::from_str::<Cap>(r#"{"bytes":1}"#).is_err());
-    }
 
     #[test]
     fn safe_names() {

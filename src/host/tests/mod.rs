@@ -12,7 +12,8 @@
 //! Files: `world` (the state directory, policy and fakes a row runs in, and the plans it
 //! acquires), `rows` (the row types and how one runs), one file per table (`acquire_mps`,
 //! `mode_conflicts`, `rollback`, `releasing`, `gc_rows`, `reservation_rows`),
-//! `control_contract` (what every MPS control keeps, on the fake and on the real one) and
+//! `control_contract` (what every MPS control keeps, on the fake and on the real one),
+//! `many_clients` (an acquire on a GPU with many clients reads only the record's header) and
 //! `memory_caps` (memory caps: admission and the driver backend's limits).
 
 /// A table: one `#[test]` per row, named by the identifier before it, which runs the row with
@@ -137,6 +138,7 @@ pub(crate) fn logged(f: impl FnOnce()) -> String {
 mod acquire_mps;
 mod control_contract;
 mod gc_rows;
+mod many_clients;
 mod memory_caps;
 mod mode_conflicts;
 mod releasing;
