@@ -4,7 +4,7 @@
 
 use crate::decide::plan::{Plan, PlannedGpu};
 use crate::host::handle::Host;
-use crate::host::state::Record;
+use crate::host::state::{Client, Record};
 use crate::host::step::{AcquireError, Done};
 use crate::vocab::memcap::{Backend, Enforcement, LIMIT_MAX};
 use crate::vocab::quantity::to_mib;
@@ -64,22 +64,19 @@ impl Host<'_> {
         Ok(())
     }
 
-    /// Clears the driver memory limits of the clients `before` had and `after` has not.
+    /// Clears the driver memory limits of clients `gone` from GPU `rec`.
     pub(super) fn clear_driver_limits(
         &self,
-        before: &Record,
-        after: &Record,
+        rec: &Record,
+        gone: &[(String, Client)],
         did: &mut Vec<String>,
     ) {
-        let uuid = &before.uuid;
-        for (id, c) in &before.clients {
-            if after.clients.contains_key(id) {
-                continue;
-            }
+        let uuid = &rec.uuid;
+        for (id, c) in gone {
             let Some(cgroup) = c.cap.as_ref().and_then(|k| k.enforcement.cgroup.as_deref()) else {
                 continue;
             };
-            match clear_driver_limit(self.inventory, before.index, cgroup) {
+            match clear_driver_limit(self.inventory, rec.index, cgroup) {
                 Ok(true) => did.push(format!(
                     "{uuid}: cleared the driver's memory limit of {id} on {cgroup}"
                 )),

@@ -56,20 +56,30 @@ impl Host<'_> {
     ) -> Result<Vec<String>, StateError> {
         let holder = format!("release of {}", container.unwrap_or("stale clients"));
         let _lock = self.state.lock(uuid, self.lock_timeout(), &holder)?;
-        let Some(mut rec) = self.state.load(uuid)? else {
+        // The other clients are carried as their stored lines unless exited ones are looked
+        // for (see `Record::drop_stale`).
+        let Some(mut rec) = self.state.load_lazy(uuid)? else {
             return Ok(Vec::new());
         };
         let before = rec.clone();
         let mut did = Vec::new();
+        let mut gone = Vec::new();
         if let Some(c) = container {
-            rec.clients.remove(c);
+            if let Some(client) = rec.clients.remove(c) {
+                gone.push((c.to_owned(), client));
+            }
         }
-        for id in rec.drop_stale() {
-            did.push(format!(
-                "{uuid}: dropped client {id}, whose process is gone"
-            ));
+        // The reaper and gc look for clients whose process exited; a poststop leaves them to
+        // the GPU's reaper when it runs (it releases each as its process exits).
+        if container.is_none() || heal || !self.state.reaper_alive(uuid) {
+            for (id, client) in rec.drop_stale() {
+                did.push(format!(
+                    "{uuid}: dropped client {id}, whose process is gone"
+                ));
+                gone.push((id, client));
+            }
         }
-        self.clear_driver_limits(&before, &rec, &mut did);
+        self.clear_driver_limits(&rec, &gone, &mut did);
         for (domain, key) in rec.prune_reservations(now_seconds()) {
             did.push(format!(
                 "{uuid}: dropped the expired reservation of {key} in domain {domain}"
@@ -78,9 +88,8 @@ impl Host<'_> {
         crate::failpoint::hit("release-locked");
         let keys: Vec<String> = rec.domains.keys().cloned().collect();
         for key in keys {
-            let clients = rec.domain_clients(&key);
             let daemon = rec.domains.get(&key).and_then(|d| d.daemon.clone());
-            if clients.is_empty() {
+            if !rec.domain_in_use(&key) {
                 let restore = rec.restore_compute_mode;
                 let dir = self.mps_dirs(uuid, &key).dir;
                 let existed = dir.exists();
@@ -103,6 +112,7 @@ impl Host<'_> {
                 }
                 crate::failpoint::hit("release-daemon-stopped");
             } else if heal {
+                let clients = rec.domain_clients(&key);
                 if let Some(line) = self.heal_domain(&mut rec, uuid, &key, &clients, daemon) {
                     did.push(line);
                 }
@@ -117,7 +127,11 @@ impl Host<'_> {
                 ));
             }
         }
-        if rec != before {
+        // The clients changed only by those gone: the rest is compared without reading them.
+        let changed = !gone.is_empty()
+            || rec.domains != before.domains
+            || rec.restore_compute_mode != before.restore_compute_mode;
+        if changed {
             self.state.save(&rec)?;
         }
         Ok(did)

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::clients::Clients;
+use super::clients::{Client, Clients};
 use crate::host::procinfo::ProcId;
 use crate::vocab::{ComputeMode, Limits, Mode};
 
@@ -152,18 +152,18 @@ impl Record {
         self.clients.first_mode()
     }
 
-    /// Drops clients whose process is gone; returns their ids.
-    pub fn drop_stale(&mut self) -> Vec<String> {
+    /// Drops clients whose process is gone (reading every client); returns them.
+    pub fn drop_stale(&mut self) -> Vec<(String, Client)> {
         let stale: Vec<String> = self
             .clients
             .iter()
             .filter(|(_, c)| c.process.is_some_and(|p| !p.is_alive()))
             .map(|(id, _)| id.clone())
             .collect();
-        for id in &stale {
-            self.clients.remove(id);
-        }
         stale
+            .into_iter()
+            .filter_map(|id| self.clients.remove(&id).map(|c| (id, c)))
+            .collect()
     }
 
     /// Forgets domains with no client, no daemon and no reservation.

@@ -1,15 +1,16 @@
-//! A GPU with many clients: an acquire asks the record's header, not the other clients' lines.
+//! A GPU with many clients: an acquire, and a poststop while the GPU's reaper runs, ask the
+//! record's header, not the other clients' lines.
 
 use super::world::{plain, World, DEFAULT};
 use crate::host::fakes::uuid;
 use crate::host::state::StateError;
 use crate::vocab::{Isolation, Mode};
 
-/// With the GPU's reaper running (as after any acquire on a node), an acquire leaves the
-/// liveness of the other clients to it, and parses none of their lines: one that cannot be
-/// read is carried over byte for byte, and only a full read (status, gc) refuses it.
+/// With the GPU's reaper running (as after any acquire on a node), an acquire and a poststop
+/// leave the liveness of the other clients to it, and parse none of their lines: one that
+/// cannot be read is carried over byte for byte, and only a full read (status, gc) refuses it.
 #[test]
-fn an_acquire_parses_no_other_clients_line() {
+fn an_acquire_and_a_release_parse_no_other_clients_line() {
     let w = World::new(Isolation::Gpu, &[(0, DEFAULT)]);
     let state = w.state();
     for id in ["a", "b", "c"] {
@@ -56,4 +57,53 @@ fn an_acquire_parses_no_other_clients_line() {
         }
         other => panic!("a full read still names b's line: {other:?}"),
     }
+
+    // A poststop: a released by its line alone.
+    assert_eq!(w.host().release("a"), Vec::<String>::new());
+    let after = std::fs::read_to_string(&path).unwrap();
+    assert!(line(&after, "a").is_none(), "a released: {after}");
+    assert_eq!(
+        line(&after, "b"),
+        line(&bad, "b"),
+        "b's line still as it was"
+    );
+    let rec = state.load_lazy(&uuid(0)).unwrap().unwrap();
+    assert_eq!(rec.clients.len(), 3);
+}
+
+/// A poststop releases its own container and leaves clients whose process exited to the GPU's
+/// reaper while one runs (it releases each as its process exits); without one, it drops them.
+#[test]
+fn a_poststop_leaves_exited_clients_to_a_running_reaper() {
+    let w = World::new(Isolation::Gpu, &[(0, DEFAULT)]);
+    let state = w.state();
+    for id in ["a", "b"] {
+        w.given(&plain(id, Mode::Limit, &[0]));
+    }
+    let dead = w.ctl.dead_process();
+    w.host()
+        .acquire(&plain("exited", Mode::Limit, &[0]), Some(dead), None)
+        .expect("an acquire for a process that has exited meanwhile");
+    let stamp = state.reaper_lock_path(&uuid(0));
+    std::fs::create_dir_all(stamp.parent().unwrap()).unwrap();
+    std::fs::write(
+        &stamp,
+        format!(
+            "{} {}
+",
+            w.me.pid, w.me.start_time
+        ),
+    )
+    .unwrap();
+    assert!(state.reaper_alive(&uuid(0)));
+
+    w.host().release("a");
+    assert_eq!(w.clients(0), ["b", "exited"], "left to the reaper");
+
+    // The reaper gone: the next poststop drops the exited client too.
+    std::fs::remove_file(&stamp).unwrap();
+    assert!(!state.reaper_alive(&uuid(0)));
+    w.host().release("b");
+    assert!(w.clients(0).is_empty(), "{:?}", w.clients(0));
+    assert!(w.record(0).is_none(), "nothing left to record");
 }
