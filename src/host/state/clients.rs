@@ -194,9 +194,10 @@ struct Parsed {
 /// acquire. See the module's documentation.
 #[derive(Clone)]
 pub struct Clients {
-    /// The lines, sorted by id, each ending in `\n`; shared by clones (a record kept to roll
-    /// back to costs no copy of them).
-    lines: Arc<Vec<u8>>,
+    /// The lines, sorted by id, each ending in `\n`, from `start` on in `buf` (the buffer the
+    /// record was read into; shared by clones, so a record kept to roll back to costs no copy).
+    buf: Arc<Vec<u8>>,
+    start: usize,
     /// Their tally.
     tally: Tally,
     /// Whether `lines` and `tally` still say what the clients are: false once the map was
@@ -215,8 +216,14 @@ impl Clients {
     /// Clients from their stored lines and the tally the header gave them; parsed when first
     /// asked for.
     pub(super) fn from_lines(lines: Vec<u8>, tally: Tally) -> Self {
+        Self::from_buffer(lines, 0, tally)
+    }
+
+    /// [`Clients::from_lines`] of the lines from `start` on in `buf`.
+    pub(super) fn from_buffer(buf: Vec<u8>, start: usize, tally: Tally) -> Self {
         Self {
-            lines: Arc::new(lines),
+            buf: Arc::new(buf),
+            start,
             tally,
             lines_valid: true,
             parsed: OnceLock::new(),
@@ -228,7 +235,8 @@ impl Clients {
         let parsed = OnceLock::new();
         let _ = parsed.set(Parsed { map, error: None });
         Self {
-            lines: Arc::default(),
+            buf: Arc::default(),
+            start: 0,
             tally: Tally::default(),
             lines_valid: false,
             parsed,
@@ -239,10 +247,7 @@ impl Clients {
     /// anew from the map.
     pub(super) fn encoded(&self) -> (Cow<'_, [u8]>, Cow<'_, Tally>) {
         if self.lines_valid {
-            return (
-                Cow::Borrowed(self.lines.as_slice()),
-                Cow::Borrowed(&self.tally),
-            );
+            return (Cow::Borrowed(self.lines()), Cow::Borrowed(&self.tally));
         }
         let map = &self.parsed().map;
         let mut out = Vec::with_capacity(map.len() * 160);
@@ -269,8 +274,13 @@ impl Clients {
         Ok(())
     }
 
+    /// The stored lines.
+    fn lines(&self) -> &[u8] {
+        self.buf.get(self.start..).unwrap_or_default()
+    }
+
     fn parsed(&self) -> &Parsed {
-        self.parsed.get_or_init(|| parse(&self.lines))
+        self.parsed.get_or_init(|| parse(self.lines()))
     }
 
     /// What was wrong with the stored lines (then the map holds the lines that could be read);
@@ -323,7 +333,7 @@ impl Clients {
 
     pub fn contains_key(&self, id: &str) -> bool {
         if self.by_lines() {
-            match find(&self.lines, id) {
+            match find(self.lines(), id) {
                 Some(Found::At(_)) => return true,
                 Some(Found::Before(_)) => return false,
                 None => {}
@@ -335,8 +345,8 @@ impl Clients {
     /// The mode of the first client by id, if any.
     pub fn first_mode(&self) -> Option<Mode> {
         if self.by_lines() {
-            let end = memchr::memchr(b'\n', &self.lines)?;
-            if let Ok((_, c)) = serde_json::from_slice::<(String, Client)>(&self.lines[..end]) {
+            let end = memchr::memchr(b'\n', self.lines())?;
+            if let Ok((_, c)) = serde_json::from_slice::<(String, Client)>(&self.lines()[..end]) {
                 return Some(c.mode);
             }
         }
@@ -346,12 +356,12 @@ impl Clients {
     /// Adds or replaces client `id`; returns the one it replaced.
     pub fn insert(&mut self, id: String, client: Client) -> Option<Client> {
         if self.by_lines() {
-            if let Some(found) = find(&self.lines, &id) {
+            if let Some(found) = find(self.lines(), &id) {
                 let mut line = serde_json::to_vec(&(&id, &client)).expect("client serialises");
                 line.push(b'\n');
                 let (range, old) = match found {
                     Found::At(r) => {
-                        let old = line_client(&self.lines[r.clone()]);
+                        let old = line_client(&self.lines()[r.clone()]);
                         match old {
                             Some(old) => (r, Some(old)),
                             None => return self.map_mut().insert(id, client),
@@ -373,10 +383,10 @@ impl Clients {
     /// Removes client `id`; returns it.
     pub fn remove(&mut self, id: &str) -> Option<Client> {
         if self.by_lines() {
-            match find(&self.lines, id) {
+            match find(self.lines(), id) {
                 Some(Found::Before(_)) => return None,
                 Some(Found::At(r)) => {
-                    if let Some(old) = line_client(&self.lines[r.clone()]) {
+                    if let Some(old) = line_client(&self.lines()[r.clone()]) {
                         self.tally.remove(&old);
                         self.replace_lines(r, b"");
                         return Some(old);
@@ -390,12 +400,13 @@ impl Clients {
 
     /// The lines with `range` replaced by `with`, in one copy into a buffer of their own.
     fn replace_lines(&mut self, range: Range<usize>, with: &[u8]) {
-        let old = &self.lines;
+        let old = self.lines();
         let mut new = Vec::with_capacity(old.len() - range.len() + with.len());
         new.extend_from_slice(&old[..range.start]);
         new.extend_from_slice(with);
         new.extend_from_slice(&old[range.end..]);
-        self.lines = Arc::new(new);
+        self.buf = Arc::new(new);
+        self.start = 0;
     }
 
     pub fn clear(&mut self) {
