@@ -228,6 +228,9 @@ impl Host<'_> {
             to: aside.clone(),
             source,
         })?;
+        // The base files it names go aside with it (the rebuilt record names none).
+        self.state
+            .set_bases_aside(uuid, &format!("quarantined-{stamp}"));
         let mut rec = Record::new(uuid, index);
         let (mut daemons, mut clients) = (0, 0);
         if let (Ok(rd), Ok(control)) = (std::fs::read_dir(self.state.mps_root()), self.control()) {

@@ -256,35 +256,52 @@ impl StateDir {
     }
 
     /// Loads a GPU's record for a change under its lock: its clients are parsed only if the
-    /// change asks for them (see [`Clients`]), the header and the lines' count and size
-    /// checked.
+    /// change asks for them (see [`Clients`]); the header read, the lines measured against it.
     ///
     /// # Errors
     /// [`StateError`] when it cannot be read or its header parsed.
     pub fn load_lazy(&self, uuid: &str) -> Result<Option<Record>, StateError> {
+        // A base file named by the record can go between the two reads only when a locked
+        // save folded the changes into a new one meanwhile (this read may be unlocked): then
+        // the record read again names the new one.
+        let mut tries = 0;
+        loop {
+            match self.load_once(uuid) {
+                Err(StateError::Read { path, source })
+                    if source.kind() == std::io::ErrorKind::NotFound
+                        && path != self.record_path(uuid)
+                        && tries < 3 =>
+                {
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn load_once(&self, uuid: &str) -> Result<Option<Record>, StateError> {
         let path = self.record_path(uuid);
-        let f = match File::open(&path) {
-            Ok(f) => f,
+        let buf = match read_file(&path) {
+            Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(StateError::Read { path, source }),
         };
-        // Sized from the file: one read, not a doubling series of them.
-        let size = f.metadata().map_or(0, |m| m.len()).min(MAX_RECORD_BYTES);
-        let mut buf = Vec::with_capacity(size as usize + 1);
-        f.take(MAX_RECORD_BYTES)
-            .read_to_end(&mut buf)
-            .map_err(|source| StateError::Read {
-                path: path.clone(),
-                source,
-            })?;
-        match layout::decode(buf) {
+        let gpus = self.gpus_dir();
+        match layout::decode(buf, |name| read_file(&gpus.join(name))) {
             Ok(rec) => Ok(Some(rec)),
             Err(layout::Problem::Json(source)) => Err(StateError::Corrupt { path, source }),
             Err(layout::Problem::Version(found)) => Err(StateError::Version { path, found }),
+            Err(layout::Problem::Base(name, source)) => Err(StateError::Read {
+                path: gpus.join(name),
+                source,
+            }),
         }
     }
 
     /// Saves a record atomically; a record with no clients and no daemon is removed instead.
+    /// A save that folds the clients' changes into a new base writes it first (see
+    /// [`layout`]), and then removes the GPU's base files other than the new one and the one
+    /// `rec` was read with (kept for a rollback that saves that record back).
     ///
     /// # Errors
     /// [`StateError::Write`] when it cannot be written.
@@ -295,7 +312,10 @@ impl StateDir {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     Err(StateError::Write { path, source: e })
                 }
-                _ => Ok(()),
+                _ => {
+                    self.remove_bases(&rec.uuid, &[]);
+                    Ok(())
+                }
             };
         }
         if let Some(e) = rec.clients.lost() {
@@ -306,10 +326,68 @@ impl StateDir {
                 path,
             });
         }
-        let (head, lines) = layout::encode(rec);
-        write_atomic_parts(&path, &[&head, &lines], 0o600)
-            .map_err(|source| StateError::Write { path, source })
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let enc = layout::encode(rec, stamp);
+        if let Some((name, bytes)) = &enc.new_base {
+            let base = self.gpus_dir().join(name);
+            write_atomic(&base, bytes, 0o600)
+                .map_err(|source| StateError::Write { path: base, source })?;
+        }
+        write_atomic_parts(&path, &[&enc.head, &enc.lines], 0o600)
+            .map_err(|source| StateError::Write { path, source })?;
+        if let Some((name, _)) = &enc.new_base {
+            let keep: Vec<&str> = [Some(name.as_str()), rec.clients.base_name()]
+                .into_iter()
+                .flatten()
+                .collect();
+            self.remove_bases(&rec.uuid, &keep);
+        }
+        Ok(())
     }
+
+    /// Removes GPU `uuid`'s base files but those named in `keep`; returns the paths removed.
+    /// Under the GPU's lock.
+    pub fn remove_bases(&self, uuid: &str, keep: &[&str]) -> Vec<PathBuf> {
+        self.each_base(uuid, keep, |p| fs::remove_file(p).map(|()| p.to_owned()))
+    }
+
+    /// Moves GPU `uuid`'s base files aside with an unreadable record (`<name>.<suffix>`), for
+    /// inspection; returns where they went. Under the GPU's lock.
+    pub fn set_bases_aside(&self, uuid: &str, suffix: &str) -> Vec<PathBuf> {
+        self.each_base(uuid, &[], |p| {
+            let to = PathBuf::from(format!("{}.{suffix}", p.display()));
+            fs::rename(p, &to).map(|()| to)
+        })
+    }
+
+    fn each_base(
+        &self,
+        uuid: &str,
+        keep: &[&str],
+        act: impl Fn(&Path) -> std::io::Result<PathBuf>,
+    ) -> Vec<PathBuf> {
+        let Ok(rd) = fs::read_dir(self.gpus_dir()) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                layout::is_base_of(&name, uuid) && !keep.contains(&name.as_str())
+            })
+            .filter_map(|e| act(&e.path()).ok())
+            .collect()
+    }
+}
+
+/// A file's bytes, in one read sized from the file (at most [`MAX_RECORD_BYTES`]).
+fn read_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    let f = File::open(path)?;
+    let size = f.metadata().map_or(0, |m| m.len()).min(MAX_RECORD_BYTES);
+    let mut buf = Vec::with_capacity(size as usize + 1);
+    f.take(MAX_RECORD_BYTES).read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 #[cfg(test)]
@@ -371,6 +449,100 @@ mod tests {
         r.clients.clear();
         sd.save(&r).unwrap();
         assert_eq!(sd.load("GPU-1").unwrap(), None);
+    }
+
+    /// GPU `G`'s base files in `sd`, by name.
+    fn bases(sd: &StateDir) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(sd.gpus_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| layout::is_base_of(n, "G"))
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn many_clients_live_in_a_base_file_and_a_save_writes_only_the_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        let client = |n: i32| Client {
+            mode: Mode::Limit,
+            process: Some(ProcId {
+                pid: n,
+                start_time: 1,
+            }),
+            cores: 100,
+            memory: None,
+            domain: None,
+            kube: KubeLabels::default(),
+            cap: None,
+        };
+        let id = |n: i32| format!("{n:04}-{}", "f".repeat(60));
+        let mut oracle = Record::new("G", 0);
+        for n in 0..200 {
+            oracle.clients.insert(id(n), client(n));
+        }
+        sd.save(&oracle).unwrap();
+        let first = bases(&sd);
+        assert_eq!(first.len(), 1, "the clients went to a base: {first:?}");
+        let record_size = || fs::metadata(sd.record_path("G")).unwrap().len();
+        assert!(
+            record_size() < 1024,
+            "the record's file holds the header alone"
+        );
+        // Changes one at a time, each under a lazy read as an acquire or release makes them.
+        let mut folds = 0;
+        for n in 200..400 {
+            let mut rec = sd.load_lazy("G").unwrap().unwrap();
+            let before = bases(&sd);
+            rec.clients.insert(id(n), client(n));
+            rec.clients.remove(&id(n - 200));
+            oracle.clients.insert(id(n), client(n));
+            oracle.clients.remove(&id(n - 200));
+            sd.save(&rec).unwrap();
+            let after = bases(&sd);
+            if after != before {
+                folds += 1;
+                // The new base and the one the record was read with; no other.
+                assert_eq!(after.len(), 2, "{after:?}");
+                let loaded = rec.clients.base_name().unwrap();
+                assert!(after.iter().any(|b| b == loaded), "{after:?}");
+            }
+            assert!(
+                record_size() < 12 << 10,
+                "changes stay small: {}",
+                record_size()
+            );
+            assert_eq!(sd.load("G").unwrap().unwrap(), oracle, "after client {n}");
+        }
+        assert!(folds >= 2, "changes were folded into new bases: {folds}");
+        assert!(
+            !bases(&sd).contains(&first[0]),
+            "the first base went at a later fold"
+        );
+        // A base the record names that is gone is an error, never fewer clients.
+        let named = sd.load_lazy("G").unwrap().unwrap();
+        if let Some(name) = named.clients.base_name() {
+            let path = sd.gpus_dir().join(name);
+            let kept = fs::read(&path).unwrap();
+            fs::remove_file(&path).unwrap();
+            assert!(matches!(sd.load("G"), Err(StateError::Read { .. })));
+            fs::write(&path, kept).unwrap();
+        }
+        // Set aside with an unreadable record, then emptied: no base file is left behind.
+        let aside = sd.set_bases_aside("G", "quarantined-1");
+        assert!(!aside.is_empty() && bases(&sd).is_empty());
+        for p in aside {
+            fs::rename(&p, p.to_string_lossy().trim_end_matches(".quarantined-1")).unwrap();
+        }
+        let mut rec = sd.load_lazy("G").unwrap().unwrap();
+        rec.clients.clear();
+        sd.save(&rec).unwrap();
+        assert!(!sd.record_path("G").exists());
+        assert!(bases(&sd).is_empty(), "{:?}", bases(&sd));
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! A GPU's clients: each [`Client`] (a container using the GPU), and the [`Clients`] of a GPU
-//! as its record stores them: one line each, `["<id>",{…}]`, sorted by id,
-//! after the record's header line, and their [`Tally`] in the header (how many there are in
-//! each mode and isolation domain, and what memory caps they hold). The tally is all an
-//! acquire needs to know of the others, so an acquire that adds or replaces one client carries
-//! the other lines as bytes: they are parsed only when something asks for them (a listing, a
-//! liveness check, the names in a refusal), and its cost does not grow with their number.
+//! as its record stores them ([`super::layout`]): one line each, `["<id>",{…}]`, sorted by
+//! id, either all after the record's header line or in a base file with the changes since
+//! after the header line, and their [`Tally`] in the header (how many there are in each mode
+//! and isolation domain, and what memory caps they hold). The tally is all an acquire needs to
+//! know of the others, so an acquire that adds or replaces one client finds its place by the
+//! ids at the lines' starts and carries the other lines as bytes: they are parsed only when
+//! something asks for them (a listing, a liveness check, the names in a refusal). With a base,
+//! a save writes the changes alone, so neither what an acquire reads and parses nor what it
+//! writes grows with the number of clients, but the base it reads.
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
@@ -183,6 +186,13 @@ fn driver_cap(c: &Client) -> bool {
         .is_some_and(|k| k.enforcement.backend == Backend::Driver && k.enforcement.cgroup.is_some())
 }
 
+/// Change lines above this many bytes are folded into a new base at the next save.
+pub(super) const CHANGES_MAX: usize = 8 << 10;
+
+/// Clients whose lines take up to this many bytes are kept in the record's file itself, with
+/// no base file.
+pub(super) const INLINE_MAX: usize = 8 << 10;
+
 /// The clients parsed from their lines, and what was wrong with the lines, if anything.
 #[derive(Debug, Clone, Default)]
 struct Parsed {
@@ -190,17 +200,68 @@ struct Parsed {
     error: Option<String>,
 }
 
+/// Stored lines, sorted by id, each ending in `\n`: the bytes from `start` on in a buffer they
+/// were read into (shared by clones, so a record kept to roll back to costs no copy).
+#[derive(Clone, Default)]
+struct Lines {
+    buf: Arc<Vec<u8>>,
+    start: usize,
+}
+
+impl Lines {
+    fn new(buf: Vec<u8>, start: usize) -> Self {
+        Self {
+            buf: Arc::new(buf),
+            start,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.buf.get(self.start..).unwrap_or_default()
+    }
+
+    /// The lines with `range` replaced by `with`, in one copy into a buffer of their own.
+    fn replace(&mut self, range: Range<usize>, with: &[u8]) {
+        let old = self.bytes();
+        let mut new = Vec::with_capacity(old.len() - range.len() + with.len());
+        new.extend_from_slice(&old[..range.start]);
+        new.extend_from_slice(with);
+        new.extend_from_slice(&old[range.end..]);
+        *self = Self::new(new, 0);
+    }
+}
+
+/// What a save writes of the clients.
+pub(super) struct Encoded<'a> {
+    /// The lines in the record's own file: the changes since the base (a removed client's
+    /// line says `null`), or every client when there is no base.
+    pub changes: Cow<'a, [u8]>,
+    pub base: BaseOut<'a>,
+    pub tally: Cow<'a, Tally>,
+}
+
+/// The base file a save leaves the record naming.
+pub(super) enum BaseOut<'a> {
+    None,
+    /// The one it was read with (named, `bytes` long).
+    Keep(&'a str, usize),
+    /// A new one, with these lines.
+    New(Vec<u8>),
+}
+
 /// A GPU's clients by container id: a map to whoever reads them, the stored lines to an
 /// acquire. See the module's documentation.
 #[derive(Clone)]
 pub struct Clients {
-    /// The lines, sorted by id, each ending in `\n`, from `start` on in `buf` (the buffer the
-    /// record was read into; shared by clones, so a record kept to roll back to costs no copy).
-    buf: Arc<Vec<u8>>,
-    start: usize,
-    /// Their tally.
+    /// The base: every client as of the last fold, in a file the record names and nothing
+    /// ever changes (empty when there is none).
+    base: Lines,
+    base_name: Option<String>,
+    /// The changes since: a client's line as it now is, `null` for one removed from the base.
+    changes: Lines,
+    /// The tally of the clients (the base with the changes made).
     tally: Tally,
-    /// Whether `lines` and `tally` still say what the clients are: false once the map was
+    /// Whether the lines and `tally` still say what the clients are: false once the map was
     /// changed (then the map does, and the lines are written from it).
     lines_valid: bool,
     parsed: OnceLock<Parsed>,
@@ -213,17 +274,25 @@ impl Default for Clients {
 }
 
 impl Clients {
-    /// Clients from their stored lines and the tally the header gave them; parsed when first
-    /// asked for.
+    /// Clients from their stored lines (no base) and the tally the header gave them; parsed
+    /// when first asked for.
     pub(super) fn from_lines(lines: Vec<u8>, tally: Tally) -> Self {
-        Self::from_buffer(lines, 0, tally)
+        Self::stored(None, Vec::new(), lines, 0, tally)
     }
 
-    /// [`Clients::from_lines`] of the lines from `start` on in `buf`.
-    pub(super) fn from_buffer(buf: Vec<u8>, start: usize, tally: Tally) -> Self {
+    /// Clients as stored: the base file `base_name` holding `base`, and the change lines from
+    /// `start` on in `changes`, with the header's tally.
+    pub(super) fn stored(
+        base_name: Option<String>,
+        base: Vec<u8>,
+        changes: Vec<u8>,
+        start: usize,
+        tally: Tally,
+    ) -> Self {
         Self {
-            buf: Arc::new(buf),
-            start,
+            base: Lines::new(base, 0),
+            base_name,
+            changes: Lines::new(changes, start),
             tally,
             lines_valid: true,
             parsed: OnceLock::new(),
@@ -235,27 +304,72 @@ impl Clients {
         let parsed = OnceLock::new();
         let _ = parsed.set(Parsed { map, error: None });
         Self {
-            buf: Arc::default(),
-            start: 0,
+            base: Lines::default(),
+            base_name: None,
+            changes: Lines::default(),
             tally: Tally::default(),
             lines_valid: false,
             parsed,
         }
     }
 
-    /// The lines to store and their tally: as read when nothing changed them, else written
-    /// anew from the map.
-    pub(super) fn encoded(&self) -> (Cow<'_, [u8]>, Cow<'_, Tally>) {
-        if self.lines_valid {
-            return (Cow::Borrowed(self.lines()), Cow::Borrowed(&self.tally));
+    /// The base file the clients were read with.
+    pub(super) fn base_name(&self) -> Option<&str> {
+        self.base_name.as_deref()
+    }
+
+    /// What a save writes: the base and changes as read and changed, unless the changes have
+    /// grown past [`CHANGES_MAX`] or the map was changed; then every client, in the record's
+    /// file when they fit in [`INLINE_MAX`], else in a new base.
+    pub(super) fn encoded(&self) -> Encoded<'_> {
+        if self.lines_valid && self.changes.bytes().len() <= CHANGES_MAX {
+            return Encoded {
+                changes: Cow::Borrowed(self.changes.bytes()),
+                base: match &self.base_name {
+                    Some(n) => BaseOut::Keep(n, self.base.bytes().len()),
+                    None => BaseOut::None,
+                },
+                tally: Cow::Borrowed(&self.tally),
+            };
         }
-        let map = &self.parsed().map;
-        let mut out = Vec::with_capacity(map.len() * 160);
-        for (id, c) in map {
-            serde_json::to_writer(&mut out, &(id, c)).expect("client serialises");
-            out.push(b'\n');
+        let (all, tally) = match self.folded() {
+            Some(all) if self.lines_valid => (all, Cow::Borrowed(&self.tally)),
+            _ => {
+                let map = &self.parsed().map;
+                let mut out = Vec::with_capacity(map.len() * 160);
+                for (id, c) in map {
+                    serde_json::to_writer(&mut out, &(id, c)).expect("client serialises");
+                    out.push(b'\n');
+                }
+                (out, Cow::Owned(Tally::of(map.values())))
+            }
+        };
+        if all.len() <= INLINE_MAX {
+            Encoded {
+                changes: Cow::Owned(all),
+                base: BaseOut::None,
+                tally,
+            }
+        } else {
+            Encoded {
+                changes: Cow::Borrowed(&[]),
+                base: BaseOut::New(all),
+                tally,
+            }
         }
-        (Cow::Owned(out), Cow::Owned(Tally::of(map.values())))
+    }
+
+    /// The base with the changes made, line by line (no line parsed); `None` when an id cannot
+    /// be read from its line.
+    fn folded(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.base.bytes().len() + self.changes.bytes().len());
+        for (_, line) in merged(self.base.bytes(), self.changes.bytes()) {
+            let line = line?;
+            if !is_removal(line) {
+                out.extend_from_slice(line);
+            }
+        }
+        Some(out)
     }
 
     /// What is wrong with the stored clients, parsing them: a line that cannot be read, is out
@@ -267,20 +381,21 @@ impl Clients {
         let counted = Tally::of(self.parsed().map.values());
         if self.lines_valid && counted != self.tally {
             return Err(format!(
-                "the header's tally ({:?}) does not add up its {} client lines ({counted:?})",
+                "the header's tally ({:?}) does not add up its {} clients ({counted:?})",
                 self.tally, counted.count
             ));
         }
         Ok(())
     }
 
-    /// The stored lines.
-    fn lines(&self) -> &[u8] {
-        self.buf.get(self.start..).unwrap_or_default()
-    }
-
     fn parsed(&self) -> &Parsed {
-        self.parsed.get_or_init(|| parse(self.lines()))
+        self.parsed.get_or_init(|| {
+            parse(
+                self.base.bytes(),
+                self.changes.bytes(),
+                self.base_name.is_some(),
+            )
+        })
     }
 
     /// What was wrong with the stored lines (then the map holds the lines that could be read);
@@ -331,12 +446,22 @@ impl Clients {
         self.len() == 0
     }
 
+    /// Client `id` as the lines say, read from its line alone: the change line if there is one,
+    /// else the base's. `None` inside: there is none; `None`: a line cannot be read.
+    fn current(&self, id: &str) -> Option<Option<Client>> {
+        match find(self.changes.bytes(), id)? {
+            Found::At(r) => line_value(&self.changes.bytes()[r]),
+            Found::Before(_) => match find(self.base.bytes(), id)? {
+                Found::At(r) => line_value(&self.base.bytes()[r]).filter(Option::is_some),
+                Found::Before(_) => Some(None),
+            },
+        }
+    }
+
     pub fn contains_key(&self, id: &str) -> bool {
         if self.by_lines() {
-            match find(self.lines(), id) {
-                Some(Found::At(_)) => return true,
-                Some(Found::Before(_)) => return false,
-                None => {}
+            if let Some(c) = self.current(id) {
+                return c.is_some();
             }
         }
         self.parsed().map.contains_key(id)
@@ -345,36 +470,47 @@ impl Clients {
     /// The mode of the first client by id, if any.
     pub fn first_mode(&self) -> Option<Mode> {
         if self.by_lines() {
-            let end = memchr::memchr(b'\n', self.lines())?;
-            if let Ok((_, c)) = serde_json::from_slice::<(String, Client)>(&self.lines()[..end]) {
-                return Some(c.mode);
+            let first = merged(self.base.bytes(), self.changes.bytes())
+                .map(|(_, line)| line.map(line_value))
+                .find(|v| !matches!(v, Some(Some(None))));
+            match first {
+                None => return None,
+                Some(Some(Some(Some(c)))) => return Some(c.mode),
+                Some(_) => {}
             }
         }
         self.parsed().map.values().next().map(|c| c.mode)
     }
 
+    /// Sets client `id`'s change line to `line` (a client, or `null`), or takes it out.
+    fn set_change(&mut self, id: &str, line: Option<Vec<u8>>) -> Option<()> {
+        let range = match find(self.changes.bytes(), id)? {
+            Found::At(r) => r,
+            Found::Before(at) => at..at,
+        };
+        self.changes
+            .replace(range, line.as_deref().unwrap_or_default());
+        Some(())
+    }
+
+    /// Whether the base has client `id`.
+    fn in_base(&self, id: &str) -> Option<bool> {
+        Some(matches!(find(self.base.bytes(), id)?, Found::At(_)))
+    }
+
     /// Adds or replaces client `id`; returns the one it replaced.
     pub fn insert(&mut self, id: String, client: Client) -> Option<Client> {
         if self.by_lines() {
-            if let Some(found) = find(self.lines(), &id) {
+            if let Some(old) = self.current(&id) {
                 let mut line = serde_json::to_vec(&(&id, &client)).expect("client serialises");
                 line.push(b'\n');
-                let (range, old) = match found {
-                    Found::At(r) => {
-                        let old = line_client(&self.lines()[r.clone()]);
-                        match old {
-                            Some(old) => (r, Some(old)),
-                            None => return self.map_mut().insert(id, client),
-                        }
+                if self.set_change(&id, Some(line)).is_some() {
+                    if let Some(old) = &old {
+                        self.tally.remove(old);
                     }
-                    Found::Before(at) => (at..at, None),
-                };
-                if let Some(old) = &old {
-                    self.tally.remove(old);
+                    self.tally.add(&client);
+                    return old;
                 }
-                self.tally.add(&client);
-                self.replace_lines(range, &line);
-                return old;
             }
         }
         self.map_mut().insert(id, client)
@@ -383,34 +519,25 @@ impl Clients {
     /// Removes client `id`; returns it.
     pub fn remove(&mut self, id: &str) -> Option<Client> {
         if self.by_lines() {
-            match find(self.lines(), id) {
-                Some(Found::Before(_)) => return None,
-                Some(Found::At(r)) => {
-                    if let Some(old) = line_client(&self.lines()[r.clone()]) {
-                        self.tally.remove(&old);
-                        self.replace_lines(r, b"");
-                        return Some(old);
-                    }
+            if let (Some(old), Some(in_base)) = (self.current(id), self.in_base(id)) {
+                // Not there: nothing to remove.
+                let old = old?;
+                let line = in_base.then(|| {
+                    let mut l = serde_json::to_vec(&(id, ())).expect("id serialises");
+                    l.push(b'\n');
+                    l
+                });
+                if self.set_change(id, line).is_some() {
+                    self.tally.remove(&old);
+                    return Some(old);
                 }
-                None => {}
             }
         }
         self.map_mut().remove(id)
     }
 
-    /// The lines with `range` replaced by `with`, in one copy into a buffer of their own.
-    fn replace_lines(&mut self, range: Range<usize>, with: &[u8]) {
-        let old = self.lines();
-        let mut new = Vec::with_capacity(old.len() - range.len() + with.len());
-        new.extend_from_slice(&old[..range.start]);
-        new.extend_from_slice(with);
-        new.extend_from_slice(&old[range.end..]);
-        self.buf = Arc::new(new);
-        self.start = 0;
-    }
-
     pub fn clear(&mut self) {
-        *self = Self::from_lines(Vec::new(), Tally::default());
+        *self = Self::default();
     }
 
     pub fn into_keys(self) -> impl Iterator<Item = String> {
@@ -447,6 +574,53 @@ fn find(lines: &[u8], id: &str) -> Option<Found> {
     Some(Found::Before(lines.len()))
 }
 
+/// The lines of `lines`, each with its id (`None`: one that cannot be read that way).
+fn each_line(lines: &[u8]) -> impl Iterator<Item = (Option<Cow<'_, str>>, &[u8])> {
+    lines
+        .split_inclusive(|b| *b == b'\n')
+        .map(|l| (line_id(l), l))
+}
+
+/// The lines of `base` with `changes` made, in id order: a change line in place of the base's
+/// line of the same id. An item is `None` when a line's id cannot be read (then the merge
+/// stops).
+fn merged<'a>(
+    base: &'a [u8],
+    changes: &'a [u8],
+) -> impl Iterator<Item = (Option<Cow<'a, str>>, Option<&'a [u8]>)> {
+    let mut b = each_line(base).peekable();
+    let mut c = each_line(changes).peekable();
+    let mut broken = false;
+    std::iter::from_fn(move || {
+        if broken {
+            return None;
+        }
+        let next = match (b.peek(), c.peek()) {
+            (None, None) => return None,
+            (Some((None, _)), _) | (_, Some((None, _))) => {
+                broken = true;
+                return Some((None, None));
+            }
+            (Some(_), None) => b.next(),
+            (None, Some(_)) => c.next(),
+            (Some((Some(bi), _)), Some((Some(ci), _))) => match bi.as_ref().cmp(ci.as_ref()) {
+                Ordering::Less => b.next(),
+                Ordering::Greater => c.next(),
+                Ordering::Equal => {
+                    b.next();
+                    c.next()
+                }
+            },
+        };
+        next.map(|(id, line)| (id, Some(line)))
+    })
+}
+
+/// Whether a change line says its client was removed (`["<id>",null]`).
+fn is_removal(line: &[u8]) -> bool {
+    line.trim_ascii_end().ends_with(b",null]")
+}
+
 /// The id a line starts with: read in place when it has no escapes, as ids have.
 fn line_id(line: &[u8]) -> Option<Cow<'_, str>> {
     let rest = line.strip_prefix(b"[\"")?;
@@ -458,42 +632,72 @@ fn line_id(line: &[u8]) -> Option<Cow<'_, str>> {
     Some(Cow::Owned(id))
 }
 
-/// The client of one line.
-fn line_client(line: &[u8]) -> Option<Client> {
-    serde_json::from_slice::<(String, Client)>(line)
+/// The client of one line (`None` inside: a removal); `None`: the line cannot be read.
+fn line_value(line: &[u8]) -> Option<Option<Client>> {
+    serde_json::from_slice::<(String, Option<Client>)>(line)
         .ok()
         .map(|(_, c)| c)
 }
 
-/// Parses every line; one that cannot be read, is out of order or repeats an id is named in
-/// the error, the others kept.
-fn parse(lines: &[u8]) -> Parsed {
-    let mut out = Parsed::default();
+/// Reads every line of `lines`, in order: each id once and in order, or the first problem.
+fn read_lines(
+    lines: &[u8],
+    what: &str,
+    mut each: impl FnMut(String, Option<Client>),
+) -> Option<String> {
+    let mut problem = None;
     let mut last: Option<String> = None;
     for (n, line) in lines.split_inclusive(|b| *b == b'\n').enumerate() {
-        let problem = match serde_json::from_slice::<(String, Client)>(line) {
-            Err(e) => Some(format!("client line {}: {e}", n + 1)),
+        let p = match serde_json::from_slice::<(String, Option<Client>)>(line) {
+            Err(e) => Some(format!("{what} line {}: {e}", n + 1)),
             Ok((id, c)) => {
-                let problem = match last.as_deref().map(|l| l.cmp(&id)) {
+                let p = match last.as_deref().map(|l| l.cmp(&id)) {
                     Some(Ordering::Equal) => Some(format!("client {id} is listed twice")),
                     Some(Ordering::Greater) => {
-                        Some(format!("client line {} ({id}) is out of order", n + 1))
+                        Some(format!("{what} line {} ({id}) is out of order", n + 1))
                     }
                     _ => None,
                 };
                 last = Some(id.clone());
-                out.map.insert(id, c);
-                problem
+                each(id, c);
+                p
             }
         };
-        if let Some(p) = problem {
-            out.error.get_or_insert(p);
+        if let Some(p) = p {
+            problem.get_or_insert(p);
         }
     }
     if !lines.is_empty() && !lines.ends_with(b"\n") {
-        out.error
-            .get_or_insert_with(|| "the last client line is cut short".to_owned());
+        problem.get_or_insert_with(|| format!("the last {what} line is cut short"));
     }
+    problem
+}
+
+/// Parses every line: the base's, then the changes made; a line that cannot be read, is out of
+/// order or repeats an id is named in the error, the others kept.
+fn parse(base: &[u8], changes: &[u8], has_base: bool) -> Parsed {
+    let mut out = Parsed::default();
+    let mut removal_in_base = None;
+    let e1 = read_lines(base, "base", |id, c| match c {
+        Some(c) => {
+            out.map.insert(id, c);
+        }
+        None => {
+            removal_in_base.get_or_insert(id);
+        }
+    });
+    let what = if has_base { "change" } else { "client" };
+    let e2 = read_lines(changes, what, |id, c| match c {
+        Some(c) => {
+            out.map.insert(id, c);
+        }
+        None => {
+            out.map.remove(&id);
+        }
+    });
+    out.error = e1
+        .or(e2)
+        .or(removal_in_base.map(|id| format!("the base lists client {id} as removed")));
     out
 }
 
@@ -655,11 +859,27 @@ mod tests {
         }
     }
 
+    /// What a save writes, read back as the next load would: the base it names (the one kept,
+    /// the new one, or none) and the change lines.
+    fn saved_and_read(c: &Clients, n: u64) -> Clients {
+        let enc = c.encoded();
+        let (name, base) = match enc.base {
+            BaseOut::None => (None, Vec::new()),
+            BaseOut::Keep(name, bytes) => {
+                assert_eq!(bytes, c.base.bytes().len());
+                (Some(name.to_owned()), c.base.bytes().to_vec())
+            }
+            BaseOut::New(bytes) => (Some(format!("G.{n:016x}.lines")), bytes),
+        };
+        Clients::stored(name, base, enc.changes.to_vec(), 0, enc.tally.into_owned())
+    }
+
     #[test]
     fn changes_made_on_the_lines_store_what_the_same_changes_to_a_map_would() {
-        // Ids that sort every which way, one needing escapes (read by the slow path).
-        let ids: Vec<String> = (0..24)
-            .map(|i| format!("c{:02}-{}", (i * 7) % 24, "x".repeat(i % 5)))
+        // Ids that sort every which way, one needing escapes (read by the slow path); enough
+        // of them that the clients outgrow what is kept inline, and shrink back.
+        let ids: Vec<String> = (0..90)
+            .map(|i| format!("c{:02}-{}", (i * 7) % 90, "x".repeat(i % 5)))
             .chain(["a\"q\\b".to_owned(), "Z".to_owned(), "zz".to_owned()])
             .collect();
         let mut rng = Lcg(7);
@@ -671,20 +891,30 @@ mod tests {
             let driver = cap.is_some() && rng.next(2) == 0;
             client(n, mode, (mode == Mode::Mps).then_some(domain), cap, driver)
         };
-        for n in 0..8 {
+        for n in 0..70 {
             let id = ids[rng.next(ids.len() as u64) as usize].clone();
             oracle.insert(id, any(&mut rng, n));
         }
-        let mut clients = Clients::from_lines(stored(&oracle), counted(&oracle));
-        for step in 0..600u64 {
+        // Read from a base, with no changes yet.
+        let mut clients = Clients::stored(
+            Some("G.0000000000000000.lines".into()),
+            stored(&oracle),
+            Vec::new(),
+            0,
+            counted(&oracle),
+        );
+        let (mut folds, mut inline, mut removals) = (0, 0, 0);
+        for step in 0..3000u64 {
             let id = ids[rng.next(ids.len() as u64) as usize].clone();
-            let what = match rng.next(4) {
-                0 => {
+            // Removals more often while there are many, inserts while there are few.
+            let remove_below = if oracle.len() > 60 { 6 } else { 3 };
+            let what = match rng.next(10) {
+                r if r < remove_below => {
                     let got = clients.remove(&id);
                     assert_eq!(got, oracle.remove(&id), "step {step}: remove {id}");
                     "remove"
                 }
-                1 => {
+                r if r < remove_below + 1 => {
                     assert_eq!(
                         clients.contains_key(&id),
                         oracle.contains_key(&id),
@@ -710,19 +940,40 @@ mod tests {
             );
             assert_eq!(clients.len(), oracle.len(), "step {step}: {what}");
             assert_eq!(
+                *clients.tally(),
+                counted(&oracle),
+                "step {step}: {what} {id}"
+            );
+            assert_eq!(
                 clients.first_mode(),
                 oracle.values().next().map(|c| c.mode),
                 "step {step}: {what}"
             );
-            let (lines, tally) = clients.encoded();
             assert_eq!(
-                String::from_utf8_lossy(&lines),
+                String::from_utf8_lossy(&clients.folded().expect("ids readable")),
                 String::from_utf8_lossy(&stored(&oracle)),
                 "step {step}: {what} {id}"
             );
-            assert_eq!(*tally, counted(&oracle), "step {step}: {what} {id}");
+            removals += usize::from(clients.changes.bytes().windows(6).any(|w| w == b",null]"));
+            // A save and a load now and then, as acquires and releases come one by one.
+            if step % 7 == 0 {
+                let had = clients.base_name.clone();
+                clients = saved_and_read(&clients, step);
+                assert!(clients.changes.bytes().len() <= CHANGES_MAX + 400);
+                match (&had, &clients.base_name) {
+                    (_, None) => inline += 1,
+                    (a, b) if a != b => folds += 1,
+                    _ => {}
+                }
+                assert_eq!(*clients.tally(), counted(&oracle), "step {step}: saved");
+                // Checked on a copy: a full read parses, and the next changes go by the lines.
+                assert_eq!(clients.clone().check(), Ok(()), "step {step}: saved");
+            }
         }
-        assert!(oracle.len() > 5, "the sequence kept a few clients");
+        // Positive controls: the sequence went through every form a record takes.
+        assert!(folds > 3, "changes folded into a new base: {folds}");
+        assert!(inline > 3, "few enough clients to keep inline: {inline}");
+        assert!(removals > 10, "removals from a base: {removals}");
         // The lines, read in full, are the map, and check out.
         assert_eq!(*clients, oracle);
         assert_eq!(clients.check(), Ok(()));
@@ -742,12 +993,16 @@ mod tests {
         clients.get_mut("a").unwrap().cores = 99;
         map.insert("b".into(), client(2, Mode::Mps, Some("gpu"), None, false));
         map.get_mut("a").unwrap().cores = 99;
-        let (lines, tally) = clients.encoded();
-        assert_eq!(*lines, stored(&map));
-        assert_eq!(*tally, counted(&map));
+        let enc = clients.encoded();
+        assert!(
+            matches!(enc.base, BaseOut::None),
+            "few enough to keep inline"
+        );
+        assert_eq!(*enc.changes, stored(&map));
+        assert_eq!(*enc.tally, counted(&map));
         assert_eq!(clients.tally().into_owned(), counted(&map));
         clients.clear();
-        assert!(clients.is_empty() && clients.encoded().0.is_empty());
+        assert!(clients.is_empty() && clients.encoded().changes.is_empty());
     }
 
     #[test]
@@ -785,7 +1040,8 @@ mod tests {
             match changed.lost() {
                 // Stored by its lines: every line read is still there.
                 None => assert!(
-                    String::from_utf8_lossy(&changed.encoded().0).starts_with(lines.trim_end()),
+                    String::from_utf8_lossy(&changed.encoded().changes)
+                        .starts_with(lines.trim_end()),
                     "{what}"
                 ),
                 Some(e) => assert!(e.contains(says), "{what}: {e}"),

@@ -1,14 +1,22 @@
-//! The record file's bytes. Layout 3: a header line, `{"version":3,"uuid":…,"index":…,
-//! "restore_compute_mode":…,"domains":{…},"tally":{…},"bytes":N}`, then the clients' lines
-//! ([`super::clients`]), `N` bytes of them. Layout 2 (one JSON object with a `clients` map,
-//! written before the lines) is still read, and written as layout 3 by the next save.
+//! The record's bytes (layout 3). The record's file, `gpus/<uuid>.json`: a header line,
+//! `{"version":3,"uuid":…,"index":…,"restore_compute_mode":…,"domains":{…},"tally":{…},
+//! "base":{"file":…,"bytes":…},"bytes":N}`, then `N` bytes of client lines
+//! ([`super::clients`]). With no `base`, those lines are every client. With one, every client
+//! as of the last fold is in the base file it names (`gpus/<uuid>.<stamp>.lines`, written once
+//! and never changed), and the lines here are the changes since: a client's line as it now is,
+//! `["<id>",null]` for one removed. A save writes the record's file alone (the changes, a few
+//! KiB at most) until the changes outgrow [`super::clients::CHANGES_MAX`]; then it writes a new
+//! base first and the record's file naming it second, so that the rename of the record's file
+//! is the one moment the change happens, whatever else a crash leaves. Layout 2 (one object
+//! with a `clients` map, written before the lines) is still read, and written as layout 3 by
+//! the next save.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::clients::{Client, Clients, Tally};
+use super::clients::{BaseOut, Client, Clients, Tally};
 use super::record::{Domain, Record, RECORD_VERSION};
 use crate::vocab::ComputeMode;
 
@@ -20,10 +28,19 @@ const LAYOUT_MAP: u32 = 2;
 pub enum Problem {
     Json(serde_json::Error),
     Version(u32),
+    /// The base file named cannot be read (gone: a fold that raced an unlocked read).
+    Base(String, std::io::Error),
 }
 
 fn problem(msg: impl std::fmt::Display) -> Problem {
     Problem::Json(<serde_json::Error as serde::de::Error>::custom(msg))
+}
+
+/// A base file as the header names it.
+#[derive(Serialize, Deserialize)]
+struct BaseRef {
+    file: String,
+    bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -36,6 +53,8 @@ struct HeadOut<'a> {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     domains: &'a BTreeMap<String, Domain>,
     tally: &'a Tally,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    base: Option<BaseRef>,
     bytes: usize,
 }
 
@@ -50,6 +69,8 @@ struct HeadIn {
     #[serde(default)]
     tally: Option<Tally>,
     #[serde(default)]
+    base: Option<BaseRef>,
+    #[serde(default)]
     bytes: Option<u64>,
     /// Layout 2's clients.
     #[serde(default)]
@@ -61,26 +82,93 @@ struct Version {
     version: u32,
 }
 
-/// The header and the clients' lines of `rec`, to be written one after the other.
-pub fn encode(rec: &Record) -> (Vec<u8>, Cow<'_, [u8]>) {
-    let (lines, tally) = rec.clients.encoded();
+/// What a save writes.
+pub struct Encoding<'a> {
+    /// The record's file: the header line, then these lines.
+    pub head: Vec<u8>,
+    pub lines: Cow<'a, [u8]>,
+    /// A new base file to write first: its name and bytes.
+    pub new_base: Option<(String, Vec<u8>)>,
+}
+
+/// A base file's name for GPU `uuid`: `<uuid>.<stamp>.lines`, the stamp 16 hex digits.
+pub fn base_name(uuid: &str, stamp: u64) -> String {
+    format!("{uuid}.{stamp:016x}.lines")
+}
+
+/// Whether `name` is one of GPU `uuid`'s base files.
+pub fn is_base_of(name: &str, uuid: &str) -> bool {
+    name.strip_prefix(uuid)
+        .and_then(|r| r.strip_prefix('.'))
+        .and_then(|r| r.strip_suffix(".lines"))
+        .is_some_and(|stamp| stamp.len() == 16 && stamp.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The bytes of `rec`; a new base is named with `stamp` (see [`base_name`]).
+pub fn encode(rec: &Record, stamp: u64) -> Encoding<'_> {
+    let enc = rec.clients.encoded();
+    let (base, new_base) = match enc.base {
+        BaseOut::None => (None, None),
+        BaseOut::Keep(file, bytes) => (
+            Some(BaseRef {
+                file: file.to_owned(),
+                bytes: bytes as u64,
+            }),
+            None,
+        ),
+        BaseOut::New(bytes) => {
+            let file = base_name(&rec.uuid, stamp);
+            (
+                Some(BaseRef {
+                    file: file.clone(),
+                    bytes: bytes.len() as u64,
+                }),
+                Some((file, bytes)),
+            )
+        }
+    };
     let mut head = serde_json::to_vec(&HeadOut {
         version: RECORD_VERSION,
         uuid: &rec.uuid,
         index: rec.index,
         restore_compute_mode: rec.restore_compute_mode,
         domains: &rec.domains,
-        tally: &tally,
-        bytes: lines.len(),
+        tally: &enc.tally,
+        base,
+        bytes: enc.changes.len(),
     })
     .expect("record header serialises");
     head.push(b'\n');
-    (head, lines)
+    Encoding {
+        head,
+        lines: enc.changes,
+        new_base,
+    }
 }
 
-/// Reads a record from its file's bytes. Its clients are parsed when first asked for; the
-/// lines are only measured against the header here (see [`Clients::check`] for the rest).
-pub fn decode(buf: Vec<u8>) -> Result<Record, Problem> {
+/// Checks that `lines` are `bytes` long and end a line.
+fn measured(lines: &[u8], bytes: u64, what: &str) -> Result<(), Problem> {
+    if lines.len() as u64 != bytes {
+        return Err(problem(format_args!(
+            "the header says {bytes} bytes of {what}, there are {}",
+            lines.len()
+        )));
+    }
+    if !lines.is_empty() && !lines.ends_with(b"\n") {
+        return Err(problem(format_args!(
+            "the last line of {what} is cut short"
+        )));
+    }
+    Ok(())
+}
+
+/// Reads a record from its file's bytes, and the base file it names with `read_base`. Its
+/// clients are parsed when first asked for; the lines are only measured against the header
+/// here (see [`Clients::check`] for the rest).
+pub fn decode(
+    buf: Vec<u8>,
+    read_base: impl FnOnce(&str) -> std::io::Result<Vec<u8>>,
+) -> Result<Record, Problem> {
     let mut first = serde_json::Deserializer::from_slice(&buf).into_iter::<Version>();
     let version = match first.next() {
         Some(Ok(v)) => v.version,
@@ -107,19 +195,24 @@ pub fn decode(buf: Vec<u8>) -> Result<Record, Problem> {
         if buf.get(end) != Some(&b'\n') {
             return Err(problem("no line break after the header"));
         }
-        let lines = &buf[end + 1..];
-        if lines.len() as u64 != bytes {
-            return Err(problem(format_args!(
-                "the header says {bytes} bytes of client lines, the file has {}",
-                lines.len()
-            )));
-        }
-        if !lines.is_empty() && !lines.ends_with(b"\n") {
-            return Err(problem("the last client line is cut short"));
-        }
-        // Kept in the buffer they were read into: no copy of their own. That they are the
-        // clients the tally counts is checked by a full read ([`Clients::check`]).
-        Clients::from_buffer(buf, end + 1, tally)
+        measured(&buf[end + 1..], bytes, "client lines")?;
+        let (base_name, base) = match head.base {
+            None => (None, Vec::new()),
+            Some(b) => {
+                if !is_base_of(&b.file, &head.uuid) {
+                    return Err(problem(format_args!(
+                        "the header names {:?}, not a base file of {}",
+                        b.file, head.uuid
+                    )));
+                }
+                let bytes = read_base(&b.file).map_err(|e| Problem::Base(b.file.clone(), e))?;
+                measured(&bytes, b.bytes, &b.file)?;
+                (Some(b.file), bytes)
+            }
+        };
+        // The changes are kept in the buffer they were read into: no copy of their own. That
+        // the lines are the clients the tally counts is checked by a full read.
+        Clients::stored(base_name, base, buf, end + 1, tally)
     };
     Ok(Record {
         version: RECORD_VERSION,
@@ -140,7 +233,12 @@ mod tests {
     const LAYOUT_2: &str = r#"{"version":2,"uuid":"GPU-1","index":1,"restore_compute_mode":"EXCLUSIVE_PROCESS","domains":{"gpu":{"daemon":{"process":{"pid":10,"start_time":20}},"limits":{"cores":50,"memory_mib":1024},"uid":0,"reserved":{"pending-x":1700000000}}},"clients":{"c2":{"mode":"mps","process":null,"cores":30,"memory":null,"domain":"gpu","cap":{"bytes":536870912,"backend":"limiter","why":"no cgroup v2"}},"c1":{"mode":"mps","process":{"pid":11,"start_time":21},"cores":50,"memory":1073741824,"domain":"gpu","kube":{"namespace":"ns","pod":"p","container":"main"}}}}"#;
 
     fn decoded(bytes: &[u8]) -> Result<Record, Problem> {
-        decode(bytes.to_vec())
+        decode(bytes.to_vec(), |name| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                name.to_owned(),
+            ))
+        })
     }
 
     #[test]
@@ -159,7 +257,12 @@ mod tests {
             old.clients["c2"].cap.as_ref().map(|k| k.bytes),
             Some(512 << 20)
         );
-        let (head, lines) = encode(&old);
+        let Encoding {
+            head,
+            lines,
+            new_base,
+        } = encode(&old, 1);
+        assert!(new_base.is_none(), "two clients are kept inline");
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&head),
@@ -204,7 +307,7 @@ mod tests {
                 cap: None,
             },
         );
-        let (head, lines) = encode(&rec);
+        let Encoding { head, lines, .. } = encode(&rec, 1);
         let head = String::from_utf8(head).unwrap();
         let lines = String::from_utf8(lines.into_owned()).unwrap();
         assert!(
@@ -263,6 +366,78 @@ mod tests {
                 matches!(decoded(format!("{other}{lines}").as_bytes()), Err(Problem::Version(v)) if v == version),
                 "{version}"
             );
+        }
+    }
+
+    #[test]
+    fn many_clients_go_to_a_base_file_the_header_names() {
+        let mut rec = Record::new("GPU-1", 0);
+        for i in 0..100 {
+            rec.clients.insert(
+                format!("container-{i:03}-{}", "f".repeat(40)),
+                Client {
+                    mode: Mode::Limit,
+                    process: None,
+                    cores: 100,
+                    memory: None,
+                    domain: None,
+                    kube: Default::default(),
+                    cap: None,
+                },
+            );
+        }
+        let enc = encode(&rec, 0xabc);
+        let (name, base) = enc.new_base.clone().expect("a base of its own");
+        assert_eq!(name, "GPU-1.0000000000000abc.lines");
+        assert!(is_base_of(&name, "GPU-1") && !is_base_of(&name, "GPU-2"));
+        assert!(enc.lines.is_empty(), "no changes since");
+        let file = [enc.head.clone(), enc.lines.to_vec()].concat();
+        let header: serde_json::Value = serde_json::from_slice(&file[..file.len() - 1]).unwrap();
+        assert_eq!(header["base"]["file"], name.as_str());
+        assert_eq!(header["base"]["bytes"], base.len());
+        let read = |bytes: Vec<u8>| {
+            let name = name.clone();
+            move |asked: &str| {
+                assert_eq!(asked, name);
+                Ok(bytes)
+            }
+        };
+        let back = decode(file.clone(), read(base.clone())).expect("reads with its base");
+        assert_eq!(back, rec);
+        assert_eq!(back.clients.check(), Ok(()));
+        // A change since, to a record read afresh (not parsed): the record's file alone.
+        let mut changed = decode(file.clone(), read(base.clone())).unwrap();
+        changed
+            .clients
+            .remove("container-007-ffffffffffffffffffffffffffffffffffffffff");
+        let enc2 = encode(&changed, 0xdef);
+        assert!(enc2.new_base.is_none(), "the base is kept");
+        assert!(String::from_utf8_lossy(&enc2.lines).ends_with(",null]\n"));
+        let file2 = [enc2.head.clone(), enc2.lines.to_vec()].concat();
+        let back2 = decode(file2, read(base.clone())).unwrap();
+        assert_eq!(back2.clients.len(), 99);
+        assert_eq!(back2, changed);
+        // The base as named but gone, cut short, or a name that is not a base of this GPU.
+        match decoded(&file) {
+            Err(Problem::Base(n, e)) => {
+                assert_eq!(
+                    (n.as_str(), e.kind()),
+                    (name.as_str(), std::io::ErrorKind::NotFound)
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let short = base[..base.len() - 1].to_vec();
+        assert!(matches!(
+            decode(file.clone(), read(short)),
+            Err(Problem::Json(_))
+        ));
+        let elsewhere = String::from_utf8(file.clone())
+            .unwrap()
+            .replace(&name, "../../etc/passwd");
+        match decode(elsewhere.into_bytes(), |_| panic!("not read")) {
+            Err(Problem::Json(e)) => assert!(e.to_string().contains("not a base file"), "{e}"),
+            other => panic!("{other:?}"),
         }
     }
 }
