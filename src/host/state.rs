@@ -300,8 +300,8 @@ impl StateDir {
 
     /// Saves a record atomically; a record with no clients and no daemon is removed instead.
     /// A save that folds the clients' changes into a new base writes it first (see
-    /// [`layout`]), and then removes the GPU's base files other than the new one and the one
-    /// `rec` was read with (kept for a rollback that saves that record back).
+    /// [`layout`]); one whose record names another base than it was read with (or none) then
+    /// removes the GPU's other base files.
     ///
     /// # Errors
     /// [`StateError::Write`] when it cannot be written.
@@ -329,7 +329,11 @@ impl StateDir {
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        let enc = layout::encode(rec, stamp);
+        let read_with = rec.clients.base_name();
+        // The base the record was read with can be gone only when a save this one undoes
+        // (a rollback's) folded it away: then it is written anew from the bytes read.
+        let gone = read_with.is_some_and(|b| !self.gpus_dir().join(b).exists());
+        let enc = layout::encode(rec, stamp, gone);
         if let Some((name, bytes)) = &enc.new_base {
             let base = self.gpus_dir().join(name);
             write_atomic(&base, bytes, 0o600)
@@ -337,11 +341,10 @@ impl StateDir {
         }
         write_atomic_parts(&path, &[&enc.head, &enc.lines], 0o600)
             .map_err(|source| StateError::Write { path, source })?;
-        if let Some((name, _)) = &enc.new_base {
-            let keep: Vec<&str> = [Some(name.as_str()), rec.clients.base_name()]
-                .into_iter()
-                .flatten()
-                .collect();
+        if enc.base.as_deref() != read_with {
+            // Only the base the record now names is kept (an unlocked reader that finds
+            // the one it read of gone reads the record again).
+            let keep: Vec<&str> = enc.base.as_deref().into_iter().collect();
             self.remove_bases(&rec.uuid, &keep);
         }
         Ok(())
@@ -497,6 +500,8 @@ mod tests {
         let mut folds = 0;
         for n in 200..400 {
             let mut rec = sd.load_lazy("G").unwrap().unwrap();
+            let rec_before = rec.clone();
+            let oracle_before = oracle.clone();
             let before = bases(&sd);
             rec.clients.insert(id(n), client(n));
             rec.clients.remove(&id(n - 200));
@@ -506,10 +511,14 @@ mod tests {
             let after = bases(&sd);
             if after != before {
                 folds += 1;
-                // The new base and the one the record was read with; no other.
-                assert_eq!(after.len(), 2, "{after:?}");
-                let loaded = rec.clients.base_name().unwrap();
-                assert!(after.iter().any(|b| b == loaded), "{after:?}");
+                // The new base alone.
+                assert_eq!(after.len(), 1, "{after:?}");
+                assert_ne!(Some(after[0].as_str()), rec.clients.base_name());
+                // Saved back as read (a rollback): its base, gone now, is written anew.
+                sd.save(&rec_before).unwrap();
+                assert_eq!(bases(&sd).len(), 1, "{:?}", bases(&sd));
+                assert_eq!(sd.load("G").unwrap().unwrap(), oracle_before, "rolled back");
+                sd.save(&rec).unwrap();
             }
             assert!(
                 record_size() < 12 << 10,

@@ -318,6 +318,11 @@ impl Clients {
         self.base_name.as_deref()
     }
 
+    /// The bytes of that base file, as read.
+    pub(super) fn base_bytes(&self) -> &[u8] {
+        self.base.bytes()
+    }
+
     /// What a save writes: the base and changes as read and changed, unless the changes have
     /// grown past [`CHANGES_MAX`] or the map was changed; then every client, in the record's
     /// file when they fit in [`INLINE_MAX`], else in a new base.

@@ -89,6 +89,8 @@ pub struct Encoding<'a> {
     pub lines: Cow<'a, [u8]>,
     /// A new base file to write first: its name and bytes.
     pub new_base: Option<(String, Vec<u8>)>,
+    /// The base file the header names.
+    pub base: Option<String>,
 }
 
 /// A base file's name for GPU `uuid`: `<uuid>.<stamp>.lines`, the stamp 16 hex digits.
@@ -104,10 +106,16 @@ pub fn is_base_of(name: &str, uuid: &str) -> bool {
         .is_some_and(|stamp| stamp.len() == 16 && stamp.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// The bytes of `rec`; a new base is named with `stamp` (see [`base_name`]).
-pub fn encode(rec: &Record, stamp: u64) -> Encoding<'_> {
+/// The bytes of `rec`; a new base is named with `stamp` (see [`base_name`]). With
+/// `base_gone`, the base `rec` was read with is written anew from the bytes read (a save this
+/// one undoes removed it).
+pub fn encode(rec: &Record, stamp: u64, base_gone: bool) -> Encoding<'_> {
     let enc = rec.clients.encoded();
-    let (base, new_base) = match enc.base {
+    let base = match enc.base {
+        BaseOut::Keep(..) if base_gone => BaseOut::New(rec.clients.base_bytes().to_vec()),
+        other => other,
+    };
+    let (named, new_base) = match base {
         BaseOut::None => (None, None),
         BaseOut::Keep(file, bytes) => (
             Some(BaseRef {
@@ -127,6 +135,7 @@ pub fn encode(rec: &Record, stamp: u64) -> Encoding<'_> {
             )
         }
     };
+    let base = named.as_ref().map(|b| b.file.clone());
     let mut head = serde_json::to_vec(&HeadOut {
         version: RECORD_VERSION,
         uuid: &rec.uuid,
@@ -134,7 +143,7 @@ pub fn encode(rec: &Record, stamp: u64) -> Encoding<'_> {
         restore_compute_mode: rec.restore_compute_mode,
         domains: &rec.domains,
         tally: &enc.tally,
-        base,
+        base: named,
         bytes: enc.changes.len(),
     })
     .expect("record header serialises");
@@ -143,6 +152,7 @@ pub fn encode(rec: &Record, stamp: u64) -> Encoding<'_> {
         head,
         lines: enc.changes,
         new_base,
+        base,
     }
 }
 
@@ -261,7 +271,8 @@ mod tests {
             head,
             lines,
             new_base,
-        } = encode(&old, 1);
+            ..
+        } = encode(&old, 1, false);
         assert!(new_base.is_none(), "two clients are kept inline");
         let text = format!(
             "{}{}",
@@ -307,7 +318,7 @@ mod tests {
                 cap: None,
             },
         );
-        let Encoding { head, lines, .. } = encode(&rec, 1);
+        let Encoding { head, lines, .. } = encode(&rec, 1, false);
         let head = String::from_utf8(head).unwrap();
         let lines = String::from_utf8(lines.into_owned()).unwrap();
         assert!(
@@ -386,7 +397,7 @@ mod tests {
                 },
             );
         }
-        let enc = encode(&rec, 0xabc);
+        let enc = encode(&rec, 0xabc, false);
         let (name, base) = enc.new_base.clone().expect("a base of its own");
         assert_eq!(name, "GPU-1.0000000000000abc.lines");
         assert!(is_base_of(&name, "GPU-1") && !is_base_of(&name, "GPU-2"));
@@ -410,7 +421,7 @@ mod tests {
         changed
             .clients
             .remove("container-007-ffffffffffffffffffffffffffffffffffffffff");
-        let enc2 = encode(&changed, 0xdef);
+        let enc2 = encode(&changed, 0xdef, false);
         assert!(enc2.new_base.is_none(), "the base is kept");
         assert!(String::from_utf8_lossy(&enc2.lines).ends_with(",null]\n"));
         let file2 = [enc2.head.clone(), enc2.lines.to_vec()].concat();
