@@ -229,3 +229,94 @@ fn sigkilled_hooks_then_gc_leave_consistent_state() {
         assert!(out.status.success());
     }
 }
+
+/// Eighty containers on one GPU, with ids as engines make them (64 hex digits): their lines
+/// outgrow the record's own file, so they go to a base file, and the record's file holds the
+/// changes since. The GPU's reaper releases the containers whose process exits, poststop the
+/// rest, and nothing is left: no record, no base file.
+#[test]
+fn eighty_containers_on_one_gpu_keep_their_lines_in_a_base_file_and_leave_nothing() {
+    const MANY: usize = 80;
+    let sb = Arc::new(Sandbox::new(1));
+    let bundle = sb.bundle(
+        "ts",
+        &spec(
+            json!({"gpu.share": "timeslice"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
+    let id = |i: usize| format!("{:064x}", 0x5a1e_0000 + i);
+    let mut containers: Vec<FakeContainer> = (0..MANY).map(|_| FakeContainer::start()).collect();
+    for batch in (0..MANY).collect::<Vec<_>>().chunks(16) {
+        let jobs = batch
+            .iter()
+            .map(|&i| {
+                let st = Sandbox::state_json(&id(i), containers[i].pid(), &bundle);
+                (vec!["createRuntime"], st)
+            })
+            .collect();
+        run_parallel(&sb, jobs);
+    }
+    let clients = |sb: &Sandbox| -> Vec<String> {
+        let st = sb.status();
+        let mut ids: Vec<String> = st["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g["clients"].as_array().unwrap().clone())
+            .map(|c| c["id"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(clients(&sb), (0..MANY).map(id).collect::<Vec<_>>());
+    let gpus_dir = sb.state_dir().join("gpus");
+    let bases = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(&gpus_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "lines"))
+            .collect()
+    };
+    let found = bases();
+    assert_eq!(found.len(), 1, "one base file: {found:?}");
+    let base_len = std::fs::metadata(&found[0]).unwrap().len();
+    let record_len = std::fs::metadata(sb.record_path(0)).unwrap().len();
+    assert!(
+        base_len > 8 << 10,
+        "the lines are in the base: {base_len} bytes"
+    );
+    assert!(
+        record_len < 12 << 10,
+        "the record's file holds the header and the changes: {record_len} bytes"
+    );
+    let header = sb.record_header(0);
+    assert_eq!(header["tally"]["count"], MANY, "{header}");
+    assert_eq!(
+        header["base"]["file"].as_str(),
+        found[0].file_name().and_then(|n| n.to_str()),
+        "{header}"
+    );
+
+    // Ten processes exit: the GPU's reaper releases them.
+    for c in containers.iter_mut().take(10) {
+        c.kill();
+    }
+    common::wait_until(20, "the reaper releases the ten", || {
+        clients(&sb).len() == MANY - 10
+    });
+    assert_eq!(clients(&sb), (10..MANY).map(id).collect::<Vec<_>>());
+
+    // The rest end with poststop.
+    for batch in (10..MANY).collect::<Vec<_>>().chunks(16) {
+        let jobs = batch
+            .iter()
+            .map(|&i| (vec!["poststop"], Sandbox::state_json(&id(i), 0, &bundle)))
+            .collect();
+        run_parallel(&sb, jobs);
+    }
+    assert!(clients(&sb).is_empty());
+    assert!(!sb.record_path(0).exists(), "no record left");
+    assert!(bases().is_empty(), "no base file left: {:?}", bases());
+}
