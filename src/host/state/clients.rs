@@ -325,29 +325,32 @@ impl Clients {
 
     /// What a save writes: the base and changes as read and changed, unless the changes have
     /// grown past [`CHANGES_MAX`] or the map was changed; then every client, in the record's
-    /// file when they fit in [`INLINE_MAX`], else in a new base.
+    /// file when they fit in [`INLINE_MAX`], else in a new base. Changes whose ids cannot all be
+    /// read are not folded (they are carried as they are, as a full read will say).
     pub(super) fn encoded(&self) -> Encoded<'_> {
-        if self.lines_valid && self.changes.bytes().len() <= CHANGES_MAX {
-            return Encoded {
-                changes: Cow::Borrowed(self.changes.bytes()),
-                base: match &self.base_name {
-                    Some(n) => BaseOut::Keep(n, self.base.bytes().len()),
-                    None => BaseOut::None,
-                },
-                tally: Cow::Borrowed(&self.tally),
+        let (all, tally) = if self.lines_valid {
+            let folded = (self.changes.bytes().len() > CHANGES_MAX)
+                .then(|| self.folded())
+                .flatten();
+            let Some(all) = folded else {
+                return Encoded {
+                    changes: Cow::Borrowed(self.changes.bytes()),
+                    base: match &self.base_name {
+                        Some(n) => BaseOut::Keep(n, self.base.bytes().len()),
+                        None => BaseOut::None,
+                    },
+                    tally: Cow::Borrowed(&self.tally),
+                };
             };
-        }
-        let (all, tally) = match self.folded() {
-            Some(all) if self.lines_valid => (all, Cow::Borrowed(&self.tally)),
-            _ => {
-                let map = &self.parsed().map;
-                let mut out = Vec::with_capacity(map.len() * 160);
-                for (id, c) in map {
-                    serde_json::to_writer(&mut out, &(id, c)).expect("client serialises");
-                    out.push(b'\n');
-                }
-                (out, Cow::Owned(Tally::of(map.values())))
+            (all, Cow::Borrowed(&self.tally))
+        } else {
+            let map = &self.parsed().map;
+            let mut out = Vec::with_capacity(map.len() * 160);
+            for (id, c) in map {
+                serde_json::to_writer(&mut out, &(id, c)).expect("client serialises");
+                out.push(b'\n');
             }
+            (out, Cow::Owned(Tally::of(map.values())))
         };
         if all.len() <= INLINE_MAX {
             Encoded {
@@ -1083,5 +1086,42 @@ mod tests {
             Clients::from_lines(stored(&map), counted(&map)).check(),
             Ok(())
         );
+    }
+
+    #[test]
+    fn changes_whose_ids_cannot_all_be_read_are_carried_not_folded() {
+        let mut map = BTreeMap::new();
+        for n in 0..100 {
+            map.insert(
+                format!("c{n:03}-{}", "x".repeat(60)),
+                client(n, Mode::Limit, None, None, false),
+            );
+        }
+        let good = stored(&map);
+        assert!(good.len() > CHANGES_MAX, "enough to fold");
+        let with = |changes: Vec<u8>| {
+            Clients::stored(
+                Some("G.0000000000000000.lines".into()),
+                Vec::new(),
+                changes,
+                0,
+                counted(&map),
+            )
+        };
+        // Positive control: readable, they fold (here into a new base).
+        assert!(matches!(with(good.clone()).encoded().base, BaseOut::New(_)));
+        // One line whose id cannot be read: carried as it is, base and all; nothing is lost.
+        let bad = String::from_utf8(good)
+            .unwrap()
+            .replacen("[\"c050", "[c050", 1)
+            .into_bytes();
+        let c = with(bad.clone());
+        let enc = c.encoded();
+        assert!(matches!(
+            enc.base,
+            BaseOut::Keep("G.0000000000000000.lines", 0)
+        ));
+        assert_eq!(*enc.changes, *bad);
+        assert!(c.check().is_err(), "a full read names it");
     }
 }
