@@ -138,15 +138,7 @@ pub fn state_record(data: &[u8]) {
     // As an acquire reads it: a client added by the lines alone, where the record reads at all.
     if let Ok(Some(mut lazy)) = sd.load_lazy(uuid) {
         lazy.uuid = uuid.to_owned();
-        let probe = gpushare::host::state::Client {
-            mode: gpushare::vocab::Mode::Limit,
-            process: None,
-            cores: 100,
-            memory: None,
-            domain: None,
-            kube: Default::default(),
-            cap: None,
-        };
+        let probe = gpushare::host::state::Client::plain(gpushare::vocab::Mode::Limit, None, 100);
         lazy.clients.insert("fuzz-probe".into(), probe.clone());
         if sd.save(&lazy).is_ok() {
             if let Ok(Some(rec)) = &full {

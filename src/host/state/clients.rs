@@ -42,6 +42,21 @@ pub struct Client {
     pub cap: Option<Cap>,
 }
 
+impl Client {
+    /// A client of `mode` with `cores`, and no memory, domain, Kubernetes names or cap.
+    pub fn plain(mode: Mode, process: Option<ProcId>, cores: u8) -> Self {
+        Self {
+            mode,
+            process,
+            cores,
+            memory: None,
+            domain: None,
+            kube: KubeLabels::default(),
+            cap: None,
+        }
+    }
+}
+
 /// A container's memory cap on one GPU (all its processes together) and what enforces it.
 /// Stored flat (`{"bytes":…,"backend":…,"cgroup":…,"why":…}`), written and read field by field:
 /// serde's `flatten` buffered every client's cap through a generic map, in every record load

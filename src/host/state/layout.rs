@@ -306,18 +306,8 @@ mod tests {
     #[test]
     fn a_file_whose_header_and_lines_disagree_is_refused() {
         let mut rec = Record::new("GPU-1", 0);
-        rec.clients.insert(
-            "a".into(),
-            Client {
-                mode: Mode::Limit,
-                process: None,
-                cores: 100,
-                memory: None,
-                domain: None,
-                kube: Default::default(),
-                cap: None,
-            },
-        );
+        rec.clients
+            .insert("a".into(), Client::plain(Mode::Limit, None, 100));
         let Encoding { head, lines, .. } = encode(&rec, 1, false);
         let head = String::from_utf8(head).unwrap();
         let lines = String::from_utf8(lines.into_owned()).unwrap();
@@ -386,15 +376,7 @@ mod tests {
         for i in 0..100 {
             rec.clients.insert(
                 format!("container-{i:03}-{}", "f".repeat(40)),
-                Client {
-                    mode: Mode::Limit,
-                    process: None,
-                    cores: 100,
-                    memory: None,
-                    domain: None,
-                    kube: Default::default(),
-                    cap: None,
-                },
+                Client::plain(Mode::Limit, None, 100),
             );
         }
         let enc = encode(&rec, 0xabc, false);
