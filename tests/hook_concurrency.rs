@@ -320,3 +320,135 @@ fn eighty_containers_on_one_gpu_keep_their_lines_in_a_base_file_and_leave_nothin
     assert!(!sb.record_path(0).exists(), "no record left");
     assert!(bases().is_empty(), "no base file left: {:?}", bases());
 }
+
+/// A hook killed between a fold's two writes (the new base file, then the record naming it):
+/// the record still names what it named before and reads whole, without the killed container;
+/// the base it does not name goes at the next fold, and nothing is left once the GPU is free.
+/// Killed twice: as the lines first leave the record's file, and at a fold of one base into
+/// the next.
+#[test]
+fn a_hook_killed_between_a_folds_two_writes_leaves_a_whole_record() {
+    let sb = Sandbox::new(1);
+    let bundle = sb.bundle(
+        "ts",
+        &spec(
+            json!({"gpu.share": "timeslice"}),
+            &["NVIDIA_VISIBLE_DEVICES=0"],
+        ),
+    );
+    let gpus_dir = sb.state_dir().join("gpus");
+    let bases = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&gpus_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".lines"))
+            .collect();
+        v.sort();
+        v
+    };
+    let named = || {
+        sb.record_path(0)
+            .exists()
+            .then(|| {
+                sb.record_header(0)["base"]["file"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .flatten()
+    };
+    let listed = || -> Vec<String> {
+        let st = sb.status();
+        let mut ids: Vec<String> = st["gpus"][0]["clients"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| c["id"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    };
+    let id = |i: usize| format!("{:064x}", 0xc0de_0000 + i);
+    let mut containers: Vec<FakeContainer> = Vec::new();
+    let mut live: Vec<String> = Vec::new();
+    // Creates containers until one is killed at the failpoint (armed) or a fold names a new
+    // base (unarmed); returns the killed container's id.
+    let create_until = |armed: bool,
+                        containers: &mut Vec<FakeContainer>,
+                        live: &mut Vec<String>|
+     -> Option<String> {
+        for _ in 0..200 {
+            let i = containers.len();
+            containers.push(FakeContainer::start());
+            let st = Sandbox::state_json(&id(i), containers[i].pid(), &bundle);
+            let before = named();
+            let out = if armed {
+                sb.hook_env(
+                    &["createRuntime"],
+                    &st,
+                    &[("GPUSHARE_FAILPOINT", "save-base-written")],
+                )
+            } else {
+                sb.hook(&["createRuntime"], &st)
+            };
+            if armed && !out.status.success() {
+                common::assert_killed_at(&out, "save-base-written");
+                return Some(id(i));
+            }
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            live.push(id(i));
+            if !armed && named().is_some() && named() != before {
+                return None;
+            }
+        }
+        panic!("no fold in 200 creates");
+    };
+
+    // 1. The lines first leave the record's file: killed after the new base is written.
+    let killed = create_until(true, &mut containers, &mut live).expect("killed at the first fold");
+    assert_eq!(named(), None, "the record still holds its lines itself");
+    assert_eq!(
+        bases().len(),
+        1,
+        "the new base, which nothing names: {:?}",
+        bases()
+    );
+    let mut want = live.clone();
+    want.sort();
+    assert_eq!(listed(), want, "every container but {killed}");
+    // The next save folds again: the base it names, and no other.
+    assert!(create_until(false, &mut containers, &mut live).is_none());
+    assert_eq!(bases(), [named().unwrap()], "the unnamed base went");
+
+    // 2. A fold of one base into the next, killed between its writes.
+    let kept = named().unwrap();
+    let killed = create_until(true, &mut containers, &mut live).expect("killed at the next fold");
+    assert_eq!(
+        named().as_deref(),
+        Some(kept.as_str()),
+        "still the base it named"
+    );
+    assert_eq!(bases().len(), 2, "{:?}", bases());
+    let mut want = live.clone();
+    want.sort();
+    assert_eq!(listed(), want, "every container but {killed}");
+
+    // Once the GPU is free, no record and no base file is left.
+    for c in &live {
+        let out = sb.hook(&["poststop"], &Sandbox::state_json(c, 0, &bundle));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(listed().is_empty());
+    assert!(!sb.record_path(0).exists());
+    assert!(bases().is_empty(), "{:?}", bases());
+}

@@ -338,6 +338,7 @@ impl StateDir {
             let base = self.gpus_dir().join(name);
             write_atomic(&base, bytes, 0o600)
                 .map_err(|source| StateError::Write { path: base, source })?;
+            crate::failpoint::hit("save-base-written");
         }
         write_atomic_parts(&path, &[&enc.head, &enc.lines], 0o600)
             .map_err(|source| StateError::Write { path, source })?;
