@@ -469,6 +469,32 @@ impl Clients {
         self.len() == 0
     }
 
+    /// Whether the lines were parsed and kept so (then changes go through the map).
+    #[cfg(test)]
+    pub(super) fn is_parsed(&self) -> bool {
+        self.parsed.get().is_some()
+    }
+
+    /// Each client's id and process. Read from the lines without keeping them parsed, so that
+    /// the changes that follow (the removal of those that exited) still go by the lines.
+    pub fn processes(&self) -> Vec<(String, Option<ProcId>)> {
+        if self.by_lines() {
+            let fresh = parse(
+                self.base.bytes(),
+                self.changes.bytes(),
+                self.base_name.is_some(),
+            );
+            if fresh.error.is_none() {
+                return fresh
+                    .map
+                    .into_iter()
+                    .map(|(id, c)| (id, c.process))
+                    .collect();
+            }
+        }
+        self.iter().map(|(id, c)| (id.clone(), c.process)).collect()
+    }
+
     /// Client `id` as the lines say, read from its line alone: the change line if there is one,
     /// else the base's. `None` inside: there is none; `None`: a line cannot be read.
     fn current(&self, id: &str) -> Option<Option<Client>> {

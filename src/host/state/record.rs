@@ -152,13 +152,15 @@ impl Record {
         self.clients.first_mode()
     }
 
-    /// Drops clients whose process is gone (reading every client); returns them.
+    /// Drops clients whose process is gone (reading every client, each removed by its line);
+    /// returns them.
     pub fn drop_stale(&mut self) -> Vec<(String, Client)> {
         let stale: Vec<String> = self
             .clients
-            .iter()
-            .filter(|(_, c)| c.process.is_some_and(|p| !p.is_alive()))
-            .map(|(id, _)| id.clone())
+            .processes()
+            .into_iter()
+            .filter(|(_, p)| p.is_some_and(|p| !p.is_alive()))
+            .map(|(id, _)| id)
             .collect();
         stale
             .into_iter()
@@ -238,6 +240,32 @@ mod tests {
         );
         assert!(fresh(now + 60, now), "a clock a minute ahead");
         assert!(!fresh(now + 61, now), "from the future");
+    }
+
+    #[test]
+    fn exited_clients_are_dropped_by_their_lines() {
+        let me = ProcId::of(std::process::id() as i32).unwrap();
+        let gone = ProcId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        let mut r = Record::new("G", 0);
+        for (id, p) in [("a", me), ("b", gone), ("c", me)] {
+            r.clients
+                .insert(id.into(), Client::plain(Mode::Limit, Some(p), 100));
+        }
+        // As stored and read back, lazily.
+        let enc = r.clients.encoded();
+        let mut read = Record::new("G", 0);
+        read.clients = Clients::from_lines(enc.changes.to_vec(), enc.tally.into_owned());
+        let dropped: Vec<String> = read.drop_stale().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(dropped, ["b"]);
+        assert!(
+            !read.clients.is_parsed(),
+            "removed by its line, nothing kept parsed"
+        );
+        assert_eq!(read.clients.len(), 2);
+        assert_eq!(read.clients.keys().collect::<Vec<_>>(), ["a", "c"]);
     }
 
     #[test]
