@@ -424,9 +424,40 @@ fn main() {
         );
     }
     drop(held);
+    // The GPU reapers the hooks above started exit once `gpus/` is gone; waited for (by the
+    // pid and start time in their lock files), so that none writes into the temp dir after
+    // it is removed or holds the mount.
+    let _ = std::fs::remove_dir_all(sd.gpus_dir());
+    let reapers: Vec<ProcId> = std::fs::read_dir(d.join("state").join("reapers"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+                .filter_map(|t| {
+                    let mut f = t.split_whitespace();
+                    Some(ProcId {
+                        pid: f.next()?.parse().ok()?,
+                        start_time: f.next()?.parse().ok()?,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while reapers.iter().any(ProcId::is_alive) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     if tmpfs {
-        let _ = std::process::Command::new("umount")
-            .arg(d.join("state"))
-            .status();
+        // Detached if something still holds it, so that no mount is left behind.
+        let umount = |lazy: bool| {
+            std::process::Command::new("umount")
+                .args(lazy.then_some("--lazy"))
+                .arg(d.join("state"))
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !umount(false) && !umount(true) {
+            eprintln!("could not unmount {}", d.join("state").display());
+        }
     }
 }
