@@ -439,6 +439,23 @@ fn a_hook_killed_between_a_folds_two_writes_leaves_a_whole_record() {
     want.sort();
     assert_eq!(listed(), want, "every container but {killed}");
 
+    // gc removes the base nothing names, and says so.
+    let orphan: Vec<String> = bases().into_iter().filter(|b| *b != kept).collect();
+    let out = sb.hook(&["gc"], "");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!("removed {}", gpus_dir.join(&orphan[0]).display()))
+            && said.contains("a base file its record does not name"),
+        "{said}"
+    );
+    assert_eq!(bases(), std::slice::from_ref(&kept));
+    assert_eq!(listed(), want, "gc kept every container");
+
     // Once the GPU is free, no record and no base file is left.
     for c in &live {
         let out = sb.hook(&["poststop"], &Sandbox::state_json(c, 0, &bundle));

@@ -105,11 +105,34 @@ impl Host<'_> {
                 report.push(format!("removed {} of a killed write", p.display()));
             }
         }
+        self.gc_bases(&unreadable, report);
         if let Some(line) = crate::host::snapshot::drop_if_stale(self.state.root(), self.inventory)
         {
             report.push(line);
         }
         out
+    }
+
+    /// Base files no record names (a save killed between its two writes), removed under their
+    /// GPU's lock; those of a record that cannot be read are left with it.
+    fn gc_bases(&self, unreadable: &std::collections::BTreeSet<String>, report: &mut Vec<String>) {
+        for uuid in self.state.base_owners() {
+            if unreadable.contains(&uuid) {
+                continue;
+            }
+            let Ok(_lock) = self
+                .state
+                .lock(&uuid, self.lock_timeout(), "gc (base files)")
+            else {
+                continue;
+            };
+            for p in self.state.remove_unnamed_bases(&uuid) {
+                report.push(format!(
+                    "{uuid}: removed {}, a base file its record does not name (a save cut short)",
+                    p.display()
+                ));
+            }
+        }
     }
 
     /// gc's care of domain `key` of GPU `uuid`, which still has `clients`: its recorded daemon

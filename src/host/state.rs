@@ -357,6 +357,32 @@ impl StateDir {
         self.each_base(uuid, keep, |p| fs::remove_file(p).map(|()| p.to_owned()))
     }
 
+    /// Removes GPU `uuid`'s base files that its record does not name (none when the record
+    /// cannot be read); returns their paths. Under the GPU's lock.
+    pub fn remove_unnamed_bases(&self, uuid: &str) -> Vec<PathBuf> {
+        match self.load_lazy(uuid) {
+            Ok(rec) => {
+                let named = rec.as_ref().and_then(|r| r.clients.base_name());
+                self.remove_bases(uuid, &named.into_iter().collect::<Vec<_>>())
+            }
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// The GPUs that have base files.
+    pub fn base_owners(&self) -> std::collections::BTreeSet<String> {
+        let Ok(rd) = fs::read_dir(self.gpus_dir()) else {
+            return Default::default();
+        };
+        rd.flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let uuid = name.strip_suffix(".lines")?.rsplit_once('.')?.0.to_owned();
+                (is_safe_name(&uuid) && layout::is_base_of(&name, &uuid)).then_some(uuid)
+            })
+            .collect()
+    }
+
     /// Moves GPU `uuid`'s base files aside with an unreadable record (`<name>.<suffix>`), for
     /// inspection; returns where they went. Under the GPU's lock.
     pub fn set_bases_aside(&self, uuid: &str, suffix: &str) -> Vec<PathBuf> {
