@@ -582,6 +582,29 @@ mod tests {
     }
 
     #[test]
+    fn clients_cleared_from_a_record_that_stays_take_their_base_with_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        let mut rec = Record::new("G", 0);
+        rec.restore_compute_mode = Some(crate::vocab::ComputeMode::Default);
+        for n in 0..200 {
+            rec.clients.insert(
+                format!("{n:04}-{}", "f".repeat(60)),
+                Client::plain(Mode::Limit, None, 100),
+            );
+        }
+        sd.save(&rec).unwrap();
+        assert_eq!(bases(&sd).len(), 1, "a base");
+        let mut read = sd.load_lazy("G").unwrap().unwrap();
+        read.clients.clear();
+        sd.save(&read).unwrap();
+        let back = sd.load("G").unwrap().expect("kept: a mode to restore");
+        assert!(back.clients.is_empty());
+        assert!(bases(&sd).is_empty(), "{:?}", bases(&sd));
+    }
+
+    #[test]
     fn saving_an_empty_record_removes_the_file_and_says_when_it_cannot() {
         let dir = tempfile::tempdir().unwrap();
         let sd = StateDir::new(dir.path());

@@ -585,8 +585,12 @@ impl Clients {
         self.map_mut().remove(id)
     }
 
+    /// Removes every client; a save then writes none, and removes the base they were read
+    /// with.
     pub fn clear(&mut self) {
-        *self = Self::default();
+        let read_with = self.base_name.take();
+        *self = Self::from_map(BTreeMap::new());
+        self.base_name = read_with;
     }
 
     pub fn into_keys(self) -> impl Iterator<Item = String> {
