@@ -261,12 +261,22 @@ impl StateDir {
     /// # Errors
     /// [`StateError`] when it cannot be read or its header parsed.
     pub fn load_lazy(&self, uuid: &str) -> Result<Option<Record>, StateError> {
+        self.load_between(uuid, &mut || {})
+    }
+
+    /// [`StateDir::load_lazy`], calling `between` after each read of the record's file and
+    /// before that of the base it names (where a concurrent fold can come).
+    fn load_between(
+        &self,
+        uuid: &str,
+        between: &mut dyn FnMut(),
+    ) -> Result<Option<Record>, StateError> {
         // A base file named by the record can go between the two reads only when a locked
         // save folded the changes into a new one meanwhile (this read may be unlocked): then
         // the record read again names the new one.
         let mut tries = 0;
         loop {
-            match self.load_once(uuid) {
+            match self.load_once(uuid, between) {
                 Err(StateError::Read { path, source })
                     if source.kind() == std::io::ErrorKind::NotFound
                         && path != self.record_path(uuid)
@@ -279,7 +289,11 @@ impl StateDir {
         }
     }
 
-    fn load_once(&self, uuid: &str) -> Result<Option<Record>, StateError> {
+    fn load_once(
+        &self,
+        uuid: &str,
+        between: &mut dyn FnMut(),
+    ) -> Result<Option<Record>, StateError> {
         let path = self.record_path(uuid);
         let buf = match read_file(&path) {
             Ok(b) => b,
@@ -287,7 +301,11 @@ impl StateDir {
             Err(source) => return Err(StateError::Read { path, source }),
         };
         let gpus = self.gpus_dir();
-        match layout::decode(buf, |name| read_file(&gpus.join(name))) {
+        let read_base = |name: &str| {
+            between();
+            read_file(&gpus.join(name))
+        };
+        match layout::decode(buf, read_base) {
             Ok(rec) => Ok(Some(rec)),
             Err(layout::Problem::Json(source)) => Err(StateError::Corrupt { path, source }),
             Err(layout::Problem::Version(found)) => Err(StateError::Version { path, found }),
@@ -579,6 +597,55 @@ mod tests {
         sd.save(&rec).unwrap();
         assert!(!sd.record_path("G").exists());
         assert!(bases(&sd).is_empty(), "{:?}", bases(&sd));
+    }
+
+    #[test]
+    fn a_read_whose_base_a_fold_removed_meanwhile_reads_the_record_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let sd = StateDir::new(dir.path());
+        sd.ensure().unwrap();
+        let id = |n: u32| format!("{n:04}-{}", "f".repeat(60));
+        let mut rec = Record::new("G", 0);
+        for n in 0..200 {
+            rec.clients
+                .insert(id(n), Client::plain(Mode::Limit, None, 100));
+        }
+        sd.save(&rec).unwrap();
+        // A locked writer's fold, between this read's two reads: changes until a new base.
+        let mut n = 200;
+        let mut fold = || {
+            let first = bases(&sd);
+            while bases(&sd) == first {
+                let mut r = sd.load_lazy("G").unwrap().unwrap();
+                r.clients
+                    .insert(id(n), Client::plain(Mode::Limit, None, 100));
+                sd.save(&r).unwrap();
+                n += 1;
+            }
+        };
+        let mut calls = 0;
+        let read = sd
+            .load_between("G", &mut || {
+                calls += 1;
+                if calls == 1 {
+                    fold();
+                }
+            })
+            .expect("read again")
+            .expect("present");
+        assert_eq!(calls, 2, "the base was read for a second record read");
+        assert!(read.clients.len() > 200, "the record after the fold");
+        assert_eq!(read.clients.check(), Ok(()));
+        // Positive control: a base that stays gone is an error after the tries.
+        let mut always = || {
+            for b in bases(&sd) {
+                let _ = fs::remove_file(sd.gpus_dir().join(b));
+            }
+        };
+        assert!(matches!(
+            sd.load_between("G", &mut always),
+            Err(StateError::Read { .. })
+        ));
     }
 
     #[test]
