@@ -495,21 +495,28 @@ impl Clients {
         self.iter().map(|(id, c)| (id.clone(), c.process)).collect()
     }
 
-    /// Client `id` as the lines say, read from its line alone: the change line if there is one,
-    /// else the base's. `None` inside: there is none; `None`: a line cannot be read.
-    fn current(&self, id: &str) -> Option<Option<Client>> {
-        match find(self.changes.bytes(), id)? {
-            Found::At(r) => line_value(&self.changes.bytes()[r]),
-            Found::Before(_) => match find(self.base.bytes(), id)? {
-                Found::At(r) => line_value(&self.base.bytes()[r]).filter(Option::is_some),
-                Found::Before(_) => Some(None),
+    /// Client `id` as the lines say, read from its line alone (the change line if there is
+    /// one, else the base's; `None`: there is none), and whether the base has a line of it, in
+    /// one look at each; `None`: a line cannot be read.
+    fn current(&self, id: &str) -> Option<(Option<Client>, bool)> {
+        let in_base = match find(self.base.bytes(), id)? {
+            Found::At(r) => Some(r),
+            Found::Before(_) => None,
+        };
+        let client = match find(self.changes.bytes(), id)? {
+            Found::At(r) => line_value(&self.changes.bytes()[r])?,
+            // A base line says a client: one saying `null` cannot be read.
+            Found::Before(_) => match &in_base {
+                Some(r) => Some(line_value(&self.base.bytes()[r.clone()])??),
+                None => None,
             },
-        }
+        };
+        Some((client, in_base.is_some()))
     }
 
     pub fn contains_key(&self, id: &str) -> bool {
         if self.by_lines() {
-            if let Some(c) = self.current(id) {
+            if let Some((c, _)) = self.current(id) {
                 return c.is_some();
             }
         }
@@ -542,15 +549,10 @@ impl Clients {
         Some(())
     }
 
-    /// Whether the base has client `id`.
-    fn in_base(&self, id: &str) -> Option<bool> {
-        Some(matches!(find(self.base.bytes(), id)?, Found::At(_)))
-    }
-
     /// Adds or replaces client `id`; returns the one it replaced.
     pub fn insert(&mut self, id: String, client: Client) -> Option<Client> {
         if self.by_lines() {
-            if let Some(old) = self.current(&id) {
+            if let Some((old, _)) = self.current(&id) {
                 let mut line = serde_json::to_vec(&(&id, &client)).expect("client serialises");
                 line.push(b'\n');
                 if self.set_change(&id, Some(line)).is_some() {
@@ -568,7 +570,7 @@ impl Clients {
     /// Removes client `id`; returns it.
     pub fn remove(&mut self, id: &str) -> Option<Client> {
         if self.by_lines() {
-            if let (Some(old), Some(in_base)) = (self.current(id), self.in_base(id)) {
+            if let Some((old, in_base)) = self.current(id) {
                 // Not there: nothing to remove.
                 let old = old?;
                 let line = in_base.then(|| {
