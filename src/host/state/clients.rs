@@ -412,13 +412,16 @@ impl Clients {
     }
 
     fn parsed(&self) -> &Parsed {
-        self.parsed.get_or_init(|| {
-            parse(
-                self.base.bytes(),
-                self.changes.bytes(),
-                self.base_name.is_some(),
-            )
-        })
+        self.parsed.get_or_init(|| self.parse_lines())
+    }
+
+    /// Every stored line parsed (not kept: see [`Clients::parsed`]).
+    fn parse_lines(&self) -> Parsed {
+        parse(
+            self.base.bytes(),
+            self.changes.bytes(),
+            self.base_name.is_some(),
+        )
     }
 
     /// What was wrong with the stored lines (then the map holds the lines that could be read);
@@ -479,11 +482,7 @@ impl Clients {
     /// the changes that follow (the removal of those that exited) still go by the lines.
     pub fn processes(&self) -> Vec<(String, Option<ProcId>)> {
         if self.by_lines() {
-            let fresh = parse(
-                self.base.bytes(),
-                self.changes.bytes(),
-                self.base_name.is_some(),
-            );
+            let fresh = self.parse_lines();
             if fresh.error.is_none() {
                 return fresh
                     .map
