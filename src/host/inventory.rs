@@ -1,10 +1,10 @@
 //! The real [`Inventory`]: NVML, loaded from the configured library; and [`Unavailable`], for
 //! when NVML cannot be loaded but records must still be kept.
 
-use nvml_wrapper::enum_wrappers::device::ComputeMode as NvmlComputeMode;
-use nvml_wrapper::Nvml;
+use nvml_wrapper_sys::bindings as nv;
 
 use crate::config::Config;
+use crate::sys::nvml::{Device, Nvml, NvmlError};
 use crate::vocab::memcap::DriverLimits;
 use crate::vocab::{is_safe_name, ComputeMode, Gpu, Inventory, InventoryError};
 
@@ -35,9 +35,6 @@ pub fn open_for_planning(cfg: &Config) -> Result<Box<dyn Inventory>, InventoryEr
 /// The real inventory: NVML, loaded from a configured library path.
 pub struct NvmlInventory {
     nvml: Nvml,
-    library: String,
-    /// NVML's cgroup memory limits, looked up on first need (`None` inside: not exported).
-    limits: std::sync::OnceLock<Option<crate::sys::NvmlMemoryLimits>>,
 }
 
 impl NvmlInventory {
@@ -46,48 +43,27 @@ impl NvmlInventory {
     /// # Errors
     /// [`InventoryError::Load`] when the library is missing or `nvmlInit` fails.
     pub fn open(library: &str) -> Result<Self, InventoryError> {
-        let nvml = Nvml::builder()
-            .lib_path(std::ffi::OsStr::new(library))
-            .init()
-            .map_err(|source| InventoryError::Load {
-                library: library.to_owned(),
-                source,
-            })?;
-        Ok(Self {
-            nvml,
+        let nvml = Nvml::open(library).map_err(|source| InventoryError::Load {
             library: library.to_owned(),
-            limits: std::sync::OnceLock::new(),
-        })
-    }
-
-    fn limits_fns(&self) -> Option<&crate::sys::NvmlMemoryLimits> {
-        self.limits
-            .get_or_init(|| crate::sys::NvmlMemoryLimits::open(&self.library))
-            .as_ref()
-    }
-
-    /// The functions and the device, or why not.
-    fn limits_on(
-        &self,
-        call: &'static str,
-        index: u32,
-    ) -> Result<(&crate::sys::NvmlMemoryLimits, nvml_wrapper::Device<'_>), InventoryError> {
-        let fns = self.limits_fns().ok_or(InventoryError::Code {
-            call,
-            code: NVML_ERROR_FUNCTION_NOT_FOUND,
-            what: "this driver's NVML does not export it (r615 or later has it)",
+            source,
         })?;
-        let dev = Self::call(
-            "nvmlDeviceGetHandleByIndex",
-            self.nvml.device_by_index(index),
-        )?;
-        Ok((fns, dev))
+        Ok(Self { nvml })
     }
 
-    fn call<T>(
-        call: &'static str,
-        r: Result<T, nvml_wrapper::error::NvmlError>,
-    ) -> Result<T, InventoryError> {
+    /// GPU `index`'s handle.
+    fn device(&self, index: u32) -> Result<Device<'_>, InventoryError> {
+        Self::call("nvmlDeviceGetHandleByIndex", self.nvml.device(index))
+    }
+
+    /// The device, once the driver is known to export the memory limits, or why not.
+    fn limits_on(&self, call: &'static str, index: u32) -> Result<Device<'_>, InventoryError> {
+        if !self.nvml.has_memory_limits() {
+            return Err(not_exported(call));
+        }
+        self.device(index)
+    }
+
+    fn call<T>(call: &'static str, r: Result<T, NvmlError>) -> Result<T, InventoryError> {
         r.map_err(|source| InventoryError::Call { call, source })
     }
 }
@@ -97,58 +73,54 @@ impl Inventory for NvmlInventory {
         let count = Self::call("nvmlDeviceGetCount", self.nvml.device_count())?;
         let mut out = Vec::with_capacity(count as usize);
         for index in 0..count.min(1024) {
-            let dev = Self::call(
-                "nvmlDeviceGetHandleByIndex",
-                self.nvml.device_by_index(index),
-            )?;
-            let uuid = Self::call("nvmlDeviceGetUUID", dev.uuid())?;
+            let dev = self.device(index)?;
+            let uuid = Self::call("nvmlDeviceGetUUID", self.nvml.uuid(dev))?;
             if !is_safe_name(&uuid) {
                 return Err(InventoryError::BadUuid(uuid));
             }
-            let minor = dev.minor_number().unwrap_or(index);
+            let minor = self.nvml.minor_number(dev).unwrap_or(index);
             out.push(Gpu { index, uuid, minor });
         }
         Ok(out)
     }
 
     fn compute_mode(&self, index: u32) -> Result<ComputeMode, InventoryError> {
-        let dev = Self::call(
-            "nvmlDeviceGetHandleByIndex",
-            self.nvml.device_by_index(index),
-        )?;
-        let m = Self::call("nvmlDeviceGetComputeMode", dev.compute_mode())?;
+        let dev = self.device(index)?;
+        let m = Self::call("nvmlDeviceGetComputeMode", self.nvml.compute_mode(dev))?;
         Ok(match m {
-            NvmlComputeMode::Default => ComputeMode::Default,
-            NvmlComputeMode::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+            nv::nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT => ComputeMode::Default,
+            nv::nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS => {
+                ComputeMode::ExclusiveProcess
+            }
+            // PROHIBITED, and the retired EXCLUSIVE_THREAD: no process may share it.
             _ => ComputeMode::Prohibited,
         })
     }
 
     fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), InventoryError> {
-        let mut dev = Self::call(
-            "nvmlDeviceGetHandleByIndex",
-            self.nvml.device_by_index(index),
-        )?;
+        let dev = self.device(index)?;
         let m = match mode {
-            ComputeMode::Default => NvmlComputeMode::Default,
-            ComputeMode::ExclusiveProcess => NvmlComputeMode::ExclusiveProcess,
-            ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
+            ComputeMode::Default => nv::nvmlComputeMode_enum_NVML_COMPUTEMODE_DEFAULT,
+            ComputeMode::ExclusiveProcess => {
+                nv::nvmlComputeMode_enum_NVML_COMPUTEMODE_EXCLUSIVE_PROCESS
+            }
+            ComputeMode::Prohibited => nv::nvmlComputeMode_enum_NVML_COMPUTEMODE_PROHIBITED,
         };
-        Self::call("nvmlDeviceSetComputeMode", dev.set_compute_mode(m))
+        Self::call(
+            "nvmlDeviceSetComputeMode",
+            self.nvml.set_compute_mode(dev, m),
+        )
     }
 
     fn memory_total(&self, index: u32) -> Result<u64, InventoryError> {
-        let dev = Self::call(
-            "nvmlDeviceGetHandleByIndex",
-            self.nvml.device_by_index(index),
-        )?;
-        Ok(Self::call("nvmlDeviceGetMemoryInfo", dev.memory_info())?.total)
+        let dev = self.device(index)?;
+        Self::call("nvmlDeviceGetMemoryInfo", self.nvml.memory_total(dev))
     }
 
     /// Both functions exported (whether the driver takes a given cgroup is asked of it with
     /// [`Inventory::memory_limits`]).
     fn has_memory_limits(&self, _index: u32) -> bool {
-        self.limits_fns().is_some()
+        self.nvml.has_memory_limits()
     }
 
     fn set_memory_limits(
@@ -158,17 +130,33 @@ impl Inventory for NvmlInventory {
         soft: u64,
         hard: u64,
     ) -> Result<(), InventoryError> {
-        let (fns, dev) = self.limits_on(SET_LIMITS, index)?;
+        let dev = self.limits_on(SET_LIMITS, index)?;
         let ns = namespace_cstr(namespace, SET_LIMITS)?;
-        code(SET_LIMITS, fns.set(&dev, &ns, soft, hard))
+        let rc = self
+            .nvml
+            .set_memory_limits(dev, &ns, soft, hard)
+            .ok_or_else(|| not_exported(SET_LIMITS))?;
+        code(SET_LIMITS, rc)
     }
 
     fn memory_limits(&self, index: u32, namespace: &str) -> Result<DriverLimits, InventoryError> {
-        let (fns, dev) = self.limits_on(GET_LIMITS, index)?;
+        let dev = self.limits_on(GET_LIMITS, index)?;
         let ns = namespace_cstr(namespace, GET_LIMITS)?;
-        let (rc, soft, hard, used) = fns.get(&dev, &ns);
+        let (rc, soft, hard, used) = self
+            .nvml
+            .memory_limits(dev, &ns)
+            .ok_or_else(|| not_exported(GET_LIMITS))?;
         code(GET_LIMITS, rc)?;
         Ok(DriverLimits { soft, hard, used })
+    }
+}
+
+/// The error of a memory-limit call this driver's NVML does not export.
+fn not_exported(call: &'static str) -> InventoryError {
+    InventoryError::Code {
+        call,
+        code: NVML_ERROR_FUNCTION_NOT_FOUND,
+        what: "this driver's NVML does not export it (r615 or later has it)",
     }
 }
 
@@ -393,11 +381,8 @@ mod tests {
             }
         }
         // A library without the r615 functions has no driver limits.
-        let old = NvmlInventory {
-            nvml: inv.nvml,
-            library: "libc.so.6".into(),
-            limits: std::sync::OnceLock::new(),
-        };
+        let mut old = inv;
+        old.nvml.forget_memory_limits();
         assert!(!old.has_memory_limits(0));
         assert!(matches!(
             old.set_memory_limits(0, cg, 0, 1),

@@ -3,7 +3,7 @@
 //! detached children ([`detach`]), process descriptors ([`pidfd`]), dropping privileges before
 //! exec ([`privileges`]), a child that records itself before exec ([`self_record`]), a process
 //! entry without Rust's runtime set-up ([`entry`]), inspecting a library by loading it
-//! ([`dlopen`]) and NVML's cgroup memory limits ([`nvml_limits`]). Every `unsafe` block says,
+//! ([`dlopen`]) and NVML, loaded by hand ([`nvml`]). Every `unsafe` block says,
 //! in its SAFETY comment, what makes that call safe. Callers use the re-exports below
 //! (`crate::sys::name`).
 #![allow(unsafe_code)]
@@ -13,7 +13,7 @@ pub mod dlopen;
 pub mod entry;
 pub mod mount_api;
 pub mod mount_namespace;
-pub mod nvml_limits;
+pub mod nvml;
 pub mod pidfd;
 pub mod privileges;
 pub mod self_record;
@@ -25,7 +25,6 @@ pub use mount_api::{
     MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
 };
 pub use mount_namespace::{daemon_in_sandbox, DaemonMounts};
-pub use nvml_limits::NvmlMemoryLimits;
 pub use pidfd::{pidfd_open, pidfd_send_signal};
 pub use privileges::drop_privileges_on_exec;
 pub use self_record::record_self_on_exec;

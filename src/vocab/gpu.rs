@@ -41,13 +41,13 @@ pub enum InventoryError {
     Load {
         library: String,
         #[source]
-        source: nvml_wrapper::error::NvmlError,
+        source: crate::sys::nvml::NvmlError,
     },
     #[error("NVML {call} failed")]
     Call {
         call: &'static str,
         #[source]
-        source: nvml_wrapper::error::NvmlError,
+        source: crate::sys::nvml::NvmlError,
     },
     #[error("NVML unavailable: {0}")]
     Unavailable(String),
@@ -56,7 +56,7 @@ pub enum InventoryError {
     NotLoaded(#[source] std::sync::Arc<InventoryError>),
     #[error("the GPUs NVML lists differ from those saved in {path}, which was dropped; retry")]
     Changed { path: String },
-    /// A raw NVML return code from a call nvml-wrapper does not know (the r615 memory limits).
+    /// A raw NVML return code of the r615 memory limits, with what it means for them.
     #[error("NVML {call} failed: {what} (code {code})")]
     Code {
         call: &'static str,
