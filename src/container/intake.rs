@@ -94,15 +94,14 @@ pub fn cgroup_of(pid: Option<i32>, cgroups_path: Option<&str>, id: &str) -> Cgro
             .ok()
             .flatten()
     };
-    let (Some(proc_cgroup), Some(mountinfo)) = (
-        read(&format!("/proc/{pid}/cgroup")),
-        read("/proc/self/mountinfo"),
-    ) else {
+    let Some(proc_cgroup) = read(&format!("/proc/{pid}/cgroup")) else {
         return CgroupFact::NotOwn(format!("cannot read the cgroup of pid {pid}"));
     };
+    let mountinfo =
+        || read("/proc/self/mountinfo").map(|b| String::from_utf8_lossy(&b).into_owned());
     match crate::host::cgroup::driver_dir(
         &String::from_utf8_lossy(&proc_cgroup),
-        &String::from_utf8_lossy(&mountinfo),
+        mountinfo,
         cgroups_path,
         id,
     ) {

@@ -133,6 +133,8 @@ pub enum NoDriverCgroup {
     V1Only(String),
     /// No `cgroup2` mount on the host shows the container's cgroup.
     NotMounted(String),
+    /// The host's mount table could not be read to find the container's cgroup.
+    NoMountTable(String),
 }
 
 impl std::fmt::Display for NoDriverCgroup {
@@ -149,17 +151,23 @@ impl std::fmt::Display for NoDriverCgroup {
             NoDriverCgroup::NotMounted(p) => {
                 write!(f, "no cgroup2 mount shows the container's cgroup {p:?}")
             }
+            NoDriverCgroup::NoMountTable(p) => write!(
+                f,
+                "cannot read /proc/self/mountinfo to find the container's cgroup {p:?}"
+            ),
         }
     }
 }
 
 /// The directory the driver's limits are set on for a container, or why there is none.
+/// `mountinfo` gives the host's mount table (`None`: unreadable); it is asked only for a
+/// container with a cgroup of its own (reading it costs more than the rest together).
 ///
 /// # Errors
 /// [`NoDriverCgroup`]: the limiter enforces the cap instead.
 pub fn driver_dir(
     proc_cgroup: &str,
-    mountinfo: &str,
+    mountinfo: impl FnOnce() -> Option<String>,
     cgroups_path: Option<&str>,
     id: &str,
 ) -> Result<PathBuf, NoDriverCgroup> {
@@ -172,7 +180,10 @@ pub fn driver_dir(
             None => NoDriverCgroup::NotOwn(unified),
         });
     }
-    unified_dir(mountinfo, &unified).ok_or(NoDriverCgroup::NotMounted(unified))
+    let Some(mountinfo) = mountinfo() else {
+        return Err(NoDriverCgroup::NoMountTable(unified));
+    };
+    unified_dir(&mountinfo, &unified).ok_or(NoDriverCgroup::NotMounted(unified))
 }
 
 /// The first of `others` (container id, the cgroup its driver limit is set on) whose cgroup is
@@ -334,7 +345,9 @@ mod tests {
 
     #[test]
     fn driver_dir_from_mountinfo() {
-        let mi = "30 1 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n";
+        let mi = || {
+            Some("30 1 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n".to_owned())
+        };
         assert_eq!(
             driver_dir(
                 "0::/system.slice/docker-abc.scope\n",
@@ -370,13 +383,13 @@ mod tests {
             Err(NoDriverCgroup::NotOwn(_))
         ));
         // No cgroup2 mount.
-        let v1only = "30 1 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n";
+        let v1only = || Some("30 1 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n".to_owned());
         assert!(matches!(
             driver_dir("0::/abc\n", v1only, None, "abc"),
             Err(NoDriverCgroup::NotMounted(_))
         ));
         // A mount of a sub-tree (a cgroup namespace's view): the path below its root.
-        let sub = "31 1 0:26 /kubepods /mnt/cg rw - cgroup2 cgroup2 rw\n";
+        let sub = || Some("31 1 0:26 /kubepods /mnt/cg rw - cgroup2 cgroup2 rw\n".to_owned());
         assert_eq!(
             driver_dir(
                 "0::/kubepods/pod1/abc\n",
@@ -386,5 +399,31 @@ mod tests {
             ),
             Ok(PathBuf::from("/mnt/cg/pod1/abc"))
         );
+        // An unreadable mount table is said as such.
+        assert_eq!(
+            driver_dir("0::/abc\n", || None, None, "abc"),
+            Err(NoDriverCgroup::NoMountTable("/abc".into()))
+        );
+    }
+
+    /// The mount table is read only for a container with a cgroup of its own.
+    #[test]
+    fn the_mount_table_is_read_only_for_a_cgroup_of_its_own() {
+        let reads = std::cell::Cell::new(0);
+        let mi = || {
+            reads.set(reads.get() + 1);
+            Some("30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n".to_owned())
+        };
+        for not_own in ["0::/\n", "4:memory:/docker/abc\n0::/\n", "0::/other\n"] {
+            assert!(driver_dir(not_own, mi, Some("/docker/abc"), "abc").is_err());
+        }
+        assert_eq!(
+            reads.get(),
+            0,
+            "read for a container without a cgroup of its own"
+        );
+        // Positive control: the container's own cgroup reads it, once.
+        assert!(driver_dir("0::/docker/abc\n", mi, Some("/docker/abc"), "abc").is_ok());
+        assert_eq!(reads.get(), 1);
     }
 }
