@@ -37,6 +37,15 @@ pub fn config_json(data: &[u8]) {
         (Ok(_), Err(e)) => panic!("view read but document refused: {e}"),
         (_, Ok(_)) | (Err(_), Err(_)) => {}
     }
+    // The view, read with what it never reads skipped, is the view of the whole document.
+    let whole = input::deep_scope(data, || {
+        input::parse_config(data, p).and_then(|v| input::view_of(&v, p))
+    });
+    match (&view, &whole) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b, "the pruned view differs"),
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "the errors differ"),
+        _ => panic!("pruned {view:?}, whole {whole:?}"),
+    }
 }
 
 fn inventory() -> Vec<Gpu> {

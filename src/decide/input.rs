@@ -34,7 +34,7 @@ pub enum InputError {
 
 /// The parts of `config.json` the decision needs. Unknown fields are ignored here; the spec
 /// editor works on the raw JSON so that they are preserved there.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct SpecView {
     pub annotations: HashMap<String, String>,
@@ -46,14 +46,14 @@ pub struct SpecView {
 }
 
 /// The spec's `hooks`, as far as gpushare reads them.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct HooksView {
     pub create_runtime: Vec<HookView>,
 }
 
 /// One hook entry.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct HookView {
     pub path: String,
@@ -62,27 +62,27 @@ pub struct HookView {
 }
 
 /// One of the spec's `mounts`, as far as gpushare reads it.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct MountView {
     pub destination: String,
     pub source: Option<PathBuf>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct ProcessView {
     pub env: Vec<String>,
     pub user: UserView,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct UserView {
     pub uid: u32,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct LinuxView {
     pub devices: Vec<DeviceView>,
@@ -91,13 +91,13 @@ pub struct LinuxView {
     pub cgroups_path: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct DeviceView {
     pub path: String,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct RootView {
     pub path: PathBuf,
@@ -245,6 +245,136 @@ impl<'de> serde::de::Visitor<'de> for GoValue {
     }
 }
 
+/// Which members of a config object the decision reads ([`SpecView`]): the members whose keys
+/// Go matches to one of these field names are read as [`GoValue`] reads them (`Whole`) or
+/// pruned again (`Members`); the others are read and checked but not kept ([`Skip`]; a podman config's
+/// seccomp profile is most of its bytes, and the view never reads it).
+enum Keep {
+    Whole,
+    Members(&'static [(&'static str, Keep)]),
+}
+
+/// The members [`SpecView`] reads, by Go field name, at each level.
+const VIEW: Keep = Keep::Members(&[
+    ("annotations", Keep::Whole),
+    (
+        "process",
+        Keep::Members(&[("env", Keep::Whole), ("user", Keep::Whole)]),
+    ),
+    (
+        "linux",
+        Keep::Members(&[("devices", Keep::Whole), ("cgroupsPath", Keep::Whole)]),
+    ),
+    ("root", Keep::Whole),
+    ("mounts", Keep::Whole),
+    ("hooks", Keep::Whole),
+]);
+
+/// [`GoValue`] keeping only what `Keep` names: the same value as [`GoValue`] gives, less the
+/// members no [`SpecView`] field can be read from.
+struct Pruned(&'static Keep);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Pruned {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        match self.0 {
+            Keep::Whole => GoValue.deserialize(d),
+            Keep::Members(_) => d.deserialize_any(self),
+        }
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Pruned {
+    type Value = Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Value, E> {
+        GoValue.visit_bool(v)
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Value, E> {
+        GoValue.visit_i64(v)
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Value, E> {
+        GoValue.visit_u64(v)
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Value, E> {
+        GoValue.visit_f64(v)
+    }
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Value, E> {
+        GoValue.visit_str(v)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Value, E> {
+        GoValue.visit_unit()
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, a: A) -> Result<Value, A::Error> {
+        // Not the object the view expects: kept whole, for the view to refuse as before.
+        GoValue.visit_seq(a)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let Keep::Members(fields) = self.0 else {
+            return GoValue.visit_map(a);
+        };
+        let mut m = Map::new();
+        while let Some(k) = a.next_key::<String>()? {
+            match fields.iter().find(|(f, _)| go_field_match(&k, f)) {
+                Some((_, keep)) => {
+                    let v = a.next_value_seed(Pruned(keep))?;
+                    merge_member(&mut m, k, v);
+                }
+                None => a.next_value_seed(Skip)?,
+            }
+        }
+        Ok(Value::Object(m))
+    }
+}
+
+/// A JSON value read and checked as [`GoValue`] reads it (numbers in range included), and
+/// dropped as it is read: nothing is built.
+struct Skip;
+
+impl<'de> serde::de::DeserializeSeed<'de> for Skip {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Skip {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+        while a.next_element_seed(Skip)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<(), A::Error> {
+        while a.next_key_seed(Skip)?.is_some() {
+            a.next_value_seed(Skip)?;
+        }
+        Ok(())
+    }
+}
+
 /// Adds `key: value` to `m` as Go decodes a repeated key: objects merge, anything else replaces.
 fn merge_member(m: &mut Map<String, Value>, key: String, value: Value) {
     match (m.get_mut(&key), value) {
@@ -312,7 +442,7 @@ fn canonical_spec(v: &mut Value) {
         canonical_fields(r, &["path"]);
     }
     if let Some(l) = root.get_mut("linux") {
-        canonical_fields(l, &["devices"]);
+        canonical_fields(l, &["devices", "cgroupsPath"]);
         if let Some(devs) = l.get_mut("devices").and_then(Value::as_array_mut) {
             devs.iter_mut().for_each(|d| canonical_fields(d, &["path"]));
         }
@@ -349,6 +479,15 @@ fn canonical_spec(v: &mut Value) {
 /// [`InputError::ParseConfig`] for what runc refuses too, [`InputError::TooDeep`] past
 /// [`MAX_DEPTH`].
 pub fn parse_config(bytes: &[u8], path: &Path) -> Result<Value, InputError> {
+    read_config_value(bytes, path, GoValue)
+}
+
+/// [`parse_config`] with `seed` reading the value.
+fn read_config_value(
+    bytes: &[u8],
+    path: &Path,
+    seed: impl for<'de> serde::de::DeserializeSeed<'de, Value = Value>,
+) -> Result<Value, InputError> {
     if nesting_depth(bytes) > MAX_DEPTH {
         return Err(InputError::TooDeep {
             path: path.to_owned(),
@@ -357,12 +496,12 @@ pub fn parse_config(bytes: &[u8], path: &Path) -> Result<Value, InputError> {
     let text = String::from_utf8_lossy(bytes);
     let mut de = serde_json::Deserializer::from_str(&text);
     de.disable_recursion_limit();
-    let mut v = serde::de::DeserializeSeed::deserialize(GoValue, &mut de).map_err(|source| {
-        InputError::ParseConfig {
+    let mut v = seed
+        .deserialize(&mut de)
+        .map_err(|source| InputError::ParseConfig {
             path: path.to_owned(),
             source,
-        }
-    })?;
+        })?;
     canonical_spec(&mut v);
     Ok(v)
 }
@@ -378,12 +517,15 @@ pub fn view_of(v: &Value, path: &Path) -> Result<SpecView, InputError> {
     })
 }
 
-/// Parses the decision's view of a config ([`parse_config`] then [`view_of`]).
+/// Parses the decision's view of a config: what [`parse_config`] then [`view_of`] give, with
+/// the members the view never reads skipped rather than built (tested against those two).
 ///
 /// # Errors
 /// [`InputError`] as those two.
 pub fn parse_spec(bytes: &[u8], path: &Path) -> Result<SpecView, InputError> {
-    deep_scope(bytes, || view_of(&parse_config(bytes, path)?, path))
+    deep_scope(bytes, || {
+        view_of(&read_config_value(bytes, path, Pruned(&VIEW))?, path)
+    })
 }
 
 /// The container's rootfs as a host path, from `root.path` (relative to the bundle).
@@ -431,6 +573,84 @@ mod tests {
             let err = parse_state(input.as_bytes()).unwrap_err();
             assert!(err.to_string().contains(want), "{what}: {err}");
         }
+    }
+
+    /// The view read with the unread members skipped is the view of the whole document, for
+    /// the configs engines write and for the ways Go reads keys (case, repeats, `null`).
+    #[test]
+    fn the_pruned_view_is_the_view_of_the_whole_config() {
+        let full =
+            |b: &[u8]| parse_config(b, Path::new("c")).and_then(|v| view_of(&v, Path::new("c")));
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        let mut rows: Vec<(String, Vec<u8>)> = [
+            "podman-mps.json",
+            "containerd-mps.json",
+            "docker-env-mps.json",
+        ]
+        .iter()
+        .map(|f| (f.to_string(), std::fs::read(fixtures.join(f)).unwrap()))
+        .collect();
+        for (what, text) in [
+            (
+                "linux twice, merged",
+                r#"{"linux":{"devices":[{"path":"/dev/a"}],"seccomp":{"x":1}},"linux":{"cgroupsPath":"/c","seccomp":[1]}}"#,
+            ),
+            (
+                "keys in other cases",
+                r#"{"LINUX":{"Devices":[{"PATH":"/dev/a"}],"CgroupsPath":"/c"},"Process":{"ENV":["A=1"],"User":{"uid":7}},"Annotations":{"gpu.share":"mps"}}"#,
+            ),
+            (
+                "Kelvin sign",
+                r#"{"hoo\u212as":{"createRuntime":[{"path":"/x"}]},"pro\u017fess":{"env":["A=1"]}}"#,
+            ),
+            (
+                "null members",
+                r#"{"linux":null,"process":{"env":null},"annotations":{"a":"b"},"Annotations":null}"#,
+            ),
+            (
+                "a member of the wrong type",
+                r#"{"process":[1,2],"linux":{"seccomp":"x"}}"#,
+            ),
+            (
+                "a wrong type in a skipped member",
+                r#"{"linux":{"seccomp":"not an object","devices":[]},"process":{"capabilities":7}}"#,
+            ),
+            (
+                "a syntax error in a skipped member",
+                r#"{"linux":{"seccomp":{"a":[1,2,}}}"#,
+            ),
+            ("trailing bytes", r#"{"annotations":{"a":"b"}} {"x""#),
+            ("not an object", r#"[1]"#),
+            (
+                "a big number where it is skipped",
+                r#"{"linux":{"resources":{"x":1e999}}}"#,
+            ),
+        ] {
+            rows.push((what.to_owned(), text.as_bytes().to_vec()));
+        }
+        for (what, bytes) in rows {
+            let (pruned, whole) = (parse_spec(&bytes, Path::new("c")), full(&bytes));
+            match (&pruned, &whole) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{what}"),
+                (Err(a), Err(b)) => {
+                    assert_eq!(crate::vocab::chain(a), crate::vocab::chain(b), "{what}")
+                }
+                _ => panic!("{what}: pruned {pruned:?}, whole {whole:?}"),
+            }
+        }
+        // Positive controls: the pruned read really skipped podman's seccomp profile, and the
+        // case-folded cgroupsPath is read as runc reads it.
+        let podman = std::fs::read(fixtures.join("podman-mps.json")).unwrap();
+        let whole = parse_config(&podman, Path::new("c")).unwrap();
+        let pruned = read_config_value(&podman, Path::new("c"), Pruned(&VIEW)).unwrap();
+        assert!(whole["linux"].get("seccomp").is_some());
+        assert!(
+            pruned["linux"].get("seccomp").is_none(),
+            "seccomp was built"
+        );
+        assert!(pruned.get("ociVersion").is_none());
+        let v = parse_spec(br#"{"linux":{"CgroupsPath":"/c"}}"#, Path::new("c")).unwrap();
+        assert_eq!(v.linux.cgroups_path.as_deref(), Some("/c"));
     }
 
     #[test]
