@@ -32,4 +32,4 @@ pub mod timeslice;
 #[cfg(test)]
 pub(crate) mod fakes;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
