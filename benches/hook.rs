@@ -6,7 +6,9 @@
 //! - the same with four MPS isolation domains on one GPU (`isolation = "group"`);
 //! - createRuntime with a memory cap for the whole container, per backend: the limiter
 //!   (preloaded in `timeslice` and `mps` mode) and the driver's cgroup limits (the simulated
-//!   r615 NVML, on a cgroup v2 of the container's own), against the same mode uncapped.
+//!   r615 NVML, on a cgroup v2 of the container's own), against the same mode uncapped;
+//! - a timeslice create on an idle GPU (50 ms after the last release), which starts the GPU's
+//!   reaper anew.
 //!
 //! Uses the TEST-ONLY simulated NVML and the real `nvidia-cuda-mps-control`.
 //! Run: `scripts/bench-hook.sh` (or `cargo bench --bench hook` after `cargo build --release --workspace`).
@@ -488,6 +490,30 @@ fn main() {
         let _ = h.kill();
         let _ = h.wait();
     }
+    // A create on an idle GPU, as on a node where containers come seconds apart rather than
+    // back to back: the GPU's reaper ended with the last release and is started anew, and
+    // moving it out of the hook's cgroups waits for the kernel's RCU grace period, which a
+    // migration made milliseconds before (as in the rounds above) would have paid.
+    let mut idle = Vec::new();
+    let mut idle_steps = Vec::new();
+    for i in 0..rounds.min(2 * STEP_ROUNDS) {
+        std::thread::sleep(Duration::from_millis(50));
+        let (took, stderr) = created_with(&format!("idle-{i}"), &cases[0].1, None, i % 2 == 1);
+        if i % 2 == 1 {
+            idle_steps.push(step_times(&stderr));
+        } else {
+            idle.push(took);
+        }
+    }
+    println!(
+        "  timeslice, uncapped, idle GPU   {:>8.3} ms   (50 ms after the last release; back to back {:.3} ms)",
+        ms(med(&mut idle)),
+        ms(base[0])
+    );
+    println!(
+        "  idle GPU                       {}",
+        step_medians(&idle_steps)
+    );
     drop(cg);
     let _ = holder.kill();
     let _ = holder.wait();
