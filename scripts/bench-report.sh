@@ -43,7 +43,9 @@ warm=$(num 'mps acquire, daemon running' "$out/hook" '[0-9.]+ ms')
 cold32=$(num 'concurrent acquires (cold' "$out/hook" '[0-9.]+ ms total')
 warm32=$(num 'concurrent acquires (warm' "$out/hook" '[0-9.]+ ms total')
 fast32=$(awk -v f="$fast" 'BEGIN {if (f != "") printf "%.3f", 32 * f}')
+cat=$(num 'cat (the same stdin)' "$out/hook" '[0-9.]+ ms')
 row "hook, no-share fast path" "$fast" ms "floor process" "$floor"
+row "hook, no-share fast path, against cat" "$fast" ms "cat (the same stdin)" "$cat"
 row "hook, warm MPS acquire" "$warm" ms "no-share fast path" "$fast"
 row "hook, 32 concurrent MPS acquires, cold daemon (total)" "$cold32" ms "32 x no-share fast path" "$fast32"
 row "hook, 32 concurrent MPS acquires, warm daemon (total)" "$warm32" ms "32 x no-share fast path" "$fast32"
@@ -65,6 +67,9 @@ for mode in timeslice mps; do
         row "hook createRuntime, $mode with a 1Gi container cap, $backend backend" "$v" ms "$mode uncapped" "$base"
     done
 done
+idle=$(num 'uncapped, idle GPU' "$out/hook" '[0-9.]+ ms')
+back=$(num '  timeslice, uncapped ' "$out/hook" '[0-9.]+ ms')
+row "hook createRuntime, timeslice on an idle GPU (50 ms after the last release)" "$idle" ms "timeslice back to back" "$back"
 section=
 while IFS= read -r line; do
     if [[ $line == "-- as in mps mode"* ]]; then
