@@ -297,7 +297,7 @@ pub fn reap(ctx: &Ctx, uuid: &str) -> Result<Reply, crate::host::reaper::ReaperE
             Err(e) => Box::new(Unavailable::new(e)),
         }
     };
-    crate::host::reaper::run(&ctx.cfg, uuid, &open)?;
+    crate::host::reaper::run(&ctx.cfg, uuid, &open, crate::host::reaper::IDLE_LINGER)?;
     Ok(Reply::default())
 }
 

@@ -179,19 +179,24 @@ fn an_exited_container_that_is_not_deleted_loses_its_share_and_its_daemon() {
     );
     eprintln!("a released {took:?} after runc saw it stop");
 
-    // b's ends too: the daemon goes, and then the reaper.
+    // b's ends too: the daemon goes; the reaper stays for the GPU's next client.
+    let reaper = reapers(&sb);
     finish(&b);
     wait_for(&sb, 10, "b released", |st| clients(st).is_empty());
     let t0 = Instant::now();
-    while !daemons_under(&sb.state_dir()).is_empty() || !reapers(&sb).is_empty() {
+    while !daemons_under(&sb.state_dir()).is_empty() {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
-            "daemons {:?}, reapers {:?} after the last client ended",
+            "daemons {:?} after the last client ended",
             daemons_under(&sb.state_dir()),
-            reapers(&sb)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert_eq!(
+        reapers(&sb),
+        reaper,
+        "the idle GPU's reaper stays, the same one"
+    );
     assert_eq!(runc_status(&b), "stopped", "b is not deleted");
     // The poststop of the later delete finds nothing left to do and does not fail.
     for c in [&a, &b] {
@@ -365,4 +370,62 @@ fn a_reaper_leaves_the_cgroup_of_the_hook_that_started_it() {
     assert_eq!(cgroup_of(reaper, cg.controllers).as_deref(), Some("/"));
     let out = sb.hook(&["poststop"], &Sandbox::state_json("cg", 0, &b));
     assert!(out.status.success());
+}
+
+/// A reaper whose binary was replaced (a package upgrade renames the new one over it) does not
+/// stay on an idle GPU: the next change of the record wakes it, and it ends, so that the next
+/// acquire starts one of the new binary.
+#[test]
+fn a_reaper_whose_binary_was_replaced_does_not_stay_idle() {
+    let sb = Sandbox::new(1);
+    let _k = KillReapers(&sb);
+    let bin = sb.state_dir().with_file_name("old-gpushare-hook");
+    std::fs::copy(common::hook_bin(), &bin).unwrap();
+    let uuid = Sandbox::uuid(0);
+    let reap = || {
+        std::process::Command::new(&bin)
+            .args(["--config"])
+            .arg(sb.config_path())
+            .args(["reap", &uuid])
+            .envs(sb.env())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // The record changes under the reaper: what an acquire or a release of another GPU's
+    // client does not do, and a release on this one does (here: the record written empty).
+    let wake = || {
+        let rec = sb.record_path(0);
+        std::fs::create_dir_all(rec.parent().unwrap()).unwrap();
+        std::fs::write(&rec, b"").unwrap();
+        std::fs::remove_file(&rec).unwrap();
+    };
+    // A state dir as an acquire leaves it, with no client on the GPU.
+    std::fs::create_dir_all(sb.record_path(0).parent().unwrap()).unwrap();
+    let mut r = reap();
+    let ended = |r: &mut std::process::Child, within: Duration| {
+        let t0 = Instant::now();
+        while t0.elapsed() < within {
+            if r.try_wait().unwrap().is_some() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    };
+    // Positive control: with its binary in place it stays, through a wake-up.
+    std::thread::sleep(Duration::from_millis(300));
+    wake();
+    assert!(
+        !ended(&mut r, Duration::from_millis(500)),
+        "it did not stay"
+    );
+    std::fs::remove_file(&bin).unwrap();
+    wake();
+    assert!(
+        ended(&mut r, Duration::from_secs(10)),
+        "it stayed with its binary replaced"
+    );
 }

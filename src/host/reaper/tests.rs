@@ -5,6 +5,9 @@ use crate::host::fakes::{uuid, FakeInventory};
 use crate::host::state::Client;
 use crate::vocab::{ComputeMode, Mode};
 
+/// No wait once the GPU is idle: the tests of how a reaper ends.
+const NO_LINGER: Duration = Duration::ZERO;
+
 /// Waits (at most 10 s) until `cond` holds.
 fn until(what: &str, cond: impl Fn() -> bool) {
     let end = std::time::Instant::now() + Duration::from_secs(10);
@@ -86,9 +89,12 @@ fn a_reaper_sleeps_releases_each_exited_client_and_ends() {
         let (cfg, u) = (&cfg, &u);
         let reaper = s.spawn(move || {
             tx.send(nix::unistd::gettid().as_raw()).unwrap();
-            run(cfg, u, &|| {
-                Box::new(FakeInventory::new(&[(0, ComputeMode::Default)]))
-            })
+            run(
+                cfg,
+                u,
+                &|| Box::new(FakeInventory::new(&[(0, ComputeMode::Default)])),
+                NO_LINGER,
+            )
         });
         let tid = rx.recv().unwrap();
         // The stamp that says this live process holds the lock (written once it has it;
@@ -97,7 +103,13 @@ fn a_reaper_sleeps_releases_each_exited_client_and_ends() {
         until("the reaper stamps its lock", || sd.reaper_alive(u));
         assert!(running(&sd, u));
         // A second reaper for the GPU returns at once.
-        run(cfg, u, &|| unreachable!("the second reaper opened NVML")).unwrap();
+        run(
+            cfg,
+            u,
+            &|| unreachable!("the second reaper opened NVML"),
+            NO_LINGER,
+        )
+        .unwrap();
         // While its clients live it sleeps: almost no CPU over a while.
         let before = cpu_ticks(tid);
         std::thread::sleep(Duration::from_millis(300));
@@ -166,7 +178,7 @@ fn a_reaper_ends_only_under_the_gpu_s_lock() {
     let held = sd.lock(&u, Duration::from_secs(1), "the test").unwrap();
     std::thread::scope(|s| {
         let (cfg, u) = (&cfg, &u);
-        let reaper = s.spawn(move || run(cfg, u, &fake_nvml));
+        let reaper = s.spawn(move || run(cfg, u, &fake_nvml, NO_LINGER));
         until("the reaper stamps its lock", || sd.reaper_alive(u));
         std::thread::sleep(Duration::from_millis(1500));
         assert!(!reaper.is_finished(), "ended without the GPU's lock");
@@ -193,7 +205,7 @@ fn ends_after(act: impl FnOnce(&StateDir, &str)) -> bool {
     sd.save(&rec).unwrap();
     std::thread::scope(|s| {
         let (cfg, u) = (&cfg, &u);
-        let reaper = s.spawn(move || run(cfg, u, &fake_nvml));
+        let reaper = s.spawn(move || run(cfg, u, &fake_nvml, NO_LINGER));
         until("the reaper stamps its lock", || sd.reaper_alive(u));
         act(&sd, u);
         let end = std::time::Instant::now() + Duration::from_secs(10);
@@ -247,9 +259,60 @@ fn a_client_whose_pid_was_reused_is_released() {
     let mut rec = Record::new(&u, 0);
     rec.clients.insert("c1".into(), client(Some(gone)));
     sd.save(&rec).unwrap();
-    let r = run(&cfg, &u, &fake_nvml);
+    let r = run(&cfg, &u, &fake_nvml, NO_LINGER);
     let _ = other.kill();
     let _ = other.wait();
     r.unwrap();
     assert_eq!(sd.load(&u).unwrap(), None, "released, and the record gone");
+}
+
+/// A reaper whose GPU has no client left stays for its linger: a client that comes meanwhile is
+/// watched and released as it exits; with none, it ends once the linger is over.
+#[test]
+fn an_idle_reaper_waits_for_the_next_client_then_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_in(dir.path());
+    let sd = StateDir::new(&cfg.state_dir);
+    let u = uuid(0);
+    let sleeper = || Command::new("sleep").arg("60").spawn().unwrap();
+    let save_one = |id: &str, kid: &std::process::Child| {
+        let mut rec = Record::new(&u, 0);
+        rec.clients
+            .insert(id.into(), client(ProcId::of(kid.id() as i32)));
+        sd.save(&rec).unwrap();
+    };
+    let gone = || sd.load(&u).unwrap().is_none();
+    let mut a = sleeper();
+    save_one("ca", &a);
+    let linger = Duration::from_secs(3);
+    std::thread::scope(|s| {
+        let (cfg, u) = (&cfg, &u);
+        let reaper = s.spawn(move || run(cfg, u, &fake_nvml, linger));
+        until("the reaper stamps its lock", || sd.reaper_alive(u));
+        let _ = a.kill();
+        let _ = a.wait();
+        until("ca released", gone);
+        let idle = std::time::Instant::now();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            !reaper.is_finished(),
+            "it ended as soon as the GPU was idle"
+        );
+        assert!(running(&sd, u) && sd.reaper_alive(u));
+        // A client that comes during the linger is watched: released when its process exits.
+        let mut b = sleeper();
+        save_one("cb", &b);
+        std::thread::sleep(Duration::from_millis(100));
+        let _ = b.kill();
+        let _ = b.wait();
+        until("cb released", gone);
+        until("the reaper ends", || reaper.is_finished());
+        reaper.join().unwrap().unwrap();
+        assert!(
+            idle.elapsed() >= linger,
+            "it ended {:?} after the GPU went idle, before its linger",
+            idle.elapsed()
+        );
+    });
+    assert!(!sd.reaper_alive(&u));
 }
