@@ -16,6 +16,8 @@
 #[allow(dead_code)]
 #[path = "../tests/common/cgroup2.rs"]
 mod cgroup2;
+#[path = "common/reapers.rs"]
+mod reapers;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -517,6 +519,7 @@ fn main() {
     drop(cg);
     let _ = holder.kill();
     let _ = holder.wait();
+    reapers::remove_gpus_and_wait(&d.join("state"));
     for dir in ["state", "sim"] {
         let _ = Command::new("umount")
             .args(["-l", "-q"])

@@ -11,6 +11,9 @@
 //! Run: `cargo build --release -p gpushare-simdriver && cargo bench --bench scale`
 //! (`BENCH_ROUNDS` sets the acquire rounds, default 200).
 
+#[path = "common/reapers.rs"]
+mod reapers;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -424,28 +427,7 @@ fn main() {
         );
     }
     drop(held);
-    // The GPU reapers the hooks above started exit once `gpus/` is gone; waited for (by the
-    // pid and start time in their lock files), so that none writes into the temp dir after
-    // it is removed or holds the mount.
-    let _ = std::fs::remove_dir_all(sd.gpus_dir());
-    let reapers: Vec<ProcId> = std::fs::read_dir(d.join("state").join("reapers"))
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-                .filter_map(|t| {
-                    let mut f = t.split_whitespace();
-                    Some(ProcId {
-                        pid: f.next()?.parse().ok()?,
-                        start_time: f.next()?.parse().ok()?,
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while reapers.iter().any(ProcId::is_alive) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    reapers::remove_gpus_and_wait(&d.join("state"));
     if tmpfs {
         // Detached if something still holds it, so that no mount is left behind.
         let umount = |lazy: bool| {
