@@ -372,9 +372,9 @@ fn a_reaper_leaves_the_cgroup_of_the_hook_that_started_it() {
     assert!(out.status.success());
 }
 
-/// A reaper whose binary was replaced (a package upgrade renames the new one over it) does not
-/// stay on an idle GPU: the next change of the record wakes it, and it ends, so that the next
-/// acquire starts one of the new binary.
+/// A reaper whose binary was replaced (a package upgrade renames the new one over it) or removed
+/// does not stay on an idle GPU: it ends at the next change of the record, or within a few
+/// seconds without one, so that the next acquire starts one of the new binary.
 #[test]
 fn a_reaper_whose_binary_was_replaced_does_not_stay_idle() {
     let sb = Sandbox::new(1);
@@ -427,5 +427,18 @@ fn a_reaper_whose_binary_was_replaced_does_not_stay_idle() {
     assert!(
         ended(&mut r, Duration::from_secs(10)),
         "it stayed with its binary replaced"
+    );
+    // Without a wake-up too: an idle reaper looks at its binary every few seconds.
+    std::fs::copy(common::hook_bin(), &bin).unwrap();
+    let mut r = reap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !ended(&mut r, Duration::from_millis(300)),
+        "it did not stay"
+    );
+    std::fs::remove_file(&bin).unwrap();
+    assert!(
+        ended(&mut r, Duration::from_secs(10)),
+        "it stayed, unwoken, with its binary removed"
     );
 }

@@ -13,9 +13,9 @@
 //! for the next acquire's client: starting a reaper anew costs the next create on an idle GPU
 //! the move out of the hook's cgroups, which waits for an RCU grace period (6-14 ms against
 //! 0.02 ms right after another migration). Then it exits, under the GPU's lock so that no
-//! acquire can slip in unseen. A reaper whose binary was replaced (a package upgrade) does not
-//! stay: it exits when its GPU is idle, and gives way to a new one when it cannot read the
-//! record. Killed, it loses nothing: the next acquire starts another, and `gc` still drops
+//! acquire can slip in unseen. A reaper whose binary was replaced or removed (a package
+//! upgrade or removal) does not stay: an idle one exits within `IDLE_CHECK` (2 s), and one that
+//! cannot read the record gives way to a new one. Killed, it loses nothing: the next acquire starts another, and `gc` still drops
 //! clients whose process is gone.
 
 use std::fs::File;
@@ -40,6 +40,9 @@ const RESCAN: Duration = Duration::from_secs(30);
 const RETRY: Duration = Duration::from_secs(1);
 /// How long a reaper whose GPU has no client left waits for the next one before it exits.
 pub const IDLE_LINGER: Duration = Duration::from_secs(600);
+/// How often an idle reaper looks whether its binary is still there: one removed by a package's
+/// removal or upgrade (with a state dir the package does not remove) ends it within this.
+const IDLE_CHECK: Duration = Duration::from_secs(2);
 
 /// Whether this process's executable was replaced or removed since it started (a package
 /// upgrade renames a new binary over it): the kernel then names it "(deleted)".
@@ -286,7 +289,7 @@ pub fn run(
                     .elapsed(),
             );
             if !left.is_zero() && !binary_replaced() {
-                wait(&[], &inotify, &record, left);
+                wait(&[], &inotify, &record, left.min(IDLE_CHECK));
                 continue;
             }
         } else {

@@ -227,7 +227,8 @@ done < <(awk '{print $NF}' "$T/contents" | sed 's#^\./#/#')
 for p in /etc/gpushare /run/gpushare /usr/lib/gpushare /etc/containers/oci/hooks.d-podman; do
     [ -e "$p" ] && fail "$p left after purge"
 done
-# No process of the package's binaries runs on (a GPU's reaper exits once /run/gpushare is gone).
+# No process of the package's binaries runs on: a GPU's reaper exits once /run/gpushare is gone, and
+# an idle one (this test's state dir is its own) within seconds of its binary's removal.
 package_processes() {
     local e
     for e in /proc/[0-9]*/exe; do
