@@ -15,8 +15,8 @@
 //! 0.02 ms right after another migration). Then it exits, under the GPU's lock so that no
 //! acquire can slip in unseen. A reaper whose binary was replaced or removed (a package
 //! upgrade or removal) does not stay: an idle one exits within `IDLE_CHECK` (2 s), and one that
-//! cannot read the record gives way to a new one. Killed, it loses nothing: the next acquire starts another, and `gc` still drops
-//! clients whose process is gone.
+//! cannot read the record gives way to a new one. Killed, it loses nothing: the next acquire
+//! starts another, and `gc` still drops clients whose process is gone.
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
