@@ -7,8 +7,8 @@
 //! - createRuntime with a memory cap for the whole container, per backend: the limiter
 //!   (preloaded in `timeslice` and `mps` mode) and the driver's cgroup limits (the simulated
 //!   r615 NVML, on a cgroup v2 of the container's own), against the same mode uncapped;
-//! - a timeslice create on an idle GPU (50 ms after the last release), which starts the GPU's
-//!   reaper anew.
+//! - a timeslice and an MPS create on an idle GPU (50 ms after the last release): the GPU's
+//!   reaper waits for the next client, the MPS daemon does not.
 //!
 //! Uses the TEST-ONLY simulated NVML and the real `nvidia-cuda-mps-control`.
 //! Run: `scripts/bench-hook.sh` (or `cargo bench --bench hook` after `cargo build --release --workspace`).
@@ -496,26 +496,33 @@ fn main() {
     // back to back: the GPU's reaper ended with the last release and is started anew, and
     // moving it out of the hook's cgroups waits for the kernel's RCU grace period, which a
     // migration made milliseconds before (as in the rounds above) would have paid.
-    let mut idle = Vec::new();
-    let mut idle_steps = Vec::new();
-    for i in 0..rounds.min(2 * STEP_ROUNDS) {
-        std::thread::sleep(Duration::from_millis(50));
-        let (took, stderr) = created_with(&format!("idle-{i}"), &cases[0].1, None, i % 2 == 1);
-        if i % 2 == 1 {
-            idle_steps.push(step_times(&stderr));
-        } else {
-            idle.push(took);
+    // The same for MPS: the domain's daemon stopped with its last client and is started anew.
+    let idle_case = |label: &str, bundle: &Path, against: &str, baseline: Duration| {
+        let mut idle = Vec::new();
+        let mut idle_steps = Vec::new();
+        for i in 0..rounds.min(2 * STEP_ROUNDS) {
+            std::thread::sleep(Duration::from_millis(50));
+            let (took, stderr) = created_with(&format!("idle-{i}"), bundle, None, i % 2 == 1);
+            if i % 2 == 1 {
+                idle_steps.push(step_times(&stderr));
+            } else {
+                idle.push(took);
+            }
         }
-    }
-    println!(
-        "  timeslice, uncapped, idle GPU   {:>8.3} ms   (50 ms after the last release; back to back {:.3} ms)",
-        ms(med(&mut idle)),
-        ms(base[0])
+        println!(
+            "  {label:<30} {:>8.3} ms   (50 ms after the last release; {against} {:.3} ms)",
+            ms(med(&mut idle)),
+            ms(baseline)
+        );
+        println!("  {:<30} {}", "  where it goes", step_medians(&idle_steps));
+    };
+    idle_case(
+        "timeslice, uncapped, idle GPU",
+        &cases[0].1,
+        "back to back",
+        base[0],
     );
-    println!(
-        "  idle GPU                       {}",
-        step_medians(&idle_steps)
-    );
+    idle_case("mps, uncapped, idle GPU", &mps, "a warm join", a);
     drop(cg);
     let _ = holder.kill();
     let _ = holder.wait();
