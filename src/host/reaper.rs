@@ -280,7 +280,9 @@ pub fn run(
                 continue;
             }
         };
-        if clients.is_empty() {
+        if !clients.is_empty() {
+            idle_since = None;
+        } else {
             // Idle: the next acquire's client is likely soon, and a reaper started anew would
             // cost it a cgroup move's RCU grace period. Any change of the record wakes it.
             let left = linger.saturating_sub(
@@ -292,10 +294,6 @@ pub fn run(
                 wait(&[], &inotify, &record, left.min(IDLE_CHECK));
                 continue;
             }
-        } else {
-            idle_since = None;
-        }
-        if clients.is_empty() {
             match done(cfg, &state, uuid, mine) {
                 Finish::Done => return Ok(()),
                 Finish::Joined(kept) => {
