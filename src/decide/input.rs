@@ -177,7 +177,15 @@ pub fn deep_scope<T: Send, E: Send + From<InputError>>(
     bytes: &[u8],
     f: impl FnOnce() -> Result<T, E> + Send,
 ) -> Result<T, E> {
-    if nesting_depth(bytes) <= SHALLOW_DEPTH {
+    scope_for_depth(nesting_depth(bytes), f)
+}
+
+/// [`deep_scope`] for a config whose [`nesting_depth`] the caller has.
+fn scope_for_depth<T: Send, E: Send + From<InputError>>(
+    depth: usize,
+    f: impl FnOnce() -> Result<T, E> + Send,
+) -> Result<T, E> {
+    if depth <= SHALLOW_DEPTH {
         return f();
     }
     std::thread::scope(|s| {
@@ -479,16 +487,17 @@ fn canonical_spec(v: &mut Value) {
 /// [`InputError::ParseConfig`] for what runc refuses too, [`InputError::TooDeep`] past
 /// [`MAX_DEPTH`].
 pub fn parse_config(bytes: &[u8], path: &Path) -> Result<Value, InputError> {
-    read_config_value(bytes, path, GoValue)
+    read_config_value(bytes, nesting_depth(bytes), path, GoValue)
 }
 
-/// [`parse_config`] with `seed` reading the value.
+/// [`parse_config`] with `seed` reading the value, of `bytes` whose [`nesting_depth`] is `depth`.
 fn read_config_value(
     bytes: &[u8],
+    depth: usize,
     path: &Path,
     seed: impl for<'de> serde::de::DeserializeSeed<'de, Value = Value>,
 ) -> Result<Value, InputError> {
-    if nesting_depth(bytes) > MAX_DEPTH {
+    if depth > MAX_DEPTH {
         return Err(InputError::TooDeep {
             path: path.to_owned(),
         });
@@ -523,8 +532,10 @@ pub fn view_of(v: &Value, path: &Path) -> Result<SpecView, InputError> {
 /// # Errors
 /// [`InputError`] as those two.
 pub fn parse_spec(bytes: &[u8], path: &Path) -> Result<SpecView, InputError> {
-    deep_scope(bytes, || {
-        view_of(&read_config_value(bytes, path, Pruned(&VIEW))?, path)
+    // One scan of the bytes for their depth serves the stack's choice and the depth's bound.
+    let depth = nesting_depth(bytes);
+    scope_for_depth(depth, || {
+        view_of(&read_config_value(bytes, depth, path, Pruned(&VIEW))?, path)
     })
 }
 
@@ -642,7 +653,13 @@ mod tests {
         // case-folded cgroupsPath is read as runc reads it.
         let podman = std::fs::read(fixtures.join("podman-mps.json")).unwrap();
         let whole = parse_config(&podman, Path::new("c")).unwrap();
-        let pruned = read_config_value(&podman, Path::new("c"), Pruned(&VIEW)).unwrap();
+        let pruned = read_config_value(
+            &podman,
+            nesting_depth(&podman),
+            Path::new("c"),
+            Pruned(&VIEW),
+        )
+        .unwrap();
         assert!(whole["linux"].get("seccomp").is_some());
         assert!(
             pruned["linux"].get("seccomp").is_none(),
