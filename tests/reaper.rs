@@ -192,6 +192,9 @@ fn an_exited_container_that_is_not_deleted_loses_its_share_and_its_daemon() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Given the time to end, had it not stayed (it ends within milliseconds of its last
+    // release step otherwise).
+    std::thread::sleep(Duration::from_millis(500));
     assert_eq!(
         reapers(&sb),
         reaper,
