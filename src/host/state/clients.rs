@@ -614,10 +614,14 @@ enum Found {
 
 /// Finds client `id`'s line in `lines` (sorted by id) by the ids alone; `None` when a line
 /// cannot be read that way (then the caller parses them all, which says what is wrong).
+///
+/// The searches here are `memchr`'s portable ones (a word at a time): its default ones choose
+/// their code by asking the CPU first, with `cpuid`s that cost 4-5 µs each in a VM, on every
+/// hook run.
 fn find(lines: &[u8], id: &str) -> Option<Found> {
     let mut start = 0;
     while start < lines.len() {
-        let end = memchr::memchr(b'\n', &lines[start..])? + start + 1;
+        let end = memchr::arch::all::memchr::One::new(b'\n').find(&lines[start..])? + start + 1;
         let line_id = line_id(&lines[start..end])?;
         match line_id.as_ref().cmp(id) {
             Ordering::Less => start = end,
@@ -678,7 +682,7 @@ fn is_removal(line: &[u8]) -> bool {
 /// The id a line starts with: read in place when it has no escapes, as ids have.
 fn line_id(line: &[u8]) -> Option<Cow<'_, str>> {
     let rest = line.strip_prefix(b"[\"")?;
-    let q = memchr::memchr2(b'"', b'\\', rest)?;
+    let q = memchr::arch::all::memchr::Two::new(b'"', b'\\').find(rest)?;
     if rest[q] == b'"' {
         return std::str::from_utf8(&rest[..q]).ok().map(Cow::Borrowed);
     }
