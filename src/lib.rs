@@ -31,6 +31,9 @@ pub use container::error::Error;
 /// For the binaries' `#![no_main]` entries: what Rust's runtime set-up would have done that
 /// they still need (see `sys::entry`).
 pub use sys::entry::prepare as prepare_process;
+/// For a process that ends soon after its last use of NVML (a hook stage, the runtime wrapper,
+/// which execs the next runtime): NVML's unload is left to the process's end (see `sys::nvml`).
+pub use sys::nvml::leave_loaded_until_exit as leave_nvml_to_exit;
 
 /// Version string printed by `gpushare-hook version`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

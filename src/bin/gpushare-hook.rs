@@ -48,6 +48,12 @@ fn run() -> ExitCode {
         println!("gpushare-hook {}", gpushare::VERSION);
         return 0;
     }
+    if let Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } | Cmd::Poststop | Cmd::Precreate =
+        cli.command
+    {
+        // A stage ends soon after it last asks NVML.
+        gpushare::leave_nvml_to_exit();
+    }
     let mut stdin = std::io::stdin().lock();
     // The no-share fast path: a container that asks for nothing is let through before the
     // policy is read, logging set up or anything else done (so a policy that does not load

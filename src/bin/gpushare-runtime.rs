@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use gpushare::container::runtime;
 
 fn main() -> ExitCode {
+    // It ends in the next runtime's exec (or an error) soon after it last asks NVML.
+    gpushare::leave_nvml_to_exit();
     let argv: Vec<OsString> = std::env::args_os().skip(1).collect();
     let args = runtime::parse_args(&argv);
     if let Some(text) = runtime::own_answer(&argv, &args) {

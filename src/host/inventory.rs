@@ -314,7 +314,10 @@ mod tests {
     fn nvml_inventory_on_the_simulated_driver() {
         let dir = tempfile::tempdir().unwrap();
         let lib = simulated_nvml(dir.path());
-        // Only this test loads the simulated driver; it reads these once, at its first call.
+        let _one = crate::host::tests::SIMULATED_NVML
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The simulated driver reads these once, at its first call.
         std::env::set_var("GPUSHARE_SIM_STATE", dir.path().join("sim"));
         std::env::set_var("GPUSHARE_SIM_DEVICES", "81920,40960");
         let inv = NvmlInventory::open(&lib).expect("the simulated NVML");

@@ -39,6 +39,10 @@ macro_rules! rows {
 mod rows;
 mod world;
 
+/// Held by each test that loads the TEST-ONLY simulated driver into this process: a load's first
+/// call reads the environment, which such a test sets.
+pub(crate) static SIMULATED_NVML: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Whether this process may mount (root): `what` needs it, and under CI it must.
 pub(crate) fn can_mount(what: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
