@@ -150,11 +150,8 @@ fn spawn(source: &Source, uuid: &str) -> std::io::Result<i32> {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     crate::sys::detached(&mut cmd);
-    let child = cmd.spawn()?;
-    let pid = child.id() as i32;
-    crate::host::mps::leave_cgroups(pid);
     // Not waited for: it outlives the hook and is reparented.
-    Ok(pid)
+    Ok(crate::host::mps::spawn_out_of_cgroups(&mut cmd)?.id())
 }
 
 /// What one look at the clients found.

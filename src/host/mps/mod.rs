@@ -19,7 +19,7 @@ use crate::host::procinfo::ProcId;
 use crate::vocab::Limits;
 
 pub use dirs::{is_mount_point, MpsDirs, NEW_PREFIX, OWNER_FILE, PIPE_TMPFS_OPTIONS};
-pub use spawn::{daemon_capabilities, leave_cgroups, stop_process};
+pub use spawn::{daemon_capabilities, spawn_out_of_cgroups, stop_process, Started};
 
 /// PATH given to the programs the hook starts.
 pub const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
