@@ -378,6 +378,30 @@ fn container_that_asks_for_nothing_touches_nothing() {
     let out = sb.hook(&["poststop"], &Sandbox::state_json("plain", 0, &b));
     ok(&out);
     assert!(!sb.state_dir().exists());
+    // Bytes that are not UTF-8 in a string, which runc's Go decoder takes (it replaces them):
+    // still nothing asked, so let through.
+    let config = b.join("config.json");
+    let text = std::fs::read(&config).unwrap();
+    let at = text
+        .windows(3)
+        .position(|w| w == b"\"x\"")
+        .expect("the spec's \"x\"")
+        + 1;
+    let mut bytes = text.clone();
+    bytes[at] = 0xff;
+    std::fs::write(&config, &bytes).unwrap();
+    assert!(
+        std::str::from_utf8(&bytes).is_err(),
+        "positive control: not UTF-8"
+    );
+    // The poststop above went the whole way, which opens the log.
+    let _ = std::fs::remove_file(sb.log_path());
+    let out = sb.hook(&["createRuntime"], &Sandbox::state_json("bytes", 1, &b));
+    ok(&out);
+    assert!(out.stderr.is_empty() && out.stdout.is_empty());
+    assert!(!sb.state_dir().exists(), "no state written");
+    // Let through at the first look: the policy was not read, nor logging set up.
+    assert!(!sb.log_path().exists(), "it went the whole way");
 }
 
 #[test]

@@ -36,19 +36,21 @@ pub enum DecideError {
     },
 }
 
-/// Cheap test on the raw config bytes: can this container possibly ask for sharing? Bytes that
-/// are not UTF-8 (so not a JSON text) may: the whole way refuses them.
+/// Cheap test on the raw config bytes: can this container possibly ask for sharing? The names
+/// are looked for in the bytes as they are: bytes that are not UTF-8 (which runc's Go decoder
+/// takes, replacing them) are read lossily, which keeps every ASCII byte where it was, so a
+/// container that names nothing still passes.
 ///
 /// `str::contains` is core's substring search, vectorised with SSE2 at compile time; `memchr`'s
 /// picks its code by asking the CPU first, seven `cpuid`s that cost 4-5 µs each in a VM (the
 /// fast path of every container that asks for nothing went 0.03 ms slower for them).
 pub(crate) fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>) -> bool {
+    let text = String::from_utf8_lossy(bytes);
     state_annotations
         .keys()
         .any(|k| k.starts_with(request::ANNOTATION))
-        || std::str::from_utf8(bytes).map_or(true, |text| {
-            text.contains("gpu.share") || text.contains("GPU_SHARE")
-        })
+        || text.contains("gpu.share")
+        || text.contains("GPU_SHARE")
 }
 
 /// A plan and the inventory it was made from.
@@ -200,8 +202,10 @@ mod tests {
         let other: HashMap<String, String> =
             [("io.x".to_owned(), "1".to_owned())].into_iter().collect();
         assert!(!may_ask(b"{}", &other));
-        // Not UTF-8, so not JSON: the whole way says so.
-        assert!(may_ask(b"{\"a\":\"\xff\"}", &none));
+        // Bytes that are not UTF-8: the names are found where they are, and nothing else is.
+        assert!(!may_ask(b"{\"a\":\"\xff\xc3\"}", &none));
+        assert!(may_ask(b"{\"gpu.share\xc3\":\"mps\xff\"}", &none));
+        assert!(may_ask(b"{\"\xc3gpu.share\":\"mps\"}", &none));
         // Anywhere in a long spec, past the first vector's width and at its very end.
         let long = format!("{{\"x\":\"{}\",\"y\":\"gpu.share\"", "a".repeat(10_000));
         assert!(may_ask(long.as_bytes(), &none));
