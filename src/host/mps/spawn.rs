@@ -301,7 +301,9 @@ fn hierarchy_roots(mountinfo: &str) -> Vec<HierarchyRoot> {
 /// root (then waited for by pid: it is this process's child until waited for, so the pid
 /// cannot name another process).
 pub enum Started {
+    /// Spawned, then moved.
     Spawned(std::process::Child),
+    /// Born in the cgroup v2 root: its pid.
     Cloned(i32),
 }
 
