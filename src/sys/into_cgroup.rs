@@ -199,16 +199,7 @@ mod tests {
     /// caller.
     #[test]
     fn spawns_a_child_born_in_the_cgroup() {
-        if !crate::host::tests::can_mount("the clone3 cgroup test") {
-            return;
-        }
-        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let Some(root) = crate::host::mounts::entries(&mountinfo)
-            .find(|e| e.fstype == "cgroup2" && e.root == std::path::Path::new("/"))
-            .map(|e| e.mount_point)
-        else {
-            assert!(std::env::var_os("CI").is_none(), "no cgroup2 mount here");
-            eprintln!("SKIPPED: the clone3 cgroup test: no cgroup2 mount here");
+        let Some(root) = crate::host::tests::cgroup2_root("the clone3 cgroup test") else {
             return;
         };
         let name = format!("gpushare-into-test-{}", std::process::id());

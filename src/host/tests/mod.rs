@@ -43,6 +43,23 @@ mod world;
 /// call reads the environment, which such a test sets.
 pub(crate) static SIMULATED_NVML: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The mount point of the cgroup v2 hierarchy's root, for `what`, which needs it (and root):
+/// `None` (SKIPPED, said loudly; a failure under CI) where there is none.
+pub(crate) fn cgroup2_root(what: &str) -> Option<std::path::PathBuf> {
+    if !can_mount(what) {
+        return None;
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let root = crate::host::mounts::entries(&mountinfo)
+        .find(|e| e.fstype == "cgroup2" && e.root == std::path::Path::new("/"))
+        .map(|e| e.mount_point);
+    if root.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "no cgroup2 mount here");
+        eprintln!("SKIPPED: {what}: no cgroup2 mount here");
+    }
+    root
+}
+
 /// Whether this process may mount (root): `what` needs it, and under CI it must.
 pub(crate) fn can_mount(what: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
