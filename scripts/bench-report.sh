@@ -67,9 +67,12 @@ for mode in timeslice mps; do
         row "hook createRuntime, $mode with a 1Gi container cap, $backend backend" "$v" ms "$mode uncapped" "$base"
     done
 done
-idle=$(num 'uncapped, idle GPU' "$out/hook" '[0-9.]+ ms')
+idle=$(num 'timeslice, uncapped, idle GPU' "$out/hook" '[0-9.]+ ms')
 back=$(num '  timeslice, uncapped ' "$out/hook" '[0-9.]+ ms')
 row "hook createRuntime, timeslice on an idle GPU (50 ms after the last release)" "$idle" ms "timeslice back to back" "$back"
+idle=$(num 'mps, uncapped, idle GPU' "$out/hook" '[0-9.]+ ms')
+warm=$(num 'mps acquire, daemon running' "$out/hook" '[0-9.]+ ms')
+row "hook createRuntime, mps on an idle GPU (50 ms after the last release: its daemon started anew)" "$idle" ms "a warm MPS join" "$warm"
 section=
 while IFS= read -r line; do
     if [[ $line == "-- as in mps mode"* ]]; then
