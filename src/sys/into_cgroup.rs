@@ -21,20 +21,42 @@ pub enum IntoCgroupError {
 /// `CLONE_INTO_CGROUP` (Linux 5.7, `linux/sched.h`).
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
+/// [`spawn_into_cgroup`] where this process has one thread (so no other thread can hold a lock
+/// at the clone, nor start while this one is in here); `IntoCgroupError::Clone` with
+/// `Unsupported` where it has more, for the caller to spawn another way.
+///
+/// # Errors
+/// As [`spawn_into_cgroup`].
+pub fn spawn_into_cgroup_if_alone(
+    cmd: &mut Command,
+    cgroup: BorrowedFd<'_>,
+) -> Result<i32, IntoCgroupError> {
+    if !single_threaded() {
+        return Err(IntoCgroupError::Clone(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this process has another thread",
+        )));
+    }
+    // SAFETY: this process has one thread (checked above), and only that thread could start
+    // another: none can hold a lock at the clone.
+    unsafe { spawn_into_cgroup(cmd, cgroup) }
+}
+
 /// Starts `cmd` (its stdio, environment, directory and `pre_exec` steps, as `Command::spawn`
 /// would) as a child of this process born in the cgroup v2 directory `cgroup`, and returns its
 /// pid once it has exec'd. The child is this process's to wait for (`SIGCHLD` on exit).
 ///
-/// Only for a process with one thread: the child is made by a raw `clone3`, which skips the C
-/// library's fork handlers, and it prepares `cmd` itself (environment, argument arrays) before
-/// the exec; with another thread, a lock that thread held at the clone could be held forever
-/// there. [`single_threaded`] says whether this process qualifies.
+/// # Safety
+/// No other thread of this process may hold a lock at the call (the C library's allocator's,
+/// std's environment lock): the child is made by a raw `clone3`, which skips the C library's
+/// fork handlers, and it prepares `cmd` itself (environment, argument arrays) before the exec,
+/// where such a lock would be held forever, or the state behind it half-changed.
 ///
 /// # Errors
 /// [`IntoCgroupError::Clone`]: no child was made (`ENOSYS` before Linux 5.7; `EINVAL`, `EPERM`,
 /// `EBUSY` for a cgroup that cannot take it); [`IntoCgroupError::Child`]: the child's own error
 /// before or at its exec, what `Command::spawn` would have returned (the child is waited for).
-pub fn spawn_into_cgroup(
+pub unsafe fn spawn_into_cgroup(
     cmd: &mut Command,
     cgroup: BorrowedFd<'_>,
 ) -> Result<i32, IntoCgroupError> {
@@ -46,8 +68,8 @@ pub fn spawn_into_cgroup(
     args.cgroup = cgroup.as_raw_fd() as u64;
     // SAFETY: clone3 reads `args` (alive across the call, its size passed). Without CLONE_VM
     // the child runs on a copy of this process's memory, as after fork(2), from this point; it
-    // only execs `cmd` or exits (below). The caller guarantees this process has one thread
-    // (the function's contract), so no lock is held in the copy.
+    // only execs `cmd` or exits (below). By the caller's contract no other thread holds a lock
+    // in that copy.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone3,
@@ -165,16 +187,21 @@ mod tests {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let pid = spawn_into_cgroup(&mut sleep, cg.as_fd()).unwrap();
+        // The harness's main thread only waits for this test to end (one test,
+        // `--test-threads=1`), holding no lock: each call below keeps `spawn_into_cgroup`'s
+        // contract.
+        // SAFETY: see just above.
+        let pid = unsafe { spawn_into_cgroup(&mut sleep, cg.as_fd()) }.unwrap();
         println!("BORN {}", unified(pid).unwrap_or_default());
         // SAFETY: kill(2) takes integers; `pid` is this process's child, not yet waited for.
         unsafe { libc::kill(pid, libc::SIGKILL) };
         assert!(reap(pid).is_ok());
 
         // The child's own errors come back as Command::spawn gives them, the child waited for.
-        let Err(IntoCgroupError::Child(e)) =
-            spawn_into_cgroup(&mut Command::new("/nonexistent/program"), cg.as_fd())
-        else {
+        let mut missing = Command::new("/nonexistent/program");
+        // SAFETY: as for the first call.
+        let got = unsafe { spawn_into_cgroup(&mut missing, cg.as_fd()) };
+        let Err(IntoCgroupError::Child(e)) = got else {
             panic!("a program that is not there was started");
         };
         assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
@@ -183,7 +210,9 @@ mod tests {
         unsafe {
             refused.pre_exec(|| Err(std::io::Error::from_raw_os_error(libc::EXDEV)));
         }
-        let Err(IntoCgroupError::Child(e)) = spawn_into_cgroup(&mut refused, cg.as_fd()) else {
+        // SAFETY: as for the first call.
+        let got = unsafe { spawn_into_cgroup(&mut refused, cg.as_fd()) };
+        let Err(IntoCgroupError::Child(e)) = got else {
             panic!("a pre_exec step's error was lost");
         };
         assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{e}");
@@ -193,6 +222,22 @@ mod tests {
         let r = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
         assert_eq!(r, -1, "a child was left unwaited for");
         println!("HELPER OK");
+    }
+
+    /// With another thread in the process, nothing is cloned: the caller spawns another way.
+    #[test]
+    fn a_process_with_another_thread_is_told_to_spawn_another_way() {
+        assert!(
+            !single_threaded(),
+            "positive control: the harness runs tests on a thread"
+        );
+        let dir = std::fs::File::open("/").unwrap();
+        let mut never = Command::new("/nonexistent/program");
+        let Err(IntoCgroupError::Clone(e)) = spawn_into_cgroup_if_alone(&mut never, dir.as_fd())
+        else {
+            panic!("cloned with another thread running");
+        };
+        assert_eq!(e.kind(), std::io::ErrorKind::Unsupported, "{e}");
     }
 
     /// A child is born in the cgroup it is given, never moved there, and its errors reach the

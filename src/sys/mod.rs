@@ -22,7 +22,7 @@ pub mod self_record;
 
 pub use detach::detached;
 pub use dlopen::missing_symbols;
-pub use into_cgroup::{reap, single_threaded, spawn_into_cgroup, try_reap, IntoCgroupError};
+pub use into_cgroup::{reap, spawn_into_cgroup_if_alone, try_reap, IntoCgroupError};
 pub use mount_api::{
     clone_tree, is_mount_root, move_mount_onto, umount_fd_detach, SyscallError, MOUNT_ATTR_NODEV,
     MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
