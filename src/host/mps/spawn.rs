@@ -354,11 +354,10 @@ impl Started {
 pub fn spawn_out_of_cgroups(cmd: &mut Command) -> std::io::Result<Started> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let roots = hierarchy_roots(&mountinfo);
-    let v2_root = roots.iter().find(|r| r.v2).and_then(|r| {
-        std::fs::File::open(&r.mount_point)
-            .ok()
-            .map(std::os::fd::OwnedFd::from)
-    });
+    let v2_root = roots
+        .iter()
+        .find(|r| r.v2)
+        .and_then(|r| std::fs::File::open(&r.mount_point).ok());
     if let Some(dir) = v2_root {
         use std::os::fd::AsFd;
         match crate::sys::spawn_into_cgroup_if_alone(cmd, dir.as_fd()) {
