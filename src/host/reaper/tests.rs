@@ -316,3 +316,90 @@ fn an_idle_reaper_waits_for_the_next_client_then_ends() {
     });
     assert!(!sd.reaper_alive(&u));
 }
+
+/// A change of the record wakes the reaper, which lets it settle ([`SETTLE`]) before it reads
+/// the record: the hook that renamed it in is not made to wait for the reaper's look.
+#[test]
+fn a_reaper_lets_a_change_settle_before_it_reads_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_in(dir.path());
+    let sd = StateDir::new(&cfg.state_dir);
+    let u = uuid(0);
+    struct Kid(std::process::Child);
+    impl Drop for Kid {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let kid = || Kid(Command::new("sleep").arg("60").spawn().unwrap());
+    let (a, b) = (kid(), kid());
+    let mut rec = Record::new(&u, 0);
+    rec.clients
+        .insert("ca".into(), client(ProcId::of(a.0.id() as i32)));
+    sd.save(&rec).unwrap();
+    let name = sd.record_path(&u).file_name().unwrap().to_owned();
+    // Every open of a name in the GPUs' directory: the reaper reads the record by opening it.
+    let watch = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK).unwrap();
+    watch
+        .add_watch(&sd.gpus_dir(), AddWatchFlags::IN_OPEN)
+        .unwrap();
+    let opened = |until: std::time::Instant| -> Option<std::time::Instant> {
+        loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            let mut p = [PollFd::new(watch.as_fd(), PollFlags::POLLIN)];
+            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            if nix::poll::poll(&mut p, PollTimeout::from(ms)).unwrap() == 0 {
+                return None;
+            }
+            let at = std::time::Instant::now();
+            if watch
+                .read_events()
+                .unwrap_or_default()
+                .iter()
+                .any(|e| e.name.as_deref() == Some(name.as_os_str()))
+            {
+                return Some(at);
+            }
+        }
+    };
+    let in_10s = || std::time::Instant::now() + Duration::from_secs(10);
+    std::thread::scope(|s| {
+        let (cfg, u) = (&cfg, &u);
+        let reaper = s.spawn(move || run(cfg, u, &fake_nvml, NO_LINGER));
+        // Its first look, at start (the control: this watch sees its reads).
+        assert!(
+            opened(in_10s()).is_some(),
+            "the reaper never read the record"
+        );
+        until("the reaper stamps its lock", || sd.reaper_alive(u));
+        // Quiet while its client lives.
+        assert_eq!(
+            opened(std::time::Instant::now() + Duration::from_millis(200)),
+            None
+        );
+        let mut rec = Record::new(u, 0);
+        rec.clients
+            .insert("ca".into(), client(ProcId::of(a.0.id() as i32)));
+        rec.clients
+            .insert("cb".into(), client(ProcId::of(b.0.id() as i32)));
+        let changed = std::time::Instant::now();
+        sd.save(&rec).unwrap();
+        let read = opened(in_10s()).expect("the reaper did not read the changed record");
+        assert!(
+            read - changed >= SETTLE,
+            "the reaper read the record {:?} after it changed, before the change settled ({SETTLE:?})",
+            read - changed
+        );
+        // And it watches what it read: cb's exit is released.
+        drop(b);
+        until("cb released", || {
+            sd.load(u)
+                .unwrap()
+                .is_some_and(|r| !r.clients.contains_key("cb"))
+        });
+        drop(a);
+        until("the reaper ends", || reaper.is_finished());
+        reaper.join().unwrap().unwrap();
+    });
+}
