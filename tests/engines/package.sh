@@ -91,6 +91,15 @@ snapshot() {
         find /var/log /usr/bin -maxdepth 1 -name 'gpushare*' 2>/dev/null || true
     } | sort
 }
+# A /run/gpushare there before the install is not the package's (a gpushare of this build, run
+# by another test with the default state dir, made it): it is kept aside while the package is
+# installed and purged, and put back after, so that the purge's removal of its state dir is checked
+# on the package's own. Said, with what it held, so that its maker can be found.
+if [ -e /run/gpushare ]; then
+    echo "note: /run/gpushare was there before the install, kept aside until the test ends: $(find /run/gpushare | tr '\n' ' ')"
+    mv /run/gpushare "$T/run-gpushare.before" || fail "cannot keep /run/gpushare aside"
+    on_exit 'rm -rf /run/gpushare; mv "$T/run-gpushare.before" /run/gpushare'
+fi
 [ -e "$LOG" ] || echo "a log gpushare did not create" >"$LOG"
 LOG_FIRST=$(head -1 "$LOG")
 # The event log is left out of both lists (other tests beside this one may write it; its own
