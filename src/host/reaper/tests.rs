@@ -17,6 +17,17 @@ fn until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
+/// A child process of the test, killed when dropped, so that a failing check cannot leave the
+/// reaper waiting on it.
+struct Kid(std::process::Child);
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn client(process: Option<ProcId>) -> Client {
     Client {
         mode: Mode::Timeslice,
@@ -56,14 +67,6 @@ fn a_reaper_sleeps_releases_each_exited_client_and_ends() {
         lock_path(&sd, &u),
         sd.root().join(format!("reapers/{u}.lock"))
     );
-    // Killed when dropped, so that a failing check cannot leave the reaper waiting on them.
-    struct Kid(std::process::Child);
-    impl Drop for Kid {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let a = Kid(Command::new("sleep").arg("60").spawn().unwrap());
     let b = Kid(Command::new("sleep").arg("60").spawn().unwrap());
     let proc_of = |c: &Kid| ProcId::of(c.0.id() as i32).unwrap();
@@ -325,13 +328,6 @@ fn a_reaper_lets_a_change_settle_before_it_reads_the_record() {
     let cfg = cfg_in(dir.path());
     let sd = StateDir::new(&cfg.state_dir);
     let u = uuid(0);
-    struct Kid(std::process::Child);
-    impl Drop for Kid {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let kid = || Kid(Command::new("sleep").arg("60").spawn().unwrap());
     let (a, b) = (kid(), kid());
     let mut rec = Record::new(&u, 0);
