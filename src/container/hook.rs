@@ -69,12 +69,16 @@ pub fn create_runtime(
     open_inventory: &dyn Fn() -> Result<Box<dyn Inventory>, InventoryError>,
 ) -> Result<Outcome, Error> {
     let state = intake::read_state(stdin)?;
-    let bytes = match preread.filter(|p| p.bundle == state.bundle()) {
-        Some(p) => p.bytes,
-        None => intake::read_config_bytes(state.bundle())?,
+    // A first look's bytes were already found to ask ([`Preread`]): not searched again.
+    let (bytes, asked) = match preread.filter(|p| p.bundle == state.bundle()) {
+        Some(p) => (p.bytes, true),
+        None => (intake::read_config_bytes(state.bundle())?, false),
     };
     let empty = HashMap::new();
-    if profile.is_none() && !may_ask(&bytes, state.annotations().as_ref().unwrap_or(&empty)) {
+    if profile.is_none()
+        && !asked
+        && !may_ask(&bytes, state.annotations().as_ref().unwrap_or(&empty))
+    {
         return Ok(Outcome::Nothing);
     }
     // Set by the spec edit in this hook's own entry, never by the container.
@@ -113,7 +117,8 @@ pub enum Look {
     Ask(Option<Preread>),
 }
 
-/// A bundle's `config.json` as the first look read it.
+/// A bundle's `config.json` as the first look read it, made only when it may ask for a share
+/// (`may_ask`, with the state's annotations): [`create_runtime`] does not search it again.
 pub struct Preread {
     bundle: std::path::PathBuf,
     bytes: Vec<u8>,
