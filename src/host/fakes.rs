@@ -38,6 +38,7 @@ pub(crate) struct FakeInventory {
     driver_limits: Cell<bool>,
     fail_limits: Cell<bool>,
     limit_sets: RefCell<Vec<(u32, String, u64, u64)>>,
+    mode_reads: Cell<usize>,
 }
 
 impl FakeInventory {
@@ -52,7 +53,13 @@ impl FakeInventory {
             driver_limits: Cell::new(false),
             fail_limits: Cell::new(false),
             limit_sets: RefCell::new(Vec::new()),
+            mode_reads: Cell::new(0),
         }
+    }
+
+    /// How many times a compute mode was read.
+    pub(crate) fn mode_reads(&self) -> usize {
+        self.mode_reads.get()
     }
 
     /// Every GPU reports `bytes` of memory.
@@ -118,6 +125,7 @@ impl Inventory for FakeInventory {
     }
 
     fn compute_mode(&self, index: u32) -> Result<ComputeMode, InventoryError> {
+        self.mode_reads.set(self.mode_reads.get() + 1);
         self.modes
             .borrow()
             .get(&index)

@@ -135,3 +135,28 @@ rows! {
         },
     },
 }
+
+/// The first timeslice or limit container on a GPU reads its compute mode and puts the default
+/// back; the next ones join without reading it again (NVML is not loaded for it), as a join of
+/// a running MPS domain does not. Once the GPU has no client, the next first one reads it again.
+#[test]
+fn a_plain_join_reads_no_compute_mode_its_first_client_set() {
+    use crate::vocab::Inventory;
+    let w = World::new(Isolation::Gpu, &[(0, EXCLUSIVE)]);
+    w.acquire(&plain("c1", Mode::Timeslice, &[0])).unwrap();
+    assert_eq!(w.inv.mode_reads(), 1, "the first client reads the mode");
+    assert_eq!(w.inv.sets(), [(0, DEFAULT)], "and puts the default");
+    w.acquire(&plain("c2", Mode::Limit, &[0])).unwrap();
+    w.acquire(&plain("c3", Mode::Timeslice, &[0])).unwrap();
+    assert_eq!(w.inv.mode_reads(), 1, "the joins read no mode");
+    assert_eq!(w.inv.sets(), [(0, DEFAULT)]);
+    assert_eq!(w.clients(0), ["c1", "c2", "c3"]);
+    for c in ["c1", "c2", "c3"] {
+        assert!(w.host().release(c).is_empty(), "{c}");
+    }
+    // Changed while the GPU had no client: the next first client reads it and puts it back.
+    w.inv.set_compute_mode(0, EXCLUSIVE).unwrap();
+    w.acquire(&plain("c4", Mode::Timeslice, &[0])).unwrap();
+    assert_eq!(w.inv.mode_reads(), 2, "a first client again");
+    assert_eq!(w.inv.modes(), [(0, DEFAULT)]);
+}
