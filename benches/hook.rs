@@ -8,7 +8,8 @@
 //!   (preloaded in `timeslice` and `mps` mode) and the driver's cgroup limits (the simulated
 //!   r615 NVML, on a cgroup v2 of the container's own), against the same mode uncapped;
 //! - a timeslice and an MPS create on an idle GPU (50 ms after the last release): the GPU's
-//!   reaper waits for the next client, the MPS daemon does not.
+//!   reaper waits for the next client, the MPS daemon does not;
+//! - a timeslice join (another timeslice container on the GPU) against the GPU's first client.
 //!
 //! Uses the TEST-ONLY simulated NVML and the real `nvidia-cuda-mps-control`.
 //! Run: `scripts/bench-hook.sh` (or `cargo bench --bench hook` after `cargo build --release --workspace`).
@@ -210,11 +211,12 @@ fn main() {
         }
         let took = run_with(&hook, &["createRuntime"], &state(id, c.id(), bundle), steps);
         // The container exits, then its poststop runs, as on a node; the GPU's reaper wakes on
-        // the exit: it is given time to be done before the next measured run.
+        // the exit and looks 10 ms later (`reaper::SETTLE`): it is given time to be done before
+        // the next measured run.
         let _ = c.kill();
         let _ = c.wait();
         run(&hook, &["poststop"], &state(id, 0, bundle));
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(15));
         took
     };
     let created = |id: &str, bundle: &Path, cgroup: Option<&cgroup2::Cgroup2>| {
@@ -523,6 +525,43 @@ fn main() {
         base[0],
     );
     idle_case("mps, uncapped, idle GPU", &mps, "a warm join", a);
+    // A timeslice join (another timeslice container already on the GPU: the first client read
+    // the compute mode, so a join loads no NVML) against the GPU's first client, alternating:
+    // GPU 0 held by a container, GPU 1 left free.
+    let on_gpu1 = bundle(
+        "ts-gpu1",
+        &with_ann(&ts(false, false), &|v| {
+            for e in v["process"]["env"].as_array_mut().unwrap() {
+                if e.as_str()
+                    .is_some_and(|s| s.starts_with("NVIDIA_VISIBLE_DEVICES="))
+                {
+                    *e = serde_json::json!("NVIDIA_VISIBLE_DEVICES=1");
+                }
+            }
+        }),
+    );
+    let mut th = sleeper();
+    run(
+        &hook,
+        &["createRuntime"],
+        &state("th", th.id(), &cases[0].1),
+    );
+    let (mut join, mut first) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        join.push(created(&format!("tj-{i}"), &cases[0].1, None));
+        first.push(created(&format!("tf-{i}"), &on_gpu1, None));
+    }
+    let _ = th.kill();
+    let _ = th.wait();
+    run(&hook, &["poststop"], &state("th", 0, &cases[0].1));
+    let (join, first) = (med(&mut join), med(&mut first));
+    println!(
+        "  {:<30} {:>8.3} ms   (another timeslice container on the GPU; the GPU's first client {:.3} ms, alternating: {:.2}x)",
+        "timeslice, uncapped, a join",
+        ms(join),
+        ms(first),
+        join.as_secs_f64() / first.as_secs_f64()
+    );
     drop(cg);
     let _ = holder.kill();
     let _ = holder.wait();

@@ -73,6 +73,9 @@ row "hook createRuntime, timeslice on an idle GPU (50 ms after the last release)
 idle=$(num 'mps, uncapped, idle GPU' "$out/hook" '[0-9.]+ ms')
 warm=$(num 'mps acquire, daemon running' "$out/hook" '[0-9.]+ ms')
 row "hook createRuntime, mps on an idle GPU (50 ms after the last release: its daemon started anew)" "$idle" ms "a warm MPS join" "$warm"
+join=$(num 'timeslice, uncapped, a join' "$out/hook" '[0-9.]+ ms')
+first=$(num 'timeslice, uncapped, a join' "$out/hook" "first client [0-9.]+ ms")
+row "hook createRuntime, timeslice joining a GPU that serves another timeslice container" "$join" ms "the GPU's first client" "$first"
 section=
 while IFS= read -r line; do
     if [[ $line == "-- as in mps mode"* ]]; then
