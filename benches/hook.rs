@@ -526,34 +526,25 @@ fn main() {
     );
     idle_case("mps, uncapped, idle GPU", &mps, "a warm join", a);
     // A timeslice join (another timeslice container already on the GPU: the first client read
-    // the compute mode, so a join loads no NVML) against the GPU's first client, alternating:
-    // GPU 0 held by a container, GPU 1 left free.
-    let on_gpu1 = bundle(
-        "ts-gpu1",
-        &with_ann(&ts(false, false), &|v| {
-            for e in v["process"]["env"].as_array_mut().unwrap() {
-                if e.as_str()
-                    .is_some_and(|s| s.starts_with("NVIDIA_VISIBLE_DEVICES="))
-                {
-                    *e = serde_json::json!("NVIDIA_VISIBLE_DEVICES=1");
-                }
-            }
-        }),
-    );
-    let mut th = sleeper();
-    run(
-        &hook,
-        &["createRuntime"],
-        &state("th", th.id(), &cases[0].1),
-    );
+    // the compute mode, so a join loads no NVML) against the GPU's first client, alternating: a
+    // holder container is started after each first client's round and stopped after each join
+    // (untimed, each followed by the reaper's settle).
     let (mut join, mut first) = (Vec::new(), Vec::new());
     for i in 0..rounds {
+        first.push(created(&format!("tf-{i}"), &cases[0].1, None));
+        let mut th = sleeper();
+        run(
+            &hook,
+            &["createRuntime"],
+            &state("th", th.id(), &cases[0].1),
+        );
+        std::thread::sleep(Duration::from_millis(15));
         join.push(created(&format!("tj-{i}"), &cases[0].1, None));
-        first.push(created(&format!("tf-{i}"), &on_gpu1, None));
+        let _ = th.kill();
+        let _ = th.wait();
+        run(&hook, &["poststop"], &state("th", 0, &cases[0].1));
+        std::thread::sleep(Duration::from_millis(15));
     }
-    let _ = th.kill();
-    let _ = th.wait();
-    run(&hook, &["poststop"], &state("th", 0, &cases[0].1));
     let (join, first) = (med(&mut join), med(&mut first));
     println!(
         "  {:<30} {:>8.3} ms   (another timeslice container on the GPU; the GPU's first client {:.3} ms, alternating: {:.2}x)",
