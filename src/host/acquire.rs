@@ -249,9 +249,8 @@ impl Host<'_> {
         }
         // A GPU that already serves timeslice or limit containers was put in the default
         // compute mode by the first of them, under this lock: a join does not load NVML to read
-        // it again, as a join of a running MPS domain does not (NVML's load is most of a
-        // timeslice create's time on a warm GPU: 0.12-0.15 ms with the simulated driver, about
-        // 50 ms for the real library here).
+        // it again, as a join of a running MPS domain does not (NVML's load: 0.12-0.15 ms of a
+        // timeslice create with the simulated driver, about 50 ms for the real library here).
         let joins = !rec.clients.is_empty() && rec.serving().is_some_and(|m| m != Mode::Mps);
         if !joins {
             let previous = self.inventory.compute_mode(rec.index)?;
