@@ -289,31 +289,12 @@ mod tests {
         ));
     }
 
-    /// The TEST-ONLY simulated driver, copied into `dir` (a library of its own, so that its
-    /// environment is read afresh): `GPUSHARE_TEST_CDYLIBS`, or the workspace's debug build.
-    fn simulated_nvml(dir: &std::path::Path) -> String {
-        let built = std::env::var_os("GPUSHARE_TEST_CDYLIBS")
-            .map_or_else(
-                || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug"),
-                std::path::PathBuf::from,
-            )
-            .join("libgpushare_simdriver.so");
-        assert!(
-            built.exists(),
-            "{} is missing: run `cargo build --workspace` before `cargo test`",
-            built.display()
-        );
-        let copy = dir.join("libnvidia-ml-sim.so");
-        std::fs::copy(&built, &copy).unwrap();
-        copy.to_string_lossy().into_owned()
-    }
-
     /// NVML as gpushare calls it, on the TEST-ONLY simulated driver (two GPUs of 80 and
     /// 40 GiB, as `GPUSHARE_SIM_DEVICES` sets them).
     #[test]
     fn nvml_inventory_on_the_simulated_driver() {
         let dir = tempfile::tempdir().unwrap();
-        let lib = simulated_nvml(dir.path());
+        let lib = crate::host::tests::simulated_nvml_at(&dir.path().join("libnvidia-ml-sim.so"));
         let _one = crate::host::tests::SIMULATED_NVML
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -441,25 +441,18 @@ mod tests {
     /// Dropped, NVML is shut down and unloaded; left to the process's exit, it stays loaded.
     #[test]
     fn a_released_nvml_is_unloaded_unless_left_to_the_exit() {
-        // The TEST-ONLY simulated driver, as `cargo build --workspace` left it.
-        let built = std::env::var_os("GPUSHARE_TEST_CDYLIBS")
-            .map_or_else(
-                || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug"),
-                std::path::PathBuf::from,
-            )
-            .join("libgpushare_simdriver.so");
         let _one = crate::host::tests::SIMULATED_NVML
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tmp = tempfile::tempdir().unwrap();
         for (i, leave) in [(0, false), (1, true)] {
-            // A copy of its own (another inode): no other test's load of the simulated driver
-            // keeps it loaded.
-            let lib = tmp.path().join(format!("libnvidia-ml-{i}.so"));
-            std::fs::copy(&built, &lib)
-                .unwrap_or_else(|e| panic!("{}: {e}; cargo build --workspace", built.display()));
-            let c = CString::new(lib.to_str().unwrap()).unwrap();
-            let mut nvml = Nvml::open(lib.to_str().unwrap()).unwrap();
+            // The TEST-ONLY simulated driver, a copy of its own (another inode) each time: no
+            // other load of it keeps it loaded.
+            let lib = crate::host::tests::simulated_nvml_at(
+                &tmp.path().join(format!("libnvidia-ml-{i}.so")),
+            );
+            let c = CString::new(lib.as_str()).unwrap();
+            let mut nvml = Nvml::open(&lib).unwrap();
             assert!(loaded(&c), "positive control: opened, it is loaded");
             nvml.release(leave);
             std::mem::forget(nvml);

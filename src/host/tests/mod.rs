@@ -43,6 +43,25 @@ mod world;
 /// call reads the environment, which such a test sets.
 pub(crate) static SIMULATED_NVML: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The TEST-ONLY simulated driver, copied to `to` (a library of its own inode, so that no other
+/// test's load keeps it loaded, and its environment is read afresh): `GPUSHARE_TEST_CDYLIBS`,
+/// or the workspace's debug build.
+pub(crate) fn simulated_nvml_at(to: &std::path::Path) -> String {
+    let built = std::env::var_os("GPUSHARE_TEST_CDYLIBS")
+        .map_or_else(
+            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/debug"),
+            std::path::PathBuf::from,
+        )
+        .join("libgpushare_simdriver.so");
+    assert!(
+        built.exists(),
+        "{} is missing: run `cargo build --workspace` before `cargo test`",
+        built.display()
+    );
+    std::fs::copy(&built, to).unwrap();
+    to.to_string_lossy().into_owned()
+}
+
 /// The mount point of the cgroup v2 hierarchy's root, for `what`, which needs it (and root):
 /// `None` (SKIPPED, said loudly; a failure under CI) where there is none.
 pub(crate) fn cgroup2_root(what: &str) -> Option<std::path::PathBuf> {
