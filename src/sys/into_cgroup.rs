@@ -161,16 +161,10 @@ mod tests {
     use std::os::fd::AsFd;
     use std::process::Stdio;
 
+    use crate::host::tests::unified_cgroup as unified;
+
     /// The cgroup v2 directory the helper starts its children in, set by the test that runs it.
     const HELPER_CGROUP: &str = "GPUSHARE_TEST_INTO_CGROUP";
-
-    /// The line of `/proc/<pid>/cgroup` for the unified hierarchy (`0::<path>`): the path.
-    fn unified(pid: i32) -> Option<String> {
-        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()?
-            .lines()
-            .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
-    }
 
     /// The children [`spawn_into_cgroup`] makes, in a process of its own whose other thread
     /// (the test harness's main one) only waits: its contract wants one running thread.

@@ -594,12 +594,7 @@ mod tests {
         std::fs::create_dir(&cg).unwrap();
         let mut kid = Command::new("sleep").arg("60").spawn().unwrap();
         let pid = kid.id() as i32;
-        let unified = || {
-            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-                .unwrap()
-                .lines()
-                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
-        };
+        let unified = || crate::host::tests::unified_cgroup(pid);
         let moved = std::fs::write(cg.join("cgroup.procs"), pid.to_string());
         let before = unified();
         // What a child spawned the other way (no v2 root to be born in) is given.

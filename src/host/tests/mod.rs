@@ -79,6 +79,14 @@ pub(crate) fn cgroup2_root(what: &str) -> Option<std::path::PathBuf> {
     root
 }
 
+/// The path of process `pid` in the unified hierarchy (the `0::` line of `/proc/<pid>/cgroup`).
+pub(crate) fn unified_cgroup(pid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+}
+
 /// Whether this process may mount (root): `what` needs it, and under CI it must.
 pub(crate) fn can_mount(what: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
