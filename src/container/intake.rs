@@ -101,6 +101,7 @@ pub fn cgroup_of(pid: Option<i32>, cgroups_path: Option<&str>, id: &str) -> Cgro
         || read("/proc/self/mountinfo").map(|b| String::from_utf8_lossy(&b).into_owned());
     match crate::host::cgroup::driver_dir(
         &String::from_utf8_lossy(&proc_cgroup),
+        |dir| holds(dir, pid),
         mountinfo,
         cgroups_path,
         id,
@@ -108,6 +109,21 @@ pub fn cgroup_of(pid: Option<i32>, cgroups_path: Option<&str>, id: &str) -> Cgro
         Ok(dir) => CgroupFact::Own(dir.display().to_string()),
         Err(why) => CgroupFact::NotOwn(why.to_string()),
     }
+}
+
+/// Whether `dir` is a cgroup v2 directory whose `cgroup.procs` lists process `pid` (its
+/// `statfs` says cgroup2; the list is read capped, and a longer one is not taken).
+fn holds(dir: &Path, pid: i32) -> bool {
+    use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
+    const MAX_PROCS_BYTES: u64 = 64 << 10;
+    if !statfs(dir).is_ok_and(|s| s.filesystem_type() == CGROUP2_SUPER_MAGIC) {
+        return false;
+    }
+    std::fs::File::open(dir.join("cgroup.procs"))
+        .and_then(|f| read_capped(f, MAX_PROCS_BYTES))
+        .ok()
+        .flatten()
+        .is_some_and(|b| crate::host::cgroup::procs_list(&String::from_utf8_lossy(&b), pid))
 }
 
 #[cfg(test)]
@@ -167,6 +183,58 @@ mod tests {
         // A pid that does not exist: its cgroup cannot be read.
         match cgroup_of(Some(i32::MAX), None, "abc") {
             CgroupFact::NotOwn(why) => assert!(why.contains("cannot read"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A container's cgroup under the unified hierarchy's usual mount is found by the process it
+    /// holds; a `cgroup.procs` planted outside cgroupfs, listing the same process, is not taken.
+    #[test]
+    fn a_cgroup_is_taken_only_where_cgroupfs_lists_the_process() {
+        let Some(root) = crate::host::tests::cgroup2_root("the cgroup.procs proof test") else {
+            return;
+        };
+        let name = format!("gpushare-holds-test-{}", std::process::id());
+        let cg = root.join(&name);
+        std::fs::create_dir(&cg).unwrap();
+        /// Ends the test's own child, then removes the cgroup it was in.
+        struct Cleanup(std::process::Child, PathBuf);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                for _ in 0..100 {
+                    if std::fs::remove_dir(&self.1).is_ok() {
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        }
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        let _cleanup = Cleanup(child, cg.clone());
+        std::fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
+        assert!(holds(&cg, pid), "positive control: its cgroup holds it");
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert!(!holds(&cg, me), "this test's process is not in it");
+        // A look-alike: the same list in a directory that is not cgroupfs.
+        let fake = tempfile::tempdir().unwrap();
+        std::fs::write(fake.path().join("cgroup.procs"), format!("{pid}\n")).unwrap();
+        assert!(crate::host::cgroup::procs_list(
+            &std::fs::read_to_string(fake.path().join("cgroup.procs")).unwrap(),
+            pid
+        ));
+        assert!(!holds(fake.path(), pid), "a planted cgroup.procs was taken");
+        // The whole look: the container's own cgroup, a directory that holds it.
+        match cgroup_of(Some(pid), Some(&format!("/{name}")), "abc") {
+            CgroupFact::Own(dir) => {
+                assert!(holds(Path::new(&dir), pid), "{dir}");
+                assert!(dir.ends_with(&format!("/{name}")), "{dir}");
+            }
             other => panic!("{other:?}"),
         }
     }

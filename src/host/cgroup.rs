@@ -159,14 +159,41 @@ impl std::fmt::Display for NoDriverCgroup {
     }
 }
 
+/// Where the unified hierarchy's root is mounted on most hosts: `/sys/fs/cgroup` on a cgroup v2
+/// node, `/sys/fs/cgroup/unified` on a hybrid one.
+pub const USUAL_ROOTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
+
+/// Cgroup `path` (the kernel's, absolute) below mount point `root`; `None` for a path that is
+/// not absolute or names `..`.
+fn below(root: &str, path: &str) -> Option<PathBuf> {
+    let rel = path.strip_prefix('/')?;
+    let rel = Path::new(rel);
+    if rel
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return None;
+    }
+    Some(Path::new(root).join(rel))
+}
+
+/// Whether a `cgroup.procs` text lists process `pid`.
+pub fn procs_list(procs: &str, pid: i32) -> bool {
+    let pid = pid.to_string();
+    procs.lines().any(|l| l.trim() == pid)
+}
+
 /// The directory the driver's limits are set on for a container, or why there is none.
-/// `mountinfo` gives the host's mount table (`None`: unreadable); it is asked only for a
-/// container with a cgroup of its own (reading it costs more than the rest together).
+/// `holds` says whether a directory is a cgroup v2 directory whose `cgroup.procs` lists the
+/// container's process: the container's cgroup under one of the [`USUAL_ROOTS`] is taken when
+/// it does (a process is in one cgroup v2 only, so that proves it, whatever the mount), without
+/// reading the mount table. Else `mountinfo` gives the host's mount table (`None`: unreadable);
+/// both are asked only for a container with a cgroup of its own (the mount table costs more
+/// than the rest together, and grows with the node's mounts).
 ///
-/// # Errors
-/// [`NoDriverCgroup`]: the limiter enforces the cap instead.
 pub fn driver_dir(
     proc_cgroup: &str,
+    mut holds: impl FnMut(&Path) -> bool,
     mountinfo: impl FnOnce() -> Option<String>,
     cgroups_path: Option<&str>,
     id: &str,
@@ -179,6 +206,13 @@ pub fn driver_dir(
             Some(v1) => NoDriverCgroup::V1Only(v1),
             None => NoDriverCgroup::NotOwn(unified),
         });
+    }
+    if let Some(dir) = USUAL_ROOTS
+        .iter()
+        .filter_map(|root| below(root, &unified))
+        .find(|dir| holds(dir))
+    {
+        return Ok(dir);
     }
     let Some(mountinfo) = mountinfo() else {
         return Err(NoDriverCgroup::NoMountTable(unified));
@@ -345,12 +379,15 @@ mod tests {
 
     #[test]
     fn driver_dir_from_mountinfo() {
+        // No usual root proves it: the mount table says where the cgroup is.
+        let no = |_: &Path| false;
         let mi = || {
             Some("30 1 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw\n".to_owned())
         };
         assert_eq!(
             driver_dir(
                 "0::/system.slice/docker-abc.scope\n",
+                no,
                 mi,
                 Some("system.slice:docker:abc"),
                 "abc"
@@ -363,6 +400,7 @@ mod tests {
         assert!(matches!(
             driver_dir(
                 "4:memory:/docker/abc\n0::/\n",
+                no,
                 mi,
                 Some("/docker/abc"),
                 "abc"
@@ -372,6 +410,7 @@ mod tests {
         // Hybrid with a unified scope of its own: the driver is asked (it may answer no).
         assert!(driver_dir(
             "4:memory:/docker/abc\n0::/docker/abc\n",
+            no,
             mi,
             Some("/docker/abc"),
             "abc"
@@ -379,13 +418,13 @@ mod tests {
         .is_ok());
         // The root cgroup is never the container's.
         assert!(matches!(
-            driver_dir("0::/\n", mi, None, "abc"),
+            driver_dir("0::/\n", no, mi, None, "abc"),
             Err(NoDriverCgroup::NotOwn(_))
         ));
         // No cgroup2 mount.
         let v1only = || Some("30 1 0:26 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n".to_owned());
         assert!(matches!(
-            driver_dir("0::/abc\n", v1only, None, "abc"),
+            driver_dir("0::/abc\n", no, v1only, None, "abc"),
             Err(NoDriverCgroup::NotMounted(_))
         ));
         // A mount of a sub-tree (a cgroup namespace's view): the path below its root.
@@ -393,6 +432,7 @@ mod tests {
         assert_eq!(
             driver_dir(
                 "0::/kubepods/pod1/abc\n",
+                no,
                 sub,
                 Some("/kubepods/pod1/abc"),
                 "abc"
@@ -401,29 +441,99 @@ mod tests {
         );
         // An unreadable mount table is said as such.
         assert_eq!(
-            driver_dir("0::/abc\n", || None, None, "abc"),
+            driver_dir("0::/abc\n", no, || None, None, "abc"),
             Err(NoDriverCgroup::NoMountTable("/abc".into()))
         );
     }
 
-    /// The mount table is read only for a container with a cgroup of its own.
+    /// The usual roots and the mount table are looked at only for a container with a cgroup of
+    /// its own.
     #[test]
     fn the_mount_table_is_read_only_for_a_cgroup_of_its_own() {
-        let reads = std::cell::Cell::new(0);
+        let (reads, looks) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
         let mi = || {
             reads.set(reads.get() + 1);
             Some("30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n".to_owned())
         };
+        let no = |_: &Path| {
+            looks.set(looks.get() + 1);
+            false
+        };
         for not_own in ["0::/\n", "4:memory:/docker/abc\n0::/\n", "0::/other\n"] {
-            assert!(driver_dir(not_own, mi, Some("/docker/abc"), "abc").is_err());
+            assert!(driver_dir(not_own, no, mi, Some("/docker/abc"), "abc").is_err());
         }
         assert_eq!(
-            reads.get(),
-            0,
-            "read for a container without a cgroup of its own"
+            (reads.get(), looks.get()),
+            (0, 0),
+            "looked for a container without a cgroup of its own"
         );
-        // Positive control: the container's own cgroup reads it, once.
-        assert!(driver_dir("0::/docker/abc\n", mi, Some("/docker/abc"), "abc").is_ok());
+        // Positive control: the container's own cgroup asks both usual roots, then reads the
+        // mount table, once.
+        assert!(driver_dir("0::/docker/abc\n", no, mi, Some("/docker/abc"), "abc").is_ok());
+        assert_eq!((reads.get(), looks.get()), (1, 2));
+    }
+
+    /// A usual root whose directory holds the container's process is taken without the mount
+    /// table; one that does not is passed over.
+    #[test]
+    fn a_usual_root_that_holds_the_process_spares_the_mount_table() {
+        let reads = std::cell::Cell::new(0);
+        let mi = || {
+            reads.set(reads.get() + 1);
+            Some("30 1 0:26 / /mnt/elsewhere rw - cgroup2 cgroup2 rw\n".to_owned())
+        };
+        let asked = std::cell::RefCell::new(Vec::new());
+        let hybrid = |dir: &Path| {
+            asked.borrow_mut().push(dir.to_path_buf());
+            dir.starts_with("/sys/fs/cgroup/unified")
+        };
+        assert_eq!(
+            driver_dir("0::/docker/abc\n", hybrid, mi, Some("/docker/abc"), "abc"),
+            Ok(PathBuf::from("/sys/fs/cgroup/unified/docker/abc"))
+        );
+        assert_eq!(
+            *asked.borrow(),
+            [
+                PathBuf::from("/sys/fs/cgroup/docker/abc"),
+                PathBuf::from("/sys/fs/cgroup/unified/docker/abc")
+            ]
+        );
+        assert_eq!(reads.get(), 0, "the mount table was read");
+        // A cgroup v2 node: the first root holds it.
+        assert_eq!(
+            driver_dir(
+                "0::/docker/abc\n",
+                |_: &Path| true,
+                mi,
+                Some("/docker/abc"),
+                "abc"
+            ),
+            Ok(PathBuf::from("/sys/fs/cgroup/docker/abc"))
+        );
+        // Neither holds it: the mount table's answer, read once (the positive control).
+        assert_eq!(
+            driver_dir(
+                "0::/docker/abc\n",
+                |_: &Path| false,
+                mi,
+                Some("/docker/abc"),
+                "abc"
+            ),
+            Ok(PathBuf::from("/mnt/elsewhere/docker/abc"))
+        );
         assert_eq!(reads.get(), 1);
+    }
+
+    #[test]
+    fn a_cgroup_path_below_a_root_names_no_parent_and_procs_lists_whole_lines() {
+        assert_eq!(
+            below("/sys/fs/cgroup", "/a/b.scope"),
+            Some(PathBuf::from("/sys/fs/cgroup/a/b.scope"))
+        );
+        assert_eq!(below("/sys/fs/cgroup", "/a/../b"), None);
+        assert_eq!(below("/sys/fs/cgroup", "a/b"), None);
+        assert!(procs_list("12\n345\n", 345));
+        assert!(!procs_list("12\n3456\n", 345));
+        assert!(!procs_list("", 345));
     }
 }
