@@ -49,7 +49,7 @@ pub(crate) fn may_ask(bytes: &[u8], state_annotations: &HashMap<String, String>)
         .keys()
         .any(|k| k.starts_with(request::ANNOTATION))
         || {
-            let text = String::from_utf8_lossy(bytes);
+            let text = crate::vocab::text(bytes);
             text.contains("gpu.share") || text.contains("GPU_SHARE")
         }
 }

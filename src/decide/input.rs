@@ -502,7 +502,7 @@ fn read_config_value(
             path: path.to_owned(),
         });
     }
-    let text = String::from_utf8_lossy(bytes);
+    let text = crate::vocab::text(bytes);
     let mut de = serde_json::Deserializer::from_str(&text);
     de.disable_recursion_limit();
     let mut v = seed

@@ -17,4 +17,4 @@ pub use domain::{Isolation, Limits};
 pub use gpu::{ComputeMode, Gpu, Inventory, InventoryError};
 pub use mode::{Mode, Timeslice};
 pub use names::is_safe_name;
-pub use read::read_capped;
+pub use read::{read_capped, text};
