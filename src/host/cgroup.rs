@@ -1,6 +1,7 @@
 //! Which cgroup is a container's own: pure (the texts of `/proc/<pid>/cgroup` and
-//! `/proc/self/mountinfo` in, a path or a reason out). `container::intake` reads them, and
-//! `decide::enforce` chooses the backend of a memory cap from what they say.
+//! `/proc/self/mountinfo`, and whether a directory holds the container's process, in; a path or
+//! a reason out). `container::intake` reads them, and `decide::enforce` chooses the backend of
+//! a memory cap from what they say.
 //!
 //! The driver's limits (`nvmlDeviceSetMemoryLimits_v1`) name a cgroup v2 directory by its full
 //! path. The container's init process, at createRuntime, has not run a line of the image yet,
@@ -191,6 +192,8 @@ pub fn procs_list(procs: &str, pid: i32) -> bool {
 /// both are asked only for a container with a cgroup of its own (the mount table costs more
 /// than the rest together, and grows with the node's mounts).
 ///
+/// # Errors
+/// [`NoDriverCgroup`]: the limiter enforces the cap instead.
 pub fn driver_dir(
     proc_cgroup: &str,
     mut holds: impl FnMut(&Path) -> bool,
