@@ -167,7 +167,7 @@ fn container_id(state: &[u8]) -> String {
 /// Only for unreadable input.
 pub fn poststop(ctx: &Ctx, stdin: impl Read) -> Result<Reply, Error> {
     let input = read_state_input(stdin)?;
-    let open = || inventory::open(&ctx.cfg);
+    let open = || inventory::open_on_first_use(&ctx.cfg);
     let warnings = hook::poststop(&input[..], &ctx.cfg, &open)?;
     events::flush_if_any(&ctx.cfg);
     if !warnings.is_empty() {

@@ -707,6 +707,56 @@ fn a_join_of_a_running_daemon_loads_no_nvml_and_a_start_still_does() {
     assert!(daemons_under(&sb.state_dir()).is_empty());
 }
 
+/// A poststop that only drops a client from a domain another client keeps loads no NVML; the
+/// last one, whose release stops the daemon and must put the compute mode back, loads it, and
+/// says when it cannot.
+#[test]
+fn a_poststop_loads_nvml_only_when_its_release_needs_it() {
+    if !common::require("mps lifecycle", &["nvidia-cuda-mps-control"]) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let b0 = sb.bundle("b0", &mps_spec());
+    let (a, c) = (FakeContainer::start(), FakeContainer::start());
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("ca", a.pid(), &b0)));
+    ok(&sb.hook(&["createRuntime"], &Sandbox::state_json("cb", c.pid(), &b0)));
+    let mps_mode = sb.compute_mode(0);
+    assert_ne!(mps_mode, 0, "MPS put the GPU in another compute mode");
+
+    // NVML fails as soon as it is loaded.
+    let broken = [("GPUSHARE_SIM_FAIL", "nvmlInit_v2")];
+    let out = sb.hook_env(&["poststop"], &Sandbox::state_json("ca", 0, &b0), &broken);
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !err.contains("NVML"),
+        "a join's poststop loaded NVML: {err}"
+    );
+    assert_eq!(clients(&sb.status(), 0), vec!["cb"]);
+    assert_eq!(
+        daemons_under(&sb.state_dir()).len(),
+        1,
+        "the domain's daemon stays"
+    );
+
+    // Positive control: the last client's release needs NVML for the compute mode, and the
+    // broken NVML is met and said.
+    let out = sb.hook_env(&["poststop"], &Sandbox::state_json("cb", 0, &b0), &broken);
+    ok(&out);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("NVML unavailable, compute modes not restored")
+            && err.contains("cannot load NVML"),
+        "{err}"
+    );
+    assert!(
+        daemons_under(&sb.state_dir()).is_empty(),
+        "the daemon stopped"
+    );
+    assert!(clients(&sb.status(), 0).is_empty());
+    assert_eq!(sb.compute_mode(0), mps_mode, "not restored without NVML");
+}
+
 #[test]
 fn a_create_under_debug_logging_says_when_each_step_was_done() {
     let sb = Sandbox::new(1);

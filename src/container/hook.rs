@@ -256,24 +256,16 @@ pub fn poststop(
     if !holds {
         return Ok(Vec::new());
     }
-    let inventory = match open_inventory() {
-        Ok(i) => i,
-        Err(e) => {
-            // Without NVML compute modes cannot be restored, but records still must be.
-            return Ok(release_without_nvml(cfg, state.id(), e));
-        }
-    };
-    let host = Host::new(cfg, inventory.as_ref());
-    Ok(host.release(state.id()))
-}
-
-fn release_without_nvml(cfg: &Config, id: &str, why: InventoryError) -> Vec<String> {
-    let inv = crate::host::inventory::Unavailable::new(why);
-    let host = Host::new(cfg, &inv);
-    let mut w = host.release(id);
-    w.push(format!(
-        "NVML unavailable, compute modes not restored: {}",
-        crate::vocab::chain(inv.why())
-    ));
-    w
+    // Without NVML compute modes cannot be restored, but records still must be. An inventory
+    // that loads NVML on first use says so only when the release needed it.
+    let inventory: Box<dyn Inventory> =
+        open_inventory().unwrap_or_else(|e| Box::new(crate::host::inventory::Unavailable::new(e)));
+    let mut warnings = Host::new(cfg, inventory.as_ref()).release(state.id());
+    if let Some(why) = inventory.unavailable() {
+        warnings.push(format!(
+            "NVML unavailable, compute modes not restored: {}",
+            crate::vocab::chain(why)
+        ));
+    }
+    Ok(warnings)
 }

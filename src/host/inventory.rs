@@ -1,5 +1,6 @@
-//! The real [`Inventory`]: NVML, loaded from the configured library; and [`Unavailable`], for
-//! when NVML cannot be loaded but records must still be kept.
+//! The real [`Inventory`]: NVML, loaded from the configured library; [`OnFirstUse`], which
+//! loads it only when a call needs it; and [`Unavailable`], for when NVML cannot be loaded but
+//! records must still be kept.
 
 use nvml_wrapper_sys::bindings as nv;
 
@@ -195,6 +196,77 @@ fn code(call: &'static str, rc: u32) -> Result<(), InventoryError> {
     })
 }
 
+/// The inventory of `poststop`: NVML loaded at the first call that needs it. A release that
+/// only drops a client from a GPU other clients keep loads none (the real library takes about
+/// 50 ms to load here, more on a node with GPUs); one that restores a compute mode or clears a
+/// driver limit loads it then. After a failed load every call fails as [`Unavailable`]'s do,
+/// and [`Inventory::unavailable`] says why.
+pub fn open_on_first_use(cfg: &Config) -> Result<Box<dyn Inventory>, InventoryError> {
+    Ok(Box::new(OnFirstUse::new(&cfg.nvml.library)))
+}
+
+/// See [`open_on_first_use`].
+pub struct OnFirstUse {
+    library: String,
+    nvml: std::cell::OnceCell<Result<NvmlInventory, Unavailable>>,
+}
+
+impl OnFirstUse {
+    pub fn new(library: &str) -> Self {
+        Self {
+            library: library.to_owned(),
+            nvml: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn real(&self) -> Result<&NvmlInventory, InventoryError> {
+        self.nvml
+            .get_or_init(|| NvmlInventory::open(&self.library).map_err(Unavailable::new))
+            .as_ref()
+            .map_err(Unavailable::err)
+    }
+}
+
+impl Inventory for OnFirstUse {
+    fn gpus(&self) -> Result<Vec<Gpu>, InventoryError> {
+        self.real()?.gpus()
+    }
+
+    fn compute_mode(&self, index: u32) -> Result<ComputeMode, InventoryError> {
+        self.real()?.compute_mode(index)
+    }
+
+    fn set_compute_mode(&self, index: u32, mode: ComputeMode) -> Result<(), InventoryError> {
+        self.real()?.set_compute_mode(index, mode)
+    }
+
+    fn memory_total(&self, index: u32) -> Result<u64, InventoryError> {
+        self.real()?.memory_total(index)
+    }
+
+    fn has_memory_limits(&self, index: u32) -> bool {
+        self.real().is_ok_and(|n| n.has_memory_limits(index))
+    }
+
+    fn set_memory_limits(
+        &self,
+        index: u32,
+        namespace: &str,
+        soft: u64,
+        hard: u64,
+    ) -> Result<(), InventoryError> {
+        self.real()?.set_memory_limits(index, namespace, soft, hard)
+    }
+
+    fn memory_limits(&self, index: u32, namespace: &str) -> Result<DriverLimits, InventoryError> {
+        self.real()?.memory_limits(index, namespace)
+    }
+
+    fn unavailable(&self) -> Option<&InventoryError> {
+        self.nvml.get()?.as_ref().err().map(Unavailable::why)
+    }
+}
+
 /// An inventory for when NVML cannot be loaded: every call fails with
 /// [`InventoryError::NotLoaded`], whose source is the load's own error. Lets a release still
 /// clean records up.
@@ -232,6 +304,10 @@ impl Inventory for Unavailable {
     fn memory_total(&self, _index: u32) -> Result<u64, InventoryError> {
         Err(self.err())
     }
+
+    fn unavailable(&self) -> Option<&InventoryError> {
+        Some(self.why())
+    }
 }
 
 #[cfg(test)]
@@ -255,6 +331,33 @@ mod tests {
         not_loaded(inv.compute_mode(0).map(drop));
         not_loaded(inv.set_compute_mode(0, ComputeMode::Default));
         not_loaded(inv.memory_total(0).map(drop));
+    }
+
+    /// Nothing is loaded when the inventory is made; the first call loads, and a failed load
+    /// fails every call after it, as [`Unavailable`] does, and is kept to be said.
+    #[test]
+    fn on_first_use_loads_at_the_first_call_and_keeps_a_failed_load() {
+        let inv = OnFirstUse::new("/nonexistent/gpushare-test/libnvidia-ml.so.1");
+        assert!(
+            inv.unavailable().is_none(),
+            "a load was tried before any call"
+        );
+        let e = inv.compute_mode(0).unwrap_err();
+        assert!(matches!(e, InventoryError::NotLoaded(_)), "{e:?}");
+        assert!(
+            matches!(inv.unavailable(), Some(InventoryError::Load { .. })),
+            "{:?}",
+            inv.unavailable()
+        );
+        assert!(matches!(
+            inv.set_compute_mode(0, ComputeMode::Default),
+            Err(InventoryError::NotLoaded(_))
+        ));
+        assert!(matches!(
+            inv.set_memory_limits(0, "/sys/fs/cgroup/c", 0, 1),
+            Err(InventoryError::NotLoaded(_))
+        ));
+        assert!(!inv.has_memory_limits(0));
     }
 
     #[test]

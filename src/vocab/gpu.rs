@@ -102,6 +102,11 @@ pub trait Inventory {
             "this inventory does not report memory sizes".into(),
         ))
     }
+    /// Why this inventory could not reach the driver, once it tried and failed (NVML that did
+    /// not load). The default: it did not fail so.
+    fn unavailable(&self) -> Option<&InventoryError> {
+        None
+    }
     /// Keeps what this inventory learned for later commands; called once a request has
     /// succeeded, so that a refused one leaves the state directory as it was. The default:
     /// nothing to keep.
