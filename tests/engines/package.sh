@@ -102,9 +102,11 @@ if [ -e /run/gpushare ]; then
 fi
 [ -e "$LOG" ] || echo "a log gpushare did not create" >"$LOG"
 LOG_FIRST=$(head -1 "$LOG")
-# The event log is left out of both lists (other tests beside this one may write it; its own
-# check after the purge goes by inode).
-snapshot | grep -vxF "$EVENTS" >"$T/files.before"
+# Left out of both lists: the event log (other tests beside this one may write it; its own
+# check after the purge goes by inode), and Docker's trust key, which dockerd 20.10 writes at
+# its first start on a node (this test's own dockerd, on a machine where none ran before).
+listed() { snapshot | grep -vxF -e "$EVENTS" -e /etc/docker/key.json; }
+listed >"$T/files.before"
 grep -q . "$T/files.before" || fail "positive control: the file list before the install is empty"
 
 echo "== install"
@@ -112,6 +114,10 @@ dpkg -i "$DEB" >"$T/dpkg.out" 2>&1 || { cat "$T/dpkg.out"; fail "dpkg -i"; }
 jq -e '.kind == "gpushare.io/share" and ([.devices[].name] | index("mps"))' /etc/cdi/gpushare.io-share.json >/dev/null ||
     { cat "$T/dpkg.out"; fail "the package did not write its CDI spec to /etc/cdi"; }
 ok "the package wrote /etc/cdi/gpushare.io-share.json"
+# A /etc/cdi the install made is noted, for removal to take away (checked after the purge).
+if ! grep -qx /etc/cdi "$T/files.before"; then
+    [ -f /var/lib/gpushare/made-etc-cdi ] || fail "the install made /etc/cdi and did not note it"
+fi
 /usr/bin/gpushare-hook version | has '^gpushare-hook ' || fail "installed gpushare-hook does not run"
 [ "$(stat -c %a /run/gpushare)" = 700 ] || fail "/run/gpushare is not 0700"
 man -w gpushare-hook-configure >/dev/null 2>&1 || fail "man gpushare-hook-configure not found"
@@ -253,9 +259,14 @@ if [ -e "$EVENTS" ]; then
 fi
 [ -f "$LOG" ] && [ "$(head -1 "$LOG")" = "$LOG_FIRST" ] || fail "purge removed $LOG, which was there before the install"
 restore_daemon_json
-snapshot | grep -vxF "$EVENTS" >"$T/files.after"
+listed >"$T/files.after"
 diff -u "$T/files.before" "$T/files.after" || fail "the files after the purge differ from those before the install (above)"
 ok "purged: the file list is the one before the install ($(wc -l <"$T/files.before") paths); the log that was there stays"
+if grep -qx /etc/cdi "$T/files.before"; then
+    echo "note: /etc/cdi was there before the install: kept by the purge"
+else
+    ok "/etc/cdi, made by the install for its CDI spec, went with the purge"
+fi
 
 echo "== the rpm"
 [ -f "$RPM" ] || fail "no .rpm built"
