@@ -201,9 +201,11 @@ check_mps_output() { # file with the container's output; $1 expect env (yes/no)
     fi
 }
 
-# Puts a marker into the daemon's shm once it exists (the first hook creates it).
+# Puts a marker into the daemon's shm once it exists (the first hook creates it). It waits up
+# to a minute: a CRI pod's sandbox can take more than 10 s to come up beside the rest of the
+# suite on a 2-CPU machine, and a marker never written fails the check as a wrong /dev/shm would.
 mark_shm_when_ready() {
-    (for _ in $(seq 200); do
+    (for _ in $(seq 1200); do
         s=$(shm_dir)
         if [ -n "$s" ] && mountpoint -q "$s"; then echo from-host >"$s/host-marker"; exit 0; fi
         sleep 0.05
