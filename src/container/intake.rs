@@ -191,49 +191,44 @@ mod tests {
     /// holds; a `cgroup.procs` planted outside cgroupfs, listing the same process, is not taken.
     #[test]
     fn a_cgroup_is_taken_only_where_cgroupfs_lists_the_process() {
-        let Some(root) = crate::host::tests::cgroup2_root("the cgroup.procs proof test") else {
+        let Some(own) = crate::host::tests::OwnCgroup::new("the cgroup.procs proof test", "holds")
+        else {
             return;
         };
-        let name = format!("gpushare-holds-test-{}", std::process::id());
-        let cg = root.join(&name);
-        std::fs::create_dir(&cg).unwrap();
-        /// Ends the test's own child, then removes the cgroup it was in.
-        struct Cleanup(std::process::Child, PathBuf);
-        impl Drop for Cleanup {
-            fn drop(&mut self) {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-                for _ in 0..100 {
-                    if std::fs::remove_dir(&self.1).is_ok() {
-                        return;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-            }
-        }
-        let child = std::process::Command::new("sleep")
+        let cg = own.dir.clone();
+        let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .unwrap();
         let pid = i32::try_from(child.id()).unwrap();
-        let _cleanup = Cleanup(child, cg.clone());
-        std::fs::write(cg.join("cgroup.procs"), pid.to_string()).unwrap();
-        assert!(holds(&cg, pid), "positive control: its cgroup holds it");
+        let moved = std::fs::write(cg.join("cgroup.procs"), pid.to_string());
+        // Looked at while the child lives; asserted once it is gone (the cgroup guard kills
+        // what is left in it if this panics first).
+        let in_own = holds(&cg, pid);
         let me = i32::try_from(std::process::id()).unwrap();
-        assert!(!holds(&cg, me), "this test's process is not in it");
+        let me_in = holds(&cg, me);
         // A look-alike: the same list in a directory that is not cgroupfs.
         let fake = tempfile::tempdir().unwrap();
         std::fs::write(fake.path().join("cgroup.procs"), format!("{pid}\n")).unwrap();
-        assert!(crate::host::cgroup::procs_list(
+        let planted_lists = crate::host::cgroup::procs_list(
             &std::fs::read_to_string(fake.path().join("cgroup.procs")).unwrap(),
-            pid
-        ));
-        assert!(!holds(fake.path(), pid), "a planted cgroup.procs was taken");
+            pid,
+        );
+        let planted_taken = holds(fake.path(), pid);
         // The whole look: the container's own cgroup, a directory that holds it.
-        match cgroup_of(Some(pid), Some(&format!("/{name}")), "abc") {
+        let fact = cgroup_of(Some(pid), Some(&own.unified), "abc");
+        let fact_holds = matches!(&fact, CgroupFact::Own(dir) if holds(Path::new(dir), pid));
+        let _ = child.kill();
+        let _ = child.wait();
+        moved.unwrap();
+        assert!(in_own, "positive control: its cgroup holds it");
+        assert!(!me_in, "this test's process is not in it");
+        assert!(planted_lists);
+        assert!(!planted_taken, "a planted cgroup.procs was taken");
+        match fact {
             CgroupFact::Own(dir) => {
-                assert!(holds(Path::new(&dir), pid), "{dir}");
-                assert!(dir.ends_with(&format!("/{name}")), "{dir}");
+                assert!(fact_holds, "{dir}");
+                assert!(dir.ends_with(&own.unified), "{dir}");
             }
             other => panic!("{other:?}"),
         }

@@ -238,33 +238,10 @@ mod tests {
     /// caller.
     #[test]
     fn spawns_a_child_born_in_the_cgroup() {
-        let Some(root) = crate::host::tests::cgroup2_root("the clone3 cgroup test") else {
+        let Some(own) = crate::host::tests::OwnCgroup::new("the clone3 cgroup test", "into") else {
             return;
         };
-        let name = format!("gpushare-into-test-{}", std::process::id());
-        let cg = root.join(&name);
-        std::fs::create_dir(&cg).unwrap();
-        /// Kills what is left in the cgroup (this test's children), then removes it.
-        struct Remove(std::path::PathBuf);
-        impl Drop for Remove {
-            fn drop(&mut self) {
-                let procs = std::fs::read_to_string(self.0.join("cgroup.procs"));
-                for pid in procs.iter().flat_map(|p| p.lines()) {
-                    if let Ok(pid) = pid.parse::<i32>() {
-                        // SAFETY: kill(2) takes integers; only the helper's children are in
-                        // this test's own cgroup.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                    }
-                }
-                for _ in 0..100 {
-                    if std::fs::remove_dir(&self.0).is_ok() {
-                        return;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-            }
-        }
-        let _remove = Remove(cg.clone());
+        let cg = own.dir.clone();
         let out = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "sys::into_cgroup::tests::helper"])
             .args(["--ignored", "--test-threads=1", "--nocapture"])
@@ -278,12 +255,12 @@ mod tests {
             String::from_utf8_lossy(&out.stderr)
         );
         assert!(
-            stdout.contains(&format!("BORN /{name}\n")),
+            stdout.contains(&format!("BORN {}\n", own.unified)),
             "the child was not born in the test's cgroup: {stdout}"
         );
         assert_ne!(
             unified(std::process::id() as i32),
-            Some(format!("/{name}")),
+            Some(own.unified.clone()),
             "positive control: the test's own process is elsewhere, so the child did not inherit it"
         );
     }

@@ -585,13 +585,11 @@ mod tests {
     /// A daemon leaves the cgroup it was started in (a container's scope) for the root one.
     #[test]
     fn a_daemon_leaves_the_cgroup_it_was_started_in() {
-        let Some(root) = crate::host::tests::cgroup2_root("the cgroup move test") else {
+        let Some(own) = crate::host::tests::OwnCgroup::new("the cgroup move test", "leave") else {
             return;
         };
+        let cg = own.dir.clone();
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let name = format!("gpushare-leave-test-{}", std::process::id());
-        let cg = root.join(&name);
-        std::fs::create_dir(&cg).unwrap();
         let mut kid = Command::new("sleep").arg("60").spawn().unwrap();
         let pid = kid.id() as i32;
         let unified = || crate::host::tests::unified_cgroup(pid);
@@ -602,11 +600,10 @@ mod tests {
         let after = unified();
         let _ = kid.kill();
         let _ = kid.wait();
-        let _ = std::fs::remove_dir(&cg);
         moved.unwrap();
         assert_eq!(
             before,
-            Some(format!("/{name}")),
+            Some(own.unified.clone()),
             "positive control: it was in the test's cgroup"
         );
         assert_eq!(after.as_deref(), Some("/"));

@@ -79,6 +79,50 @@ pub(crate) fn cgroup2_root(what: &str) -> Option<std::path::PathBuf> {
     root
 }
 
+/// A child cgroup v2 of a test's own, `gpushare-<what>-test-<pid>` under the hierarchy's root:
+/// dropped, it kills what is still in it (only the test's own processes are put there) and is
+/// removed.
+pub(crate) struct OwnCgroup {
+    pub(crate) dir: std::path::PathBuf,
+    /// Its path in the unified hierarchy, as `/proc/<pid>/cgroup` says it (`/<name>`).
+    pub(crate) unified: String,
+}
+
+impl OwnCgroup {
+    /// Made for `test` (its description, said when it is SKIPPED); `None` where
+    /// [`cgroup2_root`] finds no hierarchy.
+    pub(crate) fn new(test: &str, what: &str) -> Option<Self> {
+        let root = cgroup2_root(test)?;
+        let name = format!("gpushare-{what}-test-{}", std::process::id());
+        let dir = root.join(&name);
+        std::fs::create_dir(&dir).unwrap();
+        Some(Self {
+            dir,
+            unified: format!("/{name}"),
+        })
+    }
+}
+
+impl Drop for OwnCgroup {
+    fn drop(&mut self) {
+        let procs = std::fs::read_to_string(self.dir.join("cgroup.procs"));
+        for pid in procs.iter().flat_map(|p| p.lines()) {
+            if let Ok(pid) = pid.parse::<i32>() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
 /// The path of process `pid` in the unified hierarchy (the `0::` line of `/proc/<pid>/cgroup`).
 pub(crate) fn unified_cgroup(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
