@@ -291,11 +291,10 @@ pub fn reap(ctx: &Ctx, uuid: &str) -> Result<Reply, crate::host::reaper::ReaperE
     if !crate::vocab::is_safe_name(uuid) {
         return Err(crate::host::reaper::ReaperError::BadGpu(uuid.to_owned()));
     }
+    // NVML is loaded by the first call of a release step that needs it (a compute mode to put
+    // back, a driver limit to clear); dropping a client of a GPU that others keep loads none.
     let open = || -> Box<dyn crate::vocab::Inventory> {
-        match inventory::open(&ctx.cfg) {
-            Ok(i) => i,
-            Err(e) => Box::new(Unavailable::new(e)),
-        }
+        Box::new(inventory::OnFirstUse::new(&ctx.cfg.nvml.library))
     };
     crate::host::reaper::run(&ctx.cfg, uuid, &open, crate::host::reaper::IDLE_LINGER)?;
     Ok(Reply::default())

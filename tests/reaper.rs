@@ -26,8 +26,18 @@ impl Drop for Ctr {
 /// A runc container with gpushare's hooks in its config.json, whose process runs until `go/go`
 /// appears.
 fn start(sb: &Sandbox, name: &str, annotations: Value) -> Ctr {
+    start_with(sb, name, annotations, &[])
+}
+
+/// [`start`], with more environment for its hooks (and the reaper they start).
+fn start_with(sb: &Sandbox, name: &str, annotations: Value, extra: &[(&str, &str)]) -> Ctr {
     let hook = common::hook_bin().display().to_string();
-    let env: Vec<String> = sb.env().iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let env: Vec<String> = sb
+        .env()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .chain(extra.iter().map(|(k, v)| format!("{k}={v}")))
+        .collect();
     let go = sb.path().join(format!("{name}-go"));
     std::fs::create_dir_all(&go).unwrap();
     let bundle = runc_bundle(&sb.path().join(name), |v| {
@@ -210,6 +220,73 @@ fn an_exited_container_that_is_not_deleted_loses_its_share_and_its_daemon() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The processes that loaded NVML, one line each (`GPUSHARE_SIM_INIT_LOG` of the TEST-ONLY
+/// simulated driver: pid and command line), and how many of them were reapers.
+fn nvml_loads(log: &Path) -> (String, usize) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let by_reapers = text
+        .lines()
+        .filter(|l| l.split(' ').any(|a| a == "reap"))
+        .count();
+    (text, by_reapers)
+}
+
+/// A reaper loads NVML only for a release step that needs it. Dropping a client of a GPU whose
+/// daemon stays needs none (the real library takes about 50 ms to load); the last client's
+/// release puts the GPU's compute mode back, and loads it then.
+#[test]
+fn a_reaper_loads_nvml_only_for_a_release_that_needs_it() {
+    if !common::require(
+        "reaper with runc + MPS",
+        &["runc", "busybox", "nvidia-cuda-mps-control"],
+    ) {
+        return;
+    }
+    let sb = Sandbox::new(1);
+    let _k = KillReapers(&sb);
+    let log = sb.path().join("nvml-loads");
+    let env = [("GPUSHARE_SIM_INIT_LOG", log.to_str().unwrap())];
+    let a = start_with(&sb, "mps-a", json!({"gpu.share": "mps"}), &env);
+    let b = start_with(&sb, "mps-b", json!({"gpu.share": "mps"}), &env);
+    let t0 = Instant::now();
+    while reapers(&sb).len() != 1 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "no reaper started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Positive control: the log sees loads (the first acquire's, which sets the compute mode).
+    let (text, by_reapers) = nvml_loads(&log);
+    assert!(text.contains("createRuntime"), "no load logged: {text:?}");
+    assert_ne!(
+        sb.compute_mode(0),
+        0,
+        "MPS put the GPU in another compute mode"
+    );
+    assert_eq!(by_reapers, 0, "a waiting reaper loaded NVML: {text}");
+
+    // a's process ends: the reaper drops it, and the daemon stays for b.
+    finish(&a);
+    wait_for(&sb, 10, "a released", |st| clients(st) == [b.id.clone()]);
+    let (text, by_reapers) = nvml_loads(&log);
+    assert_eq!(
+        by_reapers, 0,
+        "the reaper loaded NVML to drop a client: {text}"
+    );
+
+    // b's ends: its release puts the compute mode back, through NVML.
+    finish(&b);
+    wait_for(&sb, 10, "b released", |st| clients(st).is_empty());
+    let t0 = Instant::now();
+    while sb.compute_mode(0) != 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the compute mode was not put back"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (text, by_reapers) = nvml_loads(&log);
+    assert_eq!(by_reapers, 1, "the last release's load: {text}");
 }
 
 #[test]

@@ -32,6 +32,9 @@ pub struct Config {
     /// `GPUSHARE_SIM_MEMORY_LIMITS`: whether the r615 cgroup memory-limit functions exist
     /// (`0` models an older driver: they answer `NVML_ERROR_FUNCTION_NOT_FOUND`).
     pub memory_limits: bool,
+    /// `GPUSHARE_SIM_INIT_LOG`: a file each successful `nvmlInit*` appends a line to (the
+    /// caller's pid and command line), so that a test sees which processes loaded NVML.
+    pub init_log: Option<PathBuf>,
 }
 
 /// Prints a one-line TEST-ONLY warning on stderr.
@@ -120,6 +123,9 @@ impl Config {
             memory_limits: parse_switch(
                 std::env::var("GPUSHARE_SIM_MEMORY_LIMITS").ok().as_deref(),
             ),
+            init_log: std::env::var_os("GPUSHARE_SIM_INIT_LOG")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
         }
     }
 }

@@ -12,6 +12,7 @@
 //! | `GPUSHARE_SIM_KERNEL_US` | simulated GPU time of one kernel launch, microseconds | `500` |
 //! | `GPUSHARE_SIM_CTX_MIB` | device memory a context itself occupies, MiB | `0` |
 //! | `GPUSHARE_SIM_PITCH_ALIGN` | row alignment of pitched memory and CUDA arrays, bytes | `512` |
+//! | `GPUSHARE_SIM_INIT_LOG` | a file each successful `nvmlInit*` appends `<pid> <command line>` to, one line per call, so that a test sees which processes loaded NVML | none |
 //! | `GPUSHARE_SIM_MEMORY_LIMITS` | `0` (or `false`/`off`/`no`) models a driver older than r615: `nvmlDeviceSetMemoryLimits_v1`/`nvmlDeviceGetMemoryLimits_v1` return `NVML_ERROR_FUNCTION_NOT_FOUND` (13) and touch no state | on |
 //!
 //! GPU `i`: UUID `GPU-5a1e0000-0000-4000-8000-{i:012x}`, name

@@ -121,9 +121,32 @@ fn init(name: &str) -> NvmlReturn {
     if config::fails(name) {
         return UNKNOWN;
     }
-    let _ = config();
+    if let Some(log) = &config().init_log {
+        note_init(log);
+    }
     INIT_COUNT.fetch_add(1, Ordering::AcqRel);
     SUCCESS
+}
+
+/// Appends `<pid> <argv joined by spaces>` to `GPUSHARE_SIM_INIT_LOG`, in one write (lines of
+/// processes that load NVML at the same time do not interleave).
+fn note_init(log: &std::path::Path) {
+    use std::io::Write;
+    let cmdline = std::fs::read("/proc/self/cmdline").unwrap_or_default();
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let line = format!("{} {}\n", std::process::id(), args.join(" "));
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        config::warn(&format!("GPUSHARE_SIM_INIT_LOG={}: {e}", log.display()));
+    }
 }
 
 #[no_mangle]

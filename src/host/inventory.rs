@@ -196,7 +196,8 @@ fn code(call: &'static str, rc: u32) -> Result<(), InventoryError> {
     })
 }
 
-/// The inventory of `poststop`: NVML loaded at the first call that needs it. A release that
+/// The inventory of `poststop` and of each release step of a reaper (`reap`): NVML loaded at
+/// the first call that needs it. A release that
 /// only drops a client from a GPU other clients keep loads none (the real library takes about
 /// 50 ms to load here, more on a node with GPUs); one that restores a compute mode or clears a
 /// driver limit loads it then. After a failed load every call fails as [`Unavailable`]'s do,

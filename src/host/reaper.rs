@@ -231,7 +231,8 @@ fn settle(inotify: &Inotify) {
 
 /// The reaper of GPU `uuid` (`gpushare-hook reap`). Returns at once when another reaper runs.
 /// NVML is opened (`open_inventory`) only for a release step and closed after it, so that a
-/// waiting reaper holds no GPU device open. `linger`: how long it waits, once the GPU has no
+/// waiting reaper holds no GPU device open (`reap` gives an inventory that loads it only when the
+/// step needs it: [`crate::host::inventory::OnFirstUse`]). `linger`: how long it waits, once the GPU has no
 /// client, for the next one ([`IDLE_LINGER`]).
 ///
 /// # Errors
