@@ -133,6 +133,27 @@ impl Drop for KillReapers<'_> {
     }
 }
 
+/// Whether runc, busybox and NVIDIA's MPS control daemon are here (a loud SKIPPED otherwise).
+fn can_run_mps() -> bool {
+    common::require(
+        "reaper with runc + MPS",
+        &["runc", "busybox", "nvidia-cuda-mps-control"],
+    )
+}
+
+/// Waits until exactly one reaper of this sandbox runs (the GPU's).
+fn wait_one_reaper(sb: &Sandbox) {
+    let t0 = Instant::now();
+    while reapers(sb).len() != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "reapers: {:?}",
+            reapers(sb)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn wait_stopped(c: &Ctr) {
     let t0 = Instant::now();
     while runc_status(c) != "stopped" {
@@ -153,10 +174,7 @@ fn finish(c: &Ctr) {
 
 #[test]
 fn an_exited_container_that_is_not_deleted_loses_its_share_and_its_daemon() {
-    if !common::require(
-        "reaper with runc + MPS",
-        &["runc", "busybox", "nvidia-cuda-mps-control"],
-    ) {
+    if !can_run_mps() {
         return;
     }
     let sb = Sandbox::new(1);
@@ -168,15 +186,7 @@ fn an_exited_container_that_is_not_deleted_loses_its_share_and_its_daemon() {
     let st = sb.status();
     assert_eq!(clients(&st), [a.id.clone(), b.id.clone()], "{st}");
     assert_eq!(daemons_under(&sb.state_dir()).len(), 1);
-    let t0 = Instant::now();
-    while reapers(&sb).len() != 1 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(5),
-            "reapers: {:?}",
-            reapers(&sb)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_one_reaper(&sb);
 
     // a's process ends; runc keeps it (stopped, not deleted: no poststop has run).
     finish(&a);
@@ -238,10 +248,7 @@ fn nvml_loads(log: &Path) -> (String, usize) {
 /// release puts the GPU's compute mode back, and loads it then.
 #[test]
 fn a_reaper_loads_nvml_only_for_a_release_that_needs_it() {
-    if !common::require(
-        "reaper with runc + MPS",
-        &["runc", "busybox", "nvidia-cuda-mps-control"],
-    ) {
+    if !can_run_mps() {
         return;
     }
     let sb = Sandbox::new(1);
@@ -250,11 +257,7 @@ fn a_reaper_loads_nvml_only_for_a_release_that_needs_it() {
     let env = [("GPUSHARE_SIM_INIT_LOG", log.to_str().unwrap())];
     let a = start_with(&sb, "mps-a", json!({"gpu.share": "mps"}), &env);
     let b = start_with(&sb, "mps-b", json!({"gpu.share": "mps"}), &env);
-    let t0 = Instant::now();
-    while reapers(&sb).len() != 1 {
-        assert!(t0.elapsed() < Duration::from_secs(5), "no reaper started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_one_reaper(&sb);
     // Positive control: the log sees loads (the first acquire's, which sets the compute mode).
     let (text, by_reapers) = nvml_loads(&log);
     assert!(text.contains("createRuntime"), "no load logged: {text:?}");
