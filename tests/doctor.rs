@@ -342,6 +342,41 @@ fn a_hook_wrapper_elsewhere_does_not_hide_the_runtime() {
     assert!(r.2.starts_with(&beside.display().to_string()), "{r:?}");
 }
 
+/// doctor runs the `gpushare-serve` that `gpushare-hook serve` would run, and warns (without
+/// failing) when there is none.
+#[test]
+fn doctor_checks_the_metrics_agent_serve_would_run() {
+    let sb = Sandbox::new(1);
+    let c = doctor(&sb, &[]);
+    let s = find(&c, "serve");
+    let beside = common::hook_bin().with_file_name("gpushare-serve");
+    assert_eq!(s.1, "ok", "{s:?}");
+    assert!(
+        s.2.starts_with(&format!("{}: gpushare-hook ", beside.display())),
+        "{s:?}"
+    );
+
+    let t = tempfile::tempdir().unwrap();
+    let lone = t.path().join("gpushare-hook");
+    std::fs::copy(common::hook_bin(), &lone).unwrap();
+    let out = std::process::Command::new(&lone)
+        .args(["doctor", "--json"])
+        .env_clear()
+        .envs(sb.env())
+        .output()
+        .unwrap();
+    let c = checks(&out);
+    let s = find(&c, "serve");
+    assert_eq!(s.1, "warn", "{s:?}");
+    assert!(
+        s.2.contains(&format!(
+            "no gpushare-serve at {}",
+            t.path().join("gpushare-serve").display()
+        )) && s.2.contains("the hooks do not need it"),
+        "{s:?}"
+    );
+}
+
 /// The simulated driver is named as what it is: TEST-ONLY, never mistaken for a GPU.
 #[test]
 fn doctor_says_the_simulated_driver_is_test_only() {
