@@ -14,7 +14,7 @@ B=$T/base
 mkdir -p "$B/bin" "$B/tmp" "$B/etc"
 cp /bin/busybox "$B/bin/busybox"
 for c in $(/bin/busybox --list); do [ "$c" = busybox ] || ln -sf busybox "$B/bin/$c"; done
-for lib in $(ldd "$GS_HOOK" "$GS_RUNTIME" "$(dirname "$GS_HOOK")/gpushare-serve" | grep -v ':$' | grep -o '/[^ ]*' | sort -u); do
+for lib in $(ldd "$GS_HOOK" "$GS_RUNTIME" "$GS_SERVE" | grep -v ':$' | grep -o '/[^ ]*' | sort -u); do
     mkdir -p "$B$(dirname "$lib")"
     cp -L "$lib" "$B$lib"
 done
@@ -25,7 +25,7 @@ tar -C "$B" -cf "$T/base.tar" .
 # Containerfile copies, and the binaries where a release build leaves them (PREBUILT=target/release).
 X=$T/ctx
 mkdir -p "$X/target/release" "$X/target/debug" "$X/packaging/kubernetes"
-cp "$GS_HOOK" "$GS_RUNTIME" "$(dirname "$GS_HOOK")/gpushare-serve" "$GS_LIMITER" "$X/target/release/"
+cp "$GS_HOOK" "$GS_RUNTIME" "$GS_SERVE" "$GS_LIMITER" "$X/target/release/"
 echo "not for the image" >"$X/target/debug/junk"
 cp "$GS_REPO/.containerignore" "$X/"
 cp "$GS_REPO/packaging/config.toml.example" "$X/packaging/"
