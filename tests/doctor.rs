@@ -35,6 +35,18 @@ fn checks(out: &std::process::Output) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// `doctor --json` of the hook binary at `hook` (a copy somewhere), in the sandbox's environment.
+fn doctor_of(hook: &std::path::Path, sb: &Sandbox) -> Vec<(String, String, String)> {
+    checks(
+        &std::process::Command::new(hook)
+            .args(["doctor", "--json"])
+            .env_clear()
+            .envs(sb.env())
+            .output()
+            .unwrap(),
+    )
+}
+
 fn find<'a>(checks: &'a [(String, String, String)], name: &str) -> &'a (String, String, String) {
     checks
         .iter()
@@ -185,13 +197,7 @@ fn a_missing_next_runtime_is_reported_once() {
         "echo 'gpushare-runtime version 0.1.0'\necho 'gpushare-runtime: no next runtime found among [\"runc\", \"crun\"] ([runtime] next)' >&2\nexit 1",
     );
     sb.write_config("[runtime]\nnext = [\"no-such-runtime\"]\n");
-    let out = std::process::Command::new(&hook)
-        .args(["doctor", "--json"])
-        .env_clear()
-        .envs(sb.env())
-        .output()
-        .unwrap();
-    let c = checks(&out);
+    let c = doctor_of(&hook, &sb);
     // Positive control: the runtime doctor ran is the one beside this copy of the hook.
     let r = find(&c, "runtime");
     assert!(r.2.contains(&dir.display().to_string()), "{r:?}");
@@ -359,13 +365,7 @@ fn doctor_checks_the_metrics_agent_serve_would_run() {
     let t = tempfile::tempdir().unwrap();
     let lone = t.path().join("gpushare-hook");
     std::fs::copy(common::hook_bin(), &lone).unwrap();
-    let out = std::process::Command::new(&lone)
-        .args(["doctor", "--json"])
-        .env_clear()
-        .envs(sb.env())
-        .output()
-        .unwrap();
-    let c = checks(&out);
+    let c = doctor_of(&lone, &sb);
     let s = find(&c, "serve");
     assert_eq!(s.1, "warn", "{s:?}");
     assert!(
