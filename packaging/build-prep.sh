@@ -5,11 +5,12 @@
 #
 # GPUSHARE_PREBUILT=DIR packs binaries already built instead (DIR holds gpushare-hook,
 # gpushare-runtime, gpushare-serve, gpushare-dra, the two libraries and xtask, as
-# `cargo build --workspace` leaves them in target/debug): they are copied into $TARGET/release and nothing is compiled.
-# The test suite packs the one build it tests this way (scripts/test.sh). Such a package is
-# compressed quickly (PACK_FAST, read by deb/build.sh and rpm/build.sh): the .deb with xz at a low
-# level, the .rpm with a gzip payload (cargo-generate-rpm's zstd has no level); with the defaults,
-# packing the suite's unoptimised binaries took 36 s of the package test, against 6 s.
+# `cargo build --workspace` leaves them in target/debug): they are copied into $TARGET/release
+# and nothing is compiled. The test suite packs the one build it tests this way
+# (scripts/test.sh). Such a package is compressed quickly (PACK_FAST, read by deb/build.sh and
+# rpm/build.sh): the .deb with xz at a low level, the .rpm with a gzip payload
+# (cargo-generate-rpm's zstd has no level); with the defaults, packing the suite's unoptimised
+# binaries took 36 s of the package test, against 6 s.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
