@@ -140,19 +140,22 @@ const DEEP_STACK: usize = 256 << 20;
 /// How deeply arrays and objects nest in `bytes`, read as JSON (strings skipped). Stops counting
 /// past `MAX_DEPTH + 1`.
 pub fn nesting_depth(bytes: &[u8]) -> usize {
-    let (mut depth, mut max, mut in_str, mut esc) = (0usize, 0usize, false, false);
-    for &b in bytes {
-        if in_str {
-            match (esc, b) {
-                (true, _) => esc = false,
-                (false, b'\\') => esc = true,
-                (false, b'"') => in_str = false,
-                _ => {}
-            }
-            continue;
-        }
+    let (mut depth, mut max, mut i) = (0usize, 0usize, 0usize);
+    while let Some(&b) = bytes.get(i) {
         match b {
-            b'"' => in_str = true,
+            // A string: skipped to the quote that ends it, a backslash and the byte after it at
+            // a time (most of a config's bytes are in strings).
+            b'"' => loop {
+                let Some(n) = bytes.get(i + 1..).and_then(quote_or_backslash) else {
+                    return max;
+                };
+                i += 1 + n;
+                if bytes[i] == b'"' {
+                    break;
+                }
+                // The escaped byte is skipped with the backslash.
+                i += 1;
+            },
             b'[' | b'{' => {
                 depth += 1;
                 max = max.max(depth);
@@ -163,8 +166,33 @@ pub fn nesting_depth(bytes: &[u8]) -> usize {
             b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
+        i += 1;
     }
     max
+}
+
+/// Where the first `"` or `\` of `s` is, eight bytes at a time: in each word, a byte that
+/// equals the one sought is zero after an xor, and the lowest byte the zero-byte test flags is
+/// the first zero (a flag can be wrong only above a true one).
+fn quote_or_backslash(s: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGH: u64 = ONES << 7;
+    let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let mut words = s.chunks_exact(8);
+    let mut at = 0;
+    for w in &mut words {
+        let x = u64::from_le_bytes(w.try_into().expect("eight bytes"));
+        let hit = zero(x ^ (ONES * u64::from(b'"'))) | zero(x ^ (ONES * u64::from(b'\\')));
+        if hit != 0 {
+            return Some(at + hit.trailing_zeros() as usize / 8);
+        }
+        at += 8;
+    }
+    words
+        .remainder()
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\')
+        .map(|n| at + n)
 }
 
 /// Runs `f` on a stack deep enough for the config `bytes`: the caller's when the config nests
@@ -756,6 +784,108 @@ mod tests {
         // The escaped quote does not end the string; the one after it does.
         assert_eq!(nesting_depth(br#"{"a":"x\"[[[[","b":[[1]]}"#), 3);
         assert_eq!(nesting_depth(br#"{"a":"x\\","b":[[1]]}"#), 3);
+        // An unterminated string, a backslash as the last byte.
+        assert_eq!(nesting_depth(br#"[[{"a":"[["#), 3);
+        assert_eq!(nesting_depth(b"[[\"\\"), 2);
+        assert_eq!(nesting_depth(b""), 0);
+    }
+
+    /// The depth as a byte-at-a-time reader of JSON's strings finds it: in or out of a string,
+    /// after a backslash or not.
+    fn depth_byte_by_byte(bytes: &[u8]) -> usize {
+        let (mut depth, mut max, mut in_str, mut esc) = (0usize, 0usize, false, false);
+        for &b in bytes {
+            if in_str {
+                match (esc, b) {
+                    (true, _) => esc = false,
+                    (false, b'\\') => esc = true,
+                    (false, b'"') => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_str = true,
+                b'[' | b'{' => {
+                    depth += 1;
+                    max = max.max(depth);
+                    if max > MAX_DEPTH {
+                        return max;
+                    }
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        max
+    }
+
+    /// The word-at-a-time search finds the first quote or backslash in each of a word's eight
+    /// places and in the bytes after the last whole word, after bytes one above them (`#`, `]`)
+    /// or apart only in the high bit (0xa2, 0xdc: bytes of UTF-8).
+    #[test]
+    fn quote_or_backslash_finds_the_first_in_any_place() {
+        for len in 0..=24 {
+            for at in 0..len {
+                for (sought, before) in [(b'"', b'#'), (b'\\', b']'), (b'"', 0xa2), (b'\\', 0xdc)] {
+                    let mut s = vec![b'a'; len];
+                    s[..at].fill(before);
+                    s[at] = sought;
+                    if at + 1 < len {
+                        s[at + 1] = b'"';
+                    }
+                    assert_eq!(quote_or_backslash(&s), Some(at), "{s:?}");
+                }
+            }
+            for other in [b'#', b']', 0xa2, 0xdc] {
+                assert_eq!(quote_or_backslash(&vec![other; len]), None);
+            }
+        }
+    }
+
+    /// The string-skipping scan gives what a byte-at-a-time reader gives: on the engines'
+    /// configs, and on 200,000 strings of the bytes that matter (quotes, backslashes, brackets)
+    /// and others, up to 40 bytes long, including their ends in the middle of a string or an
+    /// escape.
+    #[test]
+    fn nesting_depth_is_what_a_byte_at_a_time_reader_finds() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+        for f in [
+            "podman-mps.json",
+            "containerd-mps.json",
+            "docker-env-mps.json",
+        ] {
+            let b = std::fs::read(fixtures.join(f)).unwrap();
+            assert!(nesting_depth(&b) > 2, "{f}: positive control, it nests");
+            assert_eq!(nesting_depth(&b), depth_byte_by_byte(&b), "{f}");
+        }
+        // `#` and `]` are one above `"` and `\`, 0xa2 and 0xdc (bytes of UTF-8) differ from them
+        // in the high bit only: the zero-byte test's false flags would sit there.
+        let alphabet = b"\"\\[]{}a #\xa2\xdc";
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut deep = 0;
+        for _ in 0..200_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let len = (seed % 41) as usize;
+            let mut x = seed;
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    alphabet[(x >> 33) as usize % alphabet.len()]
+                })
+                .collect();
+            let want = depth_byte_by_byte(&bytes);
+            deep += usize::from(want > 2);
+            assert_eq!(
+                nesting_depth(&bytes),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(&bytes)
+            );
+        }
+        assert!(deep > 1000, "positive control: the inputs nest ({deep})");
     }
 
     #[test]
