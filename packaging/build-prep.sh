@@ -4,20 +4,19 @@
 # the CLI definition (`xtask docs`) into $TARGET/release/gen. Sourced; sets REPO and TARGET.
 #
 # GPUSHARE_PREBUILT=DIR packs binaries already built instead (DIR holds gpushare-hook,
-# gpushare-runtime, gpushare-serve, gpushare-dra, the two libraries and xtask, as
-# `cargo build --workspace` leaves them in target/debug): they are copied into $TARGET/release
-# and nothing is compiled. The test suite packs the one build it tests this way
-# (scripts/test.sh). Such a package is compressed quickly (PACK_FAST, read by deb/build.sh and
-# rpm/build.sh): the .deb with xz at a low level, the .rpm with a gzip payload
-# (cargo-generate-rpm's zstd has no level); with the defaults, packing the suite's unoptimised
-# binaries took 36 s of the package test, against 6 s.
+# gpushare-runtime, gpushare-dra, the two libraries and xtask, as `cargo build --workspace`
+# leaves them in target/debug): they are copied into $TARGET/release and nothing is compiled.
+# The test suite packs the one build it tests this way (scripts/test.sh). Such a package is
+# compressed quickly (PACK_FAST, read by deb/build.sh and rpm/build.sh): the .deb with xz at a low
+# level, the .rpm with a gzip payload (cargo-generate-rpm's zstd has no level); with the defaults,
+# packing the suite's unoptimised binaries took 36 s of the package test, against 6 s.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
 cd "$REPO"
 if [ -n "${GPUSHARE_PREBUILT:-}" ]; then
     mkdir -p "$TARGET/release"
-    for f in gpushare-hook gpushare-runtime gpushare-serve gpushare-dra libgpushare_limiter.so libgpushare_simdriver.so xtask; do
+    for f in gpushare-hook gpushare-runtime gpushare-dra libgpushare_limiter.so libgpushare_simdriver.so xtask; do
         [ -f "$GPUSHARE_PREBUILT/$f" ] || { echo "GPUSHARE_PREBUILT: no $f in $GPUSHARE_PREBUILT (cargo build --workspace first)" >&2; exit 1; }
         cp "$GPUSHARE_PREBUILT/$f" "$TARGET/release/$f.tmp" && mv "$TARGET/release/$f.tmp" "$TARGET/release/$f"
     done

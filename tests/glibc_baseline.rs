@@ -1,6 +1,6 @@
-//! The shipped ELF files (`gpushare-hook`, `gpushare-runtime`, `gpushare-serve`,
-//! `libgpushare_limiter.so`) need nothing newer than glibc 2.17 and no library beyond glibc's
-//! own: their dynamic section's `NEEDED` entries and the symbol versions they require (`.gnu.version_r`), read with goblin.
+//! The shipped ELF files (`gpushare-hook`, `gpushare-runtime`, `libgpushare_limiter.so`) need
+//! nothing newer than glibc 2.17 and no library beyond glibc's own: their dynamic section's
+//! `NEEDED` entries and the symbol versions they require (`.gnu.version_r`), read with goblin.
 //! The limiter is loaded into every dynamic program of a `limit` container, so a `GLIBC_2.18`+
 //! version or a `libgcc_s.so.1` there breaks every image older or smaller than the build host.
 
@@ -69,7 +69,6 @@ fn shipped() -> Vec<PathBuf> {
     vec![
         hook,
         PathBuf::from(env!("CARGO_BIN_EXE_gpushare-runtime")),
-        PathBuf::from(env!("CARGO_BIN_EXE_gpushare-serve")),
         lib,
     ]
 }

@@ -19,19 +19,6 @@ use crate::config::Config;
 use crate::host::events::{self, Event};
 use crate::host::inventory::{self, Unavailable};
 
-/// Where `gpushare-hook serve` finds `gpushare-serve`, in this order: beside the hook (a build
-/// tree, a copy of the binaries), then in `../lib/gpushare/` from it (the packages install the
-/// hook in `/usr/bin` and it in `/usr/lib/gpushare`).
-pub fn binary_places(hook: &std::path::Path) -> [std::path::PathBuf; 2] {
-    let dir = hook.parent().unwrap_or(std::path::Path::new("/usr/bin"));
-    [
-        dir.join("gpushare-serve"),
-        dir.parent()
-            .unwrap_or(dir)
-            .join("lib/gpushare/gpushare-serve"),
-    ]
-}
-
 /// Why serve could not run.
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -364,23 +351,6 @@ async fn respond(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Beside the hook first (a build tree), then where the packages put it.
-    #[test]
-    fn gpushare_serve_is_looked_for_beside_the_hook_then_in_lib_gpushare() {
-        use std::path::PathBuf;
-        assert_eq!(
-            binary_places(std::path::Path::new("/usr/bin/gpushare-hook")),
-            [
-                PathBuf::from("/usr/bin/gpushare-serve"),
-                PathBuf::from("/usr/lib/gpushare/gpushare-serve"),
-            ]
-        );
-        assert_eq!(
-            binary_places(std::path::Path::new("/work/target/debug/gpushare-hook"))[0],
-            PathBuf::from("/work/target/debug/gpushare-serve")
-        );
-    }
 
     fn cfg(dir: &std::path::Path) -> Config {
         Config {

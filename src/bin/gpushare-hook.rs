@@ -5,9 +5,6 @@
 //! the fast path went from 0.91 to 0.83 ms.
 #![cfg_attr(not(test), no_main)]
 
-#[path = "shared/exit.rs"]
-mod exit;
-
 use std::error::Error as StdError;
 use std::io::Write;
 
@@ -18,9 +15,10 @@ use gpushare::commands::{self, Ctx, Reply};
 use gpushare::config::{Config, ConfigError, Source};
 use gpushare::{logging, vocab};
 
-use exit::{fail, fail_config, print, ExitCode};
-
 type Result<T> = std::result::Result<T, Box<dyn StdError>>;
+
+/// An exit status.
+type ExitCode = u8;
 
 /// The process entry (C `main`: see the crate docs). A panic is exit status 101, as from a
 /// Rust `main`.
@@ -49,9 +47,6 @@ fn run() -> ExitCode {
     if let Cmd::Version = cli.command {
         println!("gpushare-hook {}", gpushare::VERSION);
         return 0;
-    }
-    if let Cmd::Serve { .. } = cli.command {
-        return exec_serve();
     }
     if let Cmd::CreateRuntime { .. } | Cmd::Prestart { .. } | Cmd::Poststop | Cmd::Precreate =
         cli.command
@@ -181,7 +176,7 @@ fn run() -> ExitCode {
         } => commands::cdi_generate(&ctx, &output, dry_run, json).map_err(Into::into),
 
         Cmd::Metrics { openmetrics } => Ok(commands::metrics(&ctx, openmetrics)),
-        Cmd::Serve { .. } => unreachable!("gpushare-serve runs it"),
+        Cmd::Serve { listen } => commands::serve(&ctx, listen).map_err(Into::into),
         Cmd::Events { follow } => commands::events(&ctx, follow).map_err(Into::into),
         Cmd::Version => unreachable!("handled above"),
     };
@@ -190,28 +185,6 @@ fn run() -> ExitCode {
         Err(e) if logs_itself => fail_unlogged(e.as_ref()),
         Err(e) => fail(e.as_ref()),
     }
-}
-
-/// `serve` runs in `gpushare-serve`, given this command line: the HTTP server it carries
-/// (hyper, tokio) stays out of this binary, which every container runs (a container that asks
-/// for nothing was let through about 8% slower with it). Only on failure does this return.
-fn exec_serve() -> ExitCode {
-    use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().unwrap_or_default();
-    let places = gpushare::admin::serve::binary_places(&exe);
-    let Some(bin) = places.iter().find(|p| p.is_file()) else {
-        let looked: Vec<String> = places.iter().map(|p| p.display().to_string()).collect();
-        eprintln!(
-            "gpushare-hook: serve runs gpushare-serve, which is not installed beside this gpushare-hook (looked for {}); reinstall gpushare",
-            looked.join(" and ")
-        );
-        return 1;
-    };
-    let mut args = std::env::args_os();
-    let arg0 = args.next().unwrap_or_else(|| "gpushare-hook".into());
-    let e = std::process::Command::new(bin).arg0(arg0).args(args).exec();
-    eprintln!("gpushare-hook: cannot run {}: {e}", bin.display());
-    1
 }
 
 /// The command line of the hook entries gpushare writes (`gpushare-hook createRuntime`, or
@@ -344,6 +317,33 @@ fn warn_salvaged(e: &ConfigError, cmd: &str) {
     if let Some(d) = e.diagnostic() {
         eprintln!("{d}");
     }
+}
+
+/// Writes the reply's output; a closed stdout is a failure.
+fn print(reply: &Reply) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(&reply.stdout).and_then(|()| out.flush()) {
+        Ok(()) => reply.code,
+        Err(e) => fail(&e),
+    }
+}
+
+/// Prints the one-line error, logs it, exits 1.
+fn fail(e: &dyn StdError) -> ExitCode {
+    let line = vocab::chain(e);
+    tracing::error!(target: logging::EXIT_TARGET, "{line}");
+    eprintln!("gpushare-hook: {line}");
+    1
+}
+
+/// [`fail`] for a policy file, followed by the parser's own diagnostic when there is one (for
+/// the admin commands, which people run in a terminal).
+fn fail_config(e: &ConfigError) -> ExitCode {
+    let code = fail(e);
+    if let Some(d) = e.diagnostic() {
+        eprintln!("{d}");
+    }
+    code
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 # Shared helpers for the engine tests (sourced). Driven by tests/engines.rs, which passes:
-#   GS_HOOK, GS_RUNTIME, GS_SERVE  the gpushare binaries under test
+#   GS_HOOK, GS_RUNTIME  the gpushare binaries under test
 #   GS_SIMDRIVER         the TEST-ONLY simulated NVML library
 #   GS_LIMITER           the limiter library (limit mode)
 #   GS_REPO              the repository root

@@ -140,7 +140,6 @@ while IFS=$'\t' read -r src dest mode; do
     case $src in
     target/release/gpushare-hook) src=$GS_HOOK ;;
     target/release/gpushare-runtime) src=$GS_RUNTIME ;;
-    target/release/gpushare-serve) src=$GS_SERVE ;;
     target/release/libgpushare_limiter.so) src=$GS_LIMITER ;;
     target/release/libgpushare_simdriver.so) src=$GS_SIMDRIVER ;;
     target/*) echo "   not installed (not built by this test): $src"; continue ;;
@@ -150,7 +149,7 @@ while IFS=$'\t' read -r src dest mode; do
     if [ "${dest%/}" != "$dest" ]; then out=$T/pkg/$dest$(basename "$src"); else out=$T/pkg/$dest; fi
     install -D -m "$mode" "$src" "$out"
 done <"$T/assets"
-for f in usr/bin/gpushare-hook usr/bin/gpushare-runtime usr/lib/gpushare/gpushare-serve usr/lib/gpushare/test-only/libgpushare_simdriver.so \
+for f in usr/bin/gpushare-hook usr/bin/gpushare-runtime usr/lib/gpushare/test-only/libgpushare_simdriver.so \
     etc/gpushare/config.toml etc/containers/containers.conf.d/50-gpushare.conf; do
     [ -e "$T/pkg/$f" ] || fail "positive control: the package's $f was not staged"
 done
@@ -158,7 +157,7 @@ ok "the package's files staged from this build"
 
 # The binaries under test for the install guide's by-hand lines (target/release/ there).
 mkdir -p "$T/built"
-cp "$GS_HOOK" "$GS_RUNTIME" "$GS_SERVE" "$GS_LIMITER" "$T/built/"
+cp "$GS_HOOK" "$GS_RUNTIME" "$GS_LIMITER" "$T/built/"
 # The install guide's node: NVIDIA's CDI spec (its driver files under the test's dir, reached at
 # /run/gs-test inside) and NVIDIA's stock config file.
 if [ "$DOC" = docs/install.md ]; then
@@ -384,9 +383,7 @@ for b in gpushare-hook gpushare-runtime; do
 done
 cmp "$GT/built/libgpushare_limiter.so" /usr/lib/gpushare/libgpushare_limiter.so && [ "$(stat -c %a /usr/lib/gpushare/libgpushare_limiter.so)" = 644 ] ||
     fail "by hand: the limiter is not the built one, mode 644"
-cmp "$GT/built/gpushare-serve" /usr/lib/gpushare/gpushare-serve && [ "$(stat -c %a /usr/lib/gpushare/gpushare-serve)" = 755 ] ||
-    fail "by hand: /usr/lib/gpushare/gpushare-serve is not the built one, mode 755"
-ok "by hand: the built binaries in /usr/bin (755), the limiter (644) and gpushare-serve (755) in /usr/lib/gpushare"
+ok "by hand: the built binaries in /usr/bin (755) and the limiter in /usr/lib/gpushare (644)"
 cp /etc/nvidia-container-runtime/config.toml "$GT/nvidia-config.before"
 run_block "Behind or in front of nvidia-container-runtime"
 python3 - /etc/gpushare/config.toml /etc/nvidia-container-runtime/config.toml "$GT/nvidia-config.before" <<'EOF' || fail "nvidia-container-runtime: the files configure wrote"

@@ -39,7 +39,6 @@ pub fn run_script_with(script: &str, env: &[(&str, &str)]) {
             .arg(repo.join("tests/engines").join(script))
             .env("GS_HOOK", env!("CARGO_BIN_EXE_gpushare-hook"))
             .env("GS_RUNTIME", env!("CARGO_BIN_EXE_gpushare-runtime"))
-            .env("GS_SERVE", env!("CARGO_BIN_EXE_gpushare-serve"))
             .env("GS_SIMDRIVER", lib("libgpushare_simdriver.so"))
             .env("GS_LIMITER", lib("libgpushare_limiter.so"))
             .env("GS_REPO", repo)

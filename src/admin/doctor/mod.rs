@@ -29,31 +29,6 @@ fn runtime_binary() -> std::path::PathBuf {
         .unwrap_or_else(|| "/usr/bin/gpushare-runtime".into())
 }
 
-/// `gpushare-serve`, which `gpushare-hook serve` runs, where it looks for it: its version, or a
-/// warning when it is missing (the metrics agent cannot run; the hooks do not need it).
-fn serve_check() -> Check {
-    let exe = std::env::current_exe().unwrap_or_default();
-    let places = crate::admin::serve::binary_places(&exe);
-    match places.iter().find(|p| p.is_file()) {
-        Some(p) => crate::admin::engines::check::executable_check_by(
-            "serve",
-            p,
-            &["--version"],
-            "gpushare-serve, which gpushare-hook serve runs",
-            |o| o.stdout.starts_with(b"gpushare-hook "),
-        ),
-        None => check(
-            "serve",
-            Verdict::Warn,
-            format!(
-                "no gpushare-serve at {} or {}: gpushare-hook serve (the metrics agent) cannot run; reinstall gpushare (the hooks do not need it)",
-                places[0].display(),
-                places[1].display()
-            ),
-        ),
-    }
-}
-
 /// The policy-file check for a policy that loaded.
 pub fn config_ok(source: &Source) -> Check {
     check("config", Verdict::Ok, source.to_string())
@@ -143,7 +118,6 @@ pub fn run(cfg: &Config, config: Check) -> Checks {
         "gpushare-runtime of this installation, next to this gpushare-hook",
         |o| o.stdout.starts_with(b"gpushare-runtime version "),
     ));
-    out.push(serve_check());
     out.push(match probes::next_runtime(&cfg.runtime.next, &runtime) {
         Ok(p) => crate::admin::engines::check::executable_check(
             "next runtime",
