@@ -6,10 +6,12 @@
 # GPUSHARE_PREBUILT=DIR packs binaries already built instead (DIR holds gpushare-hook,
 # gpushare-runtime, gpushare-dra, the two libraries and xtask, as `cargo build --workspace`
 # leaves them in target/debug): they are copied into $TARGET/release and nothing is compiled.
-# The test suite packs the one build it tests this way (scripts/test.sh). Such a package is
-# compressed quickly (PACK_FAST, read by deb/build.sh and rpm/build.sh): the .deb with xz at a low
-# level, the .rpm with a gzip payload (cargo-generate-rpm's zstd has no level); with the defaults,
-# packing the suite's unoptimised binaries took 36 s of the package test, against 6 s.
+# The test suite packs the one build it tests this way (scripts/test.sh).
+#
+# GPUSHARE_PACK_FAST=1 compresses quickly (read by deb/build.sh and rpm/build.sh): the .deb with
+# xz at a low level, the .rpm with a gzip payload (cargo-generate-rpm's zstd has no level).
+# scripts/test.sh sets it: with the defaults, packing the suite's unoptimised binaries took 36 s
+# of the package test, against 6 s. A package to ship keeps the default compression.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TARGET=${CARGO_TARGET_DIR:-$REPO/target}
@@ -21,7 +23,6 @@ if [ -n "${GPUSHARE_PREBUILT:-}" ]; then
         cp "$GPUSHARE_PREBUILT/$f" "$TARGET/release/$f.tmp" && mv "$TARGET/release/$f.tmp" "$TARGET/release/$f"
     done
     xtask=("$TARGET/release/xtask")
-    PACK_FAST=1
 else
     # The node binaries apart from the DRA driver: built together, cargo would give their
     # dependencies the driver's features too (hyper's client and HTTP/2, tokio's multi-thread
@@ -30,7 +31,6 @@ else
     cargo build --release -p gpushare -p gpushare-limiter -p gpushare-simdriver
     cargo build --release -p gpushare-dra
     xtask=(cargo run --release -q -p xtask --)
-    PACK_FAST=
 fi
 rm -rf "$TARGET/release/gen"
 "${xtask[@]}" docs "$TARGET/release/gen" >/dev/null

@@ -4,4 +4,4 @@
 # path. Needs cargo-deb (scripts/install-deps.sh installs it).
 set -euo pipefail
 source "$(dirname "$0")/../build-prep.sh"
-cargo deb --no-build ${PACK_FAST:+--fast} -p gpushare --output "$TARGET/debian/" | tail -1
+cargo deb --no-build ${GPUSHARE_PACK_FAST:+--fast} -p gpushare --output "$TARGET/debian/" | tail -1
