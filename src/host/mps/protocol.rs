@@ -4,7 +4,8 @@
 //!
 //! As observed with NVIDIA's `nvidia-cuda-mps-control` (driver 535):
 //! - `SOCK_SEQPACKET`; the daemon speaks first: `OUTBHELL\0` with its `SCM_CREDENTIALS`;
-//! - the client answers `OUTBCRED\0` with its own credentials, then the 4-byte word `4`;
+//! - the client answers `OUTBCRED\0` with its own credentials, then the 4-byte word `4`
+//!   (gpushare sends these and its commands at once, before it reads the greeting);
 //! - each command goes as an 8-byte little-endian length, then the text with its newline and a
 //!   NUL (the length counts both); an 8-byte zero length ends the input;
 //! - each answer is a packet of a 4-byte type `0` and text; a last packet of type `1` carries a
@@ -127,11 +128,9 @@ fn converse_once(
         deadline,
         timeout,
     };
-    let mut packet = Vec::with_capacity(MAX_PACKET);
-    c.recv_packet(&mut packet)?;
-    if packet != HELLO {
-        return Err(c.protocol(format!("greeting {packet:?}")));
-    }
+    // Everything is sent at once, before the daemon's greeting is read: the listener is
+    // already proven, and the daemon, woken once, reads the whole conversation from its queue
+    // instead of being woken again for the rest after its greeting.
     let creds = UnixCredentials::new();
     sendmsg::<()>(
         c.fd.as_raw_fd(),
@@ -152,6 +151,11 @@ fn converse_once(
         c.send(&text)?;
     }
     c.send(&0u64.to_le_bytes())?;
+    let mut packet = Vec::with_capacity(MAX_PACKET);
+    c.recv_packet(&mut packet)?;
+    if packet != HELLO {
+        return Err(c.protocol(format!("greeting {packet:?}")));
+    }
     let mut lines = Vec::new();
     for _ in 0..MAX_ANSWERS {
         c.recv_packet(&mut packet)?;
@@ -348,6 +352,33 @@ mod tests {
         let a = converse(&pipe, me(), &[&long], Duration::from_secs(5)).unwrap();
         assert_eq!(a.lines, [format!("unknown command {long}")]);
         assert_eq!(a.status, 0);
+    }
+
+    #[test]
+    fn a_conversation_is_sent_whole_before_the_greeting_is_read() {
+        // A daemon woken by the connection finds everything queued: it greets only after
+        // reading the client's whole input, which a client waiting for the greeting first
+        // would never send.
+        let (_t, pipe, d) = daemon(Held {
+            greets_last: true,
+            ..Held::default()
+        });
+        let a = converse(
+            &pipe,
+            me(),
+            &["get_default_client_priority", "get_server_list"],
+            Duration::from_millis(500),
+        )
+        .unwrap();
+        assert_eq!(a.lines, ["0"]);
+        // Positive control: the daemon read the conversation and then answered it.
+        assert_eq!(
+            d.held.lock().unwrap().conversations,
+            [vec![
+                "get_default_client_priority".to_owned(),
+                "get_server_list".to_owned()
+            ]]
+        );
     }
 
     #[test]

@@ -35,6 +35,9 @@ pub struct Held {
     /// How many connections, from the next, to reset right after the greeting (as the daemon
     /// does to a session while it serves another).
     pub resets: usize,
+    /// Greets only once the client's whole input is queued (a client that waits for the
+    /// greeting before it sends then never gets one).
+    pub greets_last: bool,
 }
 
 /// A running scripted daemon; stopped when dropped.
@@ -111,26 +114,23 @@ fn packet(fd: &Accepted) -> nix::Result<Vec<u8>> {
 }
 
 fn converse(fd: &Accepted, held: &Mutex<Held>) -> nix::Result<()> {
-    send(fd.0, b"OUTBHELL\0", MsgFlags::MSG_NOSIGNAL)?;
-    {
-        let mut h = held.lock().unwrap();
-        if h.resets > 0 {
-            h.resets -= 1;
-            return Ok(());
+    const HELLO: &[u8] = b"OUTBHELL\0";
+    let greets_last = held.lock().unwrap().greets_last;
+    let commands = if greets_last {
+        let commands = input(fd)?;
+        send(fd.0, HELLO, MsgFlags::MSG_NOSIGNAL)?;
+        commands
+    } else {
+        send(fd.0, HELLO, MsgFlags::MSG_NOSIGNAL)?;
+        {
+            let mut h = held.lock().unwrap();
+            if h.resets > 0 {
+                h.resets -= 1;
+                return Ok(());
+            }
         }
-    }
-    packet(fd)?; // OUTBCRED
-    packet(fd)?; // the client's word
-    let mut commands = Vec::new();
-    loop {
-        let len = packet(fd)?;
-        if len.iter().all(|b| *b == 0) {
-            break;
-        }
-        let text = packet(fd)?;
-        let text = String::from_utf8_lossy(&text);
-        commands.push(text.trim_end_matches(['\n', '\0']).to_owned());
-    }
+        input(fd)?
+    };
     let mut h = held.lock().unwrap();
     for c in &commands {
         for line in answer(&mut h, c) {
@@ -146,6 +146,22 @@ fn converse(fd: &Accepted, held: &Mutex<Held>) -> nix::Result<()> {
     end.extend_from_slice(&0u32.to_le_bytes());
     send(fd.0, &end, MsgFlags::MSG_NOSIGNAL)?;
     Ok(())
+}
+
+/// The client's credentials, its word and its commands, to the end of its input.
+fn input(fd: &Accepted) -> nix::Result<Vec<String>> {
+    packet(fd)?; // OUTBCRED
+    packet(fd)?; // the client's word
+    let mut commands = Vec::new();
+    loop {
+        let len = packet(fd)?;
+        if len.iter().all(|b| *b == 0) {
+            return Ok(commands);
+        }
+        let text = packet(fd)?;
+        let text = String::from_utf8_lossy(&text);
+        commands.push(text.trim_end_matches(['\n', '\0']).to_owned());
+    }
 }
 
 /// A pinned limit as NVIDIA's daemon prints it (`2G`, `512M`); nothing when unset.
