@@ -280,14 +280,7 @@ fn a_reaper_loads_nvml_only_for_a_release_that_needs_it() {
     // b's ends: its release puts the compute mode back, through NVML.
     finish(&b);
     wait_for(&sb, 10, "b released", |st| clients(st).is_empty());
-    let t0 = Instant::now();
-    while sb.compute_mode(0) != 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the compute mode was not put back"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_until(10, "the compute mode put back", || sb.compute_mode(0) == 0);
     let (text, by_reapers) = nvml_loads(&log);
     assert_eq!(by_reapers, 1, "the last release's load: {text}");
 }
