@@ -51,7 +51,16 @@ impl Host<'_> {
                 .and_then(|lock| {
                     locks.push(lock);
                     crate::failpoint::hit("acquire-locked");
-                    self.acquire_one(plan, gpu, process, reservation)
+                    self.acquire_one(plan, gpu, process, reservation, false)
+                        .or_else(|e| {
+                            // Left to a running reaper, an exited client may still be listed
+                            // (it releases it once this lock is free): it refuses nobody.
+                            if e.is_for_other_clients() && self.state.reaper_alive(&gpu.uuid) {
+                                self.acquire_one(plan, gpu, process, reservation, true)
+                            } else {
+                                Err(e)
+                            }
+                        })
                 });
             match step {
                 Ok(d) => done.push(d),
@@ -86,6 +95,7 @@ impl Host<'_> {
         gpu: &PlannedGpu,
         process: Option<ProcId>,
         reservation: Option<&str>,
+        check_every_client: bool,
     ) -> Result<Done, AcquireError> {
         // The other clients are carried as their stored lines: what is asked of them here is
         // in the header's tally.
@@ -97,7 +107,7 @@ impl Host<'_> {
         rec.index = gpu.index;
         // With the GPU's reaper running, exited clients are released as they exit; without it
         // (killed, or never started), this acquire drops them.
-        if !self.state.reaper_alive(&gpu.uuid) {
+        if check_every_client || !self.state.reaper_alive(&gpu.uuid) {
             rec.drop_stale();
         }
         let created_by_container = plan.domain.as_ref().filter(|d| !d.from_policy);

@@ -52,6 +52,17 @@ pub enum AcquireError {
     },
 }
 
+impl AcquireError {
+    /// A refusal for what the GPU's other clients hold or serve: one that an exited client
+    /// still listed may cause.
+    pub(super) fn is_for_other_clients(&self) -> bool {
+        matches!(
+            self,
+            Self::Busy { .. } | Self::Overcommitted(_) | Self::CgroupTaken { .. } | Self::Domain(_)
+        )
+    }
+}
+
 /// What one acquire changed on one GPU, for rollback.
 pub(super) struct Done {
     pub(super) gpu: PlannedGpu,

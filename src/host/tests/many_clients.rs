@@ -1,10 +1,20 @@
 //! A GPU with many clients: an acquire, and a poststop while the GPU's reaper runs, ask the
 //! record's header, not the other clients' lines.
 
-use super::world::{plain, World, DEFAULT};
+use super::world::{gpu_plan, plain, World, DEFAULT};
 use crate::host::fakes::uuid;
 use crate::host::state::StateError;
 use crate::vocab::{Isolation, Mode};
+
+/// GPU 0's reaper: this live process, by the stamp a reaper writes into its lock file.
+fn reaper_runs(w: &World) -> std::path::PathBuf {
+    let state = w.state();
+    let stamp = state.reaper_lock_path(&uuid(0));
+    std::fs::create_dir_all(stamp.parent().unwrap()).unwrap();
+    std::fs::write(&stamp, format!("{} {}\n", w.me.pid, w.me.start_time)).unwrap();
+    assert!(state.reaper_alive(&uuid(0)));
+    stamp
+}
 
 /// With the GPU's reaper running (as after any acquire on a node), an acquire and a poststop
 /// leave the liveness of the other clients to it, and parse none of their lines: one that
@@ -16,11 +26,7 @@ fn an_acquire_and_a_release_parse_no_other_clients_line() {
     for id in ["a", "b", "c"] {
         w.given(&plain(id, Mode::Limit, &[0]));
     }
-    // The GPU's reaper: this live process, by the stamp a reaper writes.
-    let stamp = state.reaper_lock_path(&uuid(0));
-    std::fs::create_dir_all(stamp.parent().unwrap()).unwrap();
-    std::fs::write(&stamp, format!("{} {}\n", w.me.pid, w.me.start_time)).unwrap();
-    assert!(state.reaper_alive(&uuid(0)));
+    reaper_runs(&w);
     // b's line damaged in place, its size kept (the header's count and size still agree).
     let path = state.record_path(&uuid(0));
     let good = std::fs::read_to_string(&path).unwrap();
@@ -84,18 +90,7 @@ fn a_poststop_leaves_exited_clients_to_a_running_reaper() {
     w.host()
         .acquire(&plain("exited", Mode::Limit, &[0]), Some(dead), None)
         .expect("an acquire for a process that has exited meanwhile");
-    let stamp = state.reaper_lock_path(&uuid(0));
-    std::fs::create_dir_all(stamp.parent().unwrap()).unwrap();
-    std::fs::write(
-        &stamp,
-        format!(
-            "{} {}
-",
-            w.me.pid, w.me.start_time
-        ),
-    )
-    .unwrap();
-    assert!(state.reaper_alive(&uuid(0)));
+    let stamp = reaper_runs(&w);
 
     w.host().release("a");
     assert_eq!(w.clients(0), ["b", "exited"], "left to the reaper");
@@ -106,4 +101,31 @@ fn a_poststop_leaves_exited_clients_to_a_running_reaper() {
     w.host().release("b");
     assert!(w.clients(0).is_empty(), "{:?}", w.clients(0));
     assert!(w.record(0).is_none(), "nothing left to record");
+}
+
+/// A client whose process has exited, but that the running reaper has not released yet (it
+/// takes the GPU's lock after the acquire that holds it), refuses nobody: an acquire that
+/// would be refused for the clients it carries checks their processes first.
+#[test]
+fn an_exited_client_the_reaper_has_not_released_yet_refuses_nobody() {
+    let w = World::new(Isolation::Gpu, &[(0, DEFAULT)]);
+    let dead = w.ctl.dead_process();
+    w.host()
+        .acquire(&gpu_plan(&w, "gone"), Some(dead), None)
+        .expect("an mps acquire for a process that has exited meanwhile");
+    reaper_runs(&w);
+    // Positive control: an acquire that nothing refuses leaves the exited client to the reaper.
+    w.given(&gpu_plan(&w, "m2"));
+    assert_eq!(w.clients(0), ["gone", "m2"], "left to the reaper");
+    // A live mps client still refuses a limit container, and the refusal names only it.
+    let e = w.acquire(&plain("c2", Mode::Limit, &[0])).unwrap_err();
+    assert!(e.to_string().contains("serves mps to m2;"), "{e}");
+    assert_eq!(w.clients(0), ["gone", "m2"], "a refusal changes nothing");
+
+    w.host().release("m2");
+    assert_eq!(w.clients(0), ["gone"], "left to the reaper");
+    w.acquire(&plain("c2", Mode::Limit, &[0]))
+        .expect("only an exited client is in the way");
+    assert_eq!(w.clients(0), ["c2"]);
+    assert!(w.ctl.live().is_empty(), "the mps daemon stopped");
 }
