@@ -332,3 +332,46 @@ fn gc_clears_the_limits_of_containers_that_are_gone() {
         Some(&(0, cg.clone(), 0, LIMIT_MAX))
     );
 }
+
+/// A cap whose container has exited holds nothing, even while the GPU's reaper has not
+/// released it yet (a container restarted at once asks for its memory again).
+#[test]
+fn an_exited_cap_the_reaper_has_not_released_yet_holds_nothing() {
+    let w = World::new(1, None);
+    w.host()
+        .acquire(
+            &plan("old", Mode::Limit, &[0], Some(60 * GIB)),
+            Some(w.ctl.dead_process()),
+            None,
+        )
+        .expect("an acquire for a process that has exited meanwhile");
+    // GPU 0's reaper: this live process, by the stamp a reaper writes into its lock file.
+    let state = StateDir::new(&w.cfg.state_dir);
+    let stamp = state.reaper_lock_path(&uuid(0));
+    std::fs::create_dir_all(stamp.parent().unwrap()).unwrap();
+    std::fs::write(&stamp, format!("{} {}\n", w.me.pid, w.me.start_time)).unwrap();
+    assert!(state.reaper_alive(&uuid(0)));
+    w.acquire(&plan("live", Mode::Limit, &[0], Some(10 * GIB)))
+        .unwrap();
+    let rec = state.load(&uuid(0)).unwrap().unwrap();
+    assert_eq!(rec.clients.len(), 2, "the exited one left to the reaper");
+    // Positive control: a live cap still counts, and the refusal names only it.
+    let e = w
+        .acquire(&plan("big", Mode::Limit, &[0], Some(71 * GIB)))
+        .unwrap_err();
+    assert!(matches!(e, AcquireError::Overcommitted(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("live 10.0 GiB") && !e.to_string().contains("old 60"),
+        "{e}"
+    );
+
+    w.acquire(&plan("new", Mode::Limit, &[0], Some(60 * GIB)))
+        .expect("only an exited cap is in the way");
+    let rec = StateDir::new(&w.cfg.state_dir)
+        .load(&uuid(0))
+        .unwrap()
+        .unwrap();
+    let mut ids: Vec<&String> = rec.clients.keys().collect();
+    ids.sort();
+    assert_eq!(ids, ["live", "new"]);
+}
