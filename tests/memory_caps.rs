@@ -378,9 +378,9 @@ fn a_gone_container_has_its_driver_limit_cleared_once_by_the_reaper_or_gc() {
     };
     ok(&sb.hook(&["createRuntime"], &Sandbox::state_json(id, c.pid(), &b)));
     assert_eq!(driver_log(&sb).len(), 1);
-    drop(c); // killed: no poststop
-             // The GPU's reaper releases a client as its process exits; gc does what is left. Either way
-             // the limit is cleared once, and gc then finds nothing more to clear.
+    // Killed: no poststop. The GPU's reaper releases a client as its process exits; gc does
+    // what is left. Either way the limit is cleared once, and gc then finds nothing more.
+    drop(c);
     let out = sb.hook(&["gc"], "");
     ok(&out);
     let cleared = || {
