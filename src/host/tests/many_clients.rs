@@ -1,20 +1,10 @@
 //! A GPU with many clients: an acquire, and a poststop while the GPU's reaper runs, ask the
 //! record's header, not the other clients' lines.
 
-use super::world::{gpu_plan, plain, World, DEFAULT};
+use super::world::{gpu_plan, plain, reaper_runs, World, DEFAULT};
 use crate::host::fakes::uuid;
 use crate::host::state::StateError;
 use crate::vocab::{Isolation, Mode};
-
-/// GPU 0's reaper: this live process, by the stamp a reaper writes into its lock file.
-fn reaper_runs(w: &World) -> std::path::PathBuf {
-    let state = w.state();
-    let stamp = state.reaper_lock_path(&uuid(0));
-    std::fs::create_dir_all(stamp.parent().unwrap()).unwrap();
-    std::fs::write(&stamp, format!("{} {}\n", w.me.pid, w.me.start_time)).unwrap();
-    assert!(state.reaper_alive(&uuid(0)));
-    stamp
-}
 
 /// With the GPU's reaper running (as after any acquire on a node), an acquire and a poststop
 /// leave the liveness of the other clients to it, and parse none of their lines: one that
@@ -26,7 +16,7 @@ fn an_acquire_and_a_release_parse_no_other_clients_line() {
     for id in ["a", "b", "c"] {
         w.given(&plain(id, Mode::Limit, &[0]));
     }
-    reaper_runs(&w);
+    reaper_runs(&state, w.me, 0);
     // b's line damaged in place, its size kept (the header's count and size still agree).
     let path = state.record_path(&uuid(0));
     let good = std::fs::read_to_string(&path).unwrap();
@@ -90,7 +80,7 @@ fn a_poststop_leaves_exited_clients_to_a_running_reaper() {
     w.host()
         .acquire(&plain("exited", Mode::Limit, &[0]), Some(dead), None)
         .expect("an acquire for a process that has exited meanwhile");
-    let stamp = reaper_runs(&w);
+    let stamp = reaper_runs(&state, w.me, 0);
 
     w.host().release("a");
     assert_eq!(w.clients(0), ["b", "exited"], "left to the reaper");
@@ -113,7 +103,7 @@ fn an_exited_client_the_reaper_has_not_released_yet_refuses_nobody() {
     w.host()
         .acquire(&gpu_plan(&w, "gone"), Some(dead), None)
         .expect("an mps acquire for a process that has exited meanwhile");
-    reaper_runs(&w);
+    reaper_runs(&w.state(), w.me, 0);
     // Positive control: an acquire that nothing refuses leaves the exited client to the reaper.
     w.given(&gpu_plan(&w, "m2"));
     assert_eq!(w.clients(0), ["gone", "m2"], "left to the reaper");

@@ -345,12 +345,8 @@ fn an_exited_cap_the_reaper_has_not_released_yet_holds_nothing() {
             None,
         )
         .expect("an acquire for a process that has exited meanwhile");
-    // GPU 0's reaper: this live process, by the stamp a reaper writes into its lock file.
     let state = StateDir::new(&w.cfg.state_dir);
-    let stamp = state.reaper_lock_path(&uuid(0));
-    std::fs::create_dir_all(stamp.parent().unwrap()).unwrap();
-    std::fs::write(&stamp, format!("{} {}\n", w.me.pid, w.me.start_time)).unwrap();
-    assert!(state.reaper_alive(&uuid(0)));
+    super::world::reaper_runs(&state, w.me, 0);
     w.acquire(&plan("live", Mode::Limit, &[0], Some(10 * GIB)))
         .unwrap();
     let rec = state.load(&uuid(0)).unwrap().unwrap();

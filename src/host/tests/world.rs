@@ -218,6 +218,16 @@ pub(super) fn block_saves(state: &StateDir, index: u32) {
     std::fs::create_dir_all(tmp.join("x")).expect("block saves");
 }
 
+/// Makes GPU `index`'s reaper "run": the stamp a reaper writes into its lock file, naming the
+/// live process `me`. Returns the stamp's path (remove it to stop the "reaper").
+pub(super) fn reaper_runs(state: &StateDir, me: ProcId, index: u32) -> PathBuf {
+    let stamp = state.reaper_lock_path(&uuid(index));
+    std::fs::create_dir_all(stamp.parent().expect("a directory")).expect("reaper dir");
+    std::fs::write(&stamp, format!("{} {}\n", me.pid, me.start_time)).expect("stamp");
+    assert!(state.reaper_alive(&uuid(index)));
+    stamp
+}
+
 #[derive(Debug, PartialEq)]
 pub(super) struct Snapshot {
     /// Record files by name, as written.
