@@ -363,10 +363,7 @@ fn an_exited_cap_the_reaper_has_not_released_yet_holds_nothing() {
 
     w.acquire(&plan("new", Mode::Limit, &[0], Some(60 * GIB)))
         .expect("only an exited cap is in the way");
-    let rec = StateDir::new(&w.cfg.state_dir)
-        .load(&uuid(0))
-        .unwrap()
-        .unwrap();
+    let rec = state.load(&uuid(0)).unwrap().unwrap();
     let mut ids: Vec<&String> = rec.clients.keys().collect();
     ids.sort();
     assert_eq!(ids, ["live", "new"]);
