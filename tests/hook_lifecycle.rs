@@ -187,11 +187,10 @@ fn stale_clients_are_dropped_and_dead_daemons_restarted() {
     ));
     // The GPU's reaper releases the exited client once the acquire frees the lock (or the
     // acquire drops it first): either way it is gone without another hook.
-    let mut st = sb.status();
     common::wait_until(5, "the stale client dropped", || {
-        st = sb.status();
-        clients(&st, 0) == ["live"]
+        clients(&sb.status(), 0) == ["live"]
     });
+    let st = sb.status();
     assert_eq!(
         st["gpus"][0]["domains"][0]["daemon"]["answers"], true,
         "daemon restarted"
